@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# The demo: a release gets stuck with stock helm when the helm process dies,
+# then helm-autorecover recovers it by itself. Uses the cluster of $KUBECONFIG
+# when one is reachable, the local control plane otherwise.
+set -euo pipefail
+source "$(dirname "$0")/lib.sh"
+cd "$REPO_ROOT"
+
+HAR="$REPO_ROOT/bin/helm-autorecover"
+HELM="$BIN_CACHE/helm-v4"
+NS=helm-autorecover-demo
+REL=demo
+CHART="$REPO_ROOT/internal/testenv/testdata/charts/app"
+
+step() { printf '\n\033[1m==> %s\033[0m\n' "$*"; }
+run() { printf '$ %s\n' "$*"; "$@"; }
+
+if [[ -n ${KUBECONFIG:-} || -f $HOME/.kube/config ]] && "$HAR" list -A >/dev/null 2>&1; then
+  log "using the configured cluster ($(${HAR} env 2>/dev/null | sed -n 's/^HELM_KUBECONTEXT=//p'))"
+  "$HACK_DIR/build-cluster-bins.sh"
+else
+  "$HACK_DIR/local-cluster.sh" up >/dev/null
+  eval "$("$HACK_DIR/local-cluster.sh" env)"
+  export KUBECONFIG
+fi
+export HELM_CACHE_HOME=${HELM_CACHE_HOME:-$(mktemp -d)} HELM_CONFIG_HOME=${HELM_CONFIG_HOME:-$(mktemp -d)}
+
+"$HAR" uninstall "$REL" -n "$NS" >/dev/null 2>&1 || true
+
+step "stock helm $("$HELM" version --short) installs a release"
+run "$HELM" install "$REL" "$CHART" -n "$NS" --create-namespace --wait --timeout 60s
+
+step "an upgrade is killed (SIGKILL) while it waits for pods that never schedule"
+printf '$ %s &\n' "helm upgrade $REL ... --wait --set nodeSelector.never=matches"
+"$HELM" upgrade "$REL" "$CHART" -n "$NS" --wait --timeout 5m --set nodeSelector.never=matches --set message=v2 >/dev/null 2>&1 &
+pid=$!
+until "$HELM" history "$REL" -n "$NS" 2>/dev/null | grep -q pending-upgrade; do sleep 0.2; done
+kill -9 "$pid"; wait "$pid" 2>/dev/null || true
+echo "killed helm (pid $pid)"
+run "$HELM" history "$REL" -n "$NS"
+
+step "every later upgrade with stock helm fails"
+run "$HELM" upgrade "$REL" "$CHART" -n "$NS" --set message=v3 || true
+
+echo
+echo "The release is stuck until someone edits its Secrets by hand."

@@ -1,0 +1,289 @@
+#!/usr/bin/env bash
+# A real, local Kubernetes control plane on loopback for tests and the demo:
+# etcd, kube-apiserver (RBAC, generated PKI, audit log), kube-controller-manager,
+# kube-scheduler and kwok with one fake node, so Deployments really roll out.
+#
+#   hack/local-cluster.sh up       build once (cached), start, wait until ready; idempotent
+#   hack/local-cluster.sh down     stop the processes this script started (by recorded PID)
+#   hack/local-cluster.sh status   exit 0 when the API server is ready
+#   hack/local-cluster.sh env      print `export KUBECONFIG=...`
+#
+# State lives in $LOCAL_CLUSTER_DIR (default .local-cluster/ in the repo):
+# kubeconfig, pki/, logs/ (one per component, plus audit.log), pids/.
+set -euo pipefail
+source "$(dirname "$0")/lib.sh"
+
+PKI="$CLUSTER_DIR/pki"
+LOGS="$CLUSTER_DIR/logs"
+PIDS="$CLUSTER_DIR/pids"
+KUBECONFIG_FILE="$CLUSTER_DIR/kubeconfig"
+COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok)
+
+free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'
+}
+
+# alive NAME: the recorded process for NAME is running and is still our binary.
+alive() {
+  local f="$PIDS/$1.pid" pid
+  [[ -f $f ]] || return 1
+  pid=$(cat "$f")
+  [[ -d /proc/$pid ]] && tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null | grep -q "$BIN_CACHE/$1"
+}
+
+etcd_healthy() { curl -fsS -o /dev/null --max-time 1 "http://127.0.0.1:$1/health" 2>/dev/null; }
+
+server_url() { sed -n 's/^ *server: //p' "$KUBECONFIG_FILE" 2>/dev/null | head -n1; }
+
+ready() {
+  [[ -f $KUBECONFIG_FILE ]] || return 1
+  curl -fsS --max-time 2 --cacert "$PKI/ca.crt" --cert "$PKI/admin.crt" --key "$PKI/admin.key" \
+    "$(server_url)/readyz" >/dev/null 2>&1
+}
+
+# cert NAME CN O [SANS]: a key pair signed by the cluster CA.
+cert() {
+  local name=$1 cn=$2 org=$3 sans=${4:-}
+  local subj="/CN=$cn"
+  [[ -n $org ]] && subj="/O=$org$subj"
+  openssl req -new -newkey rsa:2048 -nodes -keyout "$PKI/$name.key" -subj "$subj" -out "$PKI/$name.csr" 2>/dev/null
+  {
+    echo "basicConstraints=CA:FALSE"
+    echo "keyUsage=critical,digitalSignature,keyEncipherment"
+    if [[ -n $sans ]]; then
+      echo "extendedKeyUsage=serverAuth,clientAuth"
+      echo "subjectAltName=$sans"
+    else
+      echo "extendedKeyUsage=clientAuth"
+    fi
+  } > "$PKI/$name.ext"
+  openssl x509 -req -in "$PKI/$name.csr" -CA "$PKI/ca.crt" -CAkey "$PKI/ca.key" -CAcreateserial \
+    -days 3650 -sha256 -extfile "$PKI/$name.ext" -out "$PKI/$name.crt" 2>/dev/null
+  rm -f "$PKI/$name.csr" "$PKI/$name.ext"
+}
+
+make_pki() {
+  [[ -f $PKI/done ]] && return 0
+  log "generating PKI in $PKI"
+  rm -rf "$PKI" && mkdir -p "$PKI"
+  openssl req -x509 -new -newkey rsa:2048 -nodes -keyout "$PKI/ca.key" -subj "/CN=helm-autorecover-local-ca" \
+    -days 3650 -sha256 -out "$PKI/ca.crt" 2>/dev/null
+  cert apiserver kube-apiserver "" "IP:127.0.0.1,IP:10.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc"
+  cert admin admin system:masters
+  cert controller-manager system:kube-controller-manager ""
+  cert scheduler system:kube-scheduler ""
+  cert kwok kwok-admin system:masters
+  openssl genrsa -out "$PKI/sa.key" 2048 2>/dev/null
+  openssl rsa -in "$PKI/sa.key" -pubout -out "$PKI/sa.pub" 2>/dev/null
+  touch "$PKI/done"
+}
+
+# kubeconfig FILE USER: a kubeconfig for one client certificate.
+kubeconfig() {
+  local file=$1 user=$2 server=$3
+  cat > "$file" <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+- name: local
+  cluster:
+    server: $server
+    certificate-authority: $PKI/ca.crt
+users:
+- name: $user
+  user:
+    client-certificate: $PKI/$user.crt
+    client-key: $PKI/$user.key
+contexts:
+- name: local
+  context: {cluster: local, user: $user, namespace: default}
+current-context: local
+EOF
+}
+
+# start NAME ARGS...: runs the cached binary NAME in its own session, logging
+# to logs/NAME.log, recording its PID.
+start() {
+  local name=$1; shift
+  setsid "$BIN_CACHE/$name" "$@" >"$LOGS/$name.log" 2>&1 < /dev/null 9>&- &
+  echo $! > "$PIDS/$name.pid"
+}
+
+wait_for() {
+  local what=$1 timeout=$2; shift 2
+  local deadline=$((SECONDS + timeout)) c
+  until "$@"; do
+    for c in "${COMPONENTS[@]}"; do
+      if [[ -f $PIDS/$c.pid ]] && ! alive "$c"; then
+        tail -n 5 "$LOGS/$c.log" >&2 || true
+        die "$c exited while waiting for $what; see $LOGS/$c.log"
+      fi
+    done
+    if (( SECONDS >= deadline )); then
+      die "$what not ready after ${timeout}s; see $LOGS"
+    fi
+    sleep 0.2
+  done
+}
+
+write_configs() {
+  cat > "$CLUSTER_DIR/audit-policy.yaml" <<'EOF'
+apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+- level: Metadata
+  resources:
+  - group: ""
+    resources: [secrets, configmaps]
+  - group: coordination.k8s.io
+    resources: [leases]
+  verbs: [create, update, patch, delete, deletecollection]
+- level: None
+EOF
+  # kwok stages: fast node, node heartbeat through a Lease, fast pods. They
+  # ship inside the kwok module.
+  local kwokdir
+  kwokdir=$(cd "$HACK_DIR/kwok" && go list -m -f '{{.Dir}}' sigs.k8s.io/kwok)
+  {
+    for f in stage/node/fast/node-initialize.yaml stage/node/heartbeat-with-lease/node-heartbeat-with-lease.yaml \
+             stage/pod/fast/pod-ready.yaml stage/pod/fast/pod-complete.yaml stage/pod/fast/pod-delete.yaml; do
+      echo "---"
+      cat "$kwokdir/kustomize/$f"
+    done
+  } > "$CLUSTER_DIR/kwok-stages.yaml"
+}
+
+# create_node registers the one fake node kwok manages (annotation selector).
+create_node() {
+  api GET /api/v1/nodes/kwok-node-0 >/dev/null 2>&1 && return 0
+  api POST /api/v1/nodes '{
+    "apiVersion": "v1", "kind": "Node",
+    "metadata": {"name": "kwok-node-0",
+      "annotations": {"kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0"},
+      "labels": {"kubernetes.io/hostname": "kwok-node-0", "kubernetes.io/os": "linux",
+                 "kubernetes.io/arch": "amd64", "type": "kwok"}},
+    "status": {"allocatable": {"cpu": "32", "memory": "256Gi", "pods": "250"},
+               "capacity": {"cpu": "32", "memory": "256Gi", "pods": "250"}}}' >/dev/null
+}
+
+# api METHOD PATH [JSON]: one request to the local API server as admin.
+api() {
+  local args=(-fsS --max-time 5 --cacert "$PKI/ca.crt" --cert "$PKI/admin.crt" --key "$PKI/admin.key" -X "$1")
+  [[ -n ${3:-} ]] && args+=(-H 'Content-Type: application/json' --data "$3")
+  curl "${args[@]}" "$(server_url)$2"
+}
+
+node_ready() {
+  api GET /api/v1/nodes/kwok-node-0 2>/dev/null | python3 -c '
+import json, sys
+n = json.load(sys.stdin)
+ok = any(c["type"] == "Ready" and c["status"] == "True" for c in n.get("status", {}).get("conditions", []))
+sys.exit(0 if ok else 1)'
+}
+
+sa_ready() {
+  api GET /api/v1/namespaces/default/serviceaccounts/default >/dev/null 2>&1
+}
+
+cmd_up() {
+  # Test binaries of several packages may call `up` at once: one at a time.
+  mkdir -p "$CLUSTER_DIR"
+  exec 9>"$CLUSTER_DIR/up.lock"
+  flock 9
+  if ready && for c in "${COMPONENTS[@]}"; do alive "$c" || exit 1; done; then
+    log "local cluster already running"
+    cmd_env
+    return 0
+  fi
+  cmd_down >/dev/null 2>&1 || true
+  "$HACK_DIR/build-cluster-bins.sh"
+  local t0=$SECONDS
+  mkdir -p "$LOGS" "$PIDS"
+  make_pki
+  write_configs
+
+  local etcd_client etcd_peer api_port
+  etcd_client=$(free_port); etcd_peer=$(free_port); api_port=$(free_port)
+  local server="https://127.0.0.1:$api_port"
+
+  log "starting etcd on 127.0.0.1:$etcd_client"
+  start etcd --name local --data-dir "$CLUSTER_DIR/etcd-data" \
+    --listen-client-urls "http://127.0.0.1:$etcd_client" --advertise-client-urls "http://127.0.0.1:$etcd_client" \
+    --listen-peer-urls "http://127.0.0.1:$etcd_peer" --initial-advertise-peer-urls "http://127.0.0.1:$etcd_peer" \
+    --initial-cluster "local=http://127.0.0.1:$etcd_peer" --unsafe-no-fsync --log-level warn
+  wait_for etcd 30 etcd_healthy "$etcd_client"
+
+  log "starting kube-apiserver on $server"
+  start kube-apiserver --etcd-servers "http://127.0.0.1:$etcd_client" \
+    --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$api_port" \
+    --endpoint-reconciler-type none \
+    --tls-cert-file "$PKI/apiserver.crt" --tls-private-key-file "$PKI/apiserver.key" \
+    --client-ca-file "$PKI/ca.crt" \
+    --service-account-issuer https://kubernetes.default.svc.cluster.local \
+    --service-account-key-file "$PKI/sa.pub" --service-account-signing-key-file "$PKI/sa.key" \
+    --service-cluster-ip-range 10.0.0.0/24 --authorization-mode Node,RBAC \
+    --audit-policy-file "$CLUSTER_DIR/audit-policy.yaml" --audit-log-path "$LOGS/audit.log" \
+    --audit-log-maxsize 200 --audit-log-maxbackup 2 --audit-log-mode blocking \
+    --disable-admission-plugins ServiceAccount
+  kubeconfig "$KUBECONFIG_FILE" admin "$server"
+  kubeconfig "$CLUSTER_DIR/controller-manager.kubeconfig" controller-manager "$server"
+  kubeconfig "$CLUSTER_DIR/scheduler.kubeconfig" scheduler "$server"
+  kubeconfig "$CLUSTER_DIR/kwok.kubeconfig" kwok "$server"
+  wait_for kube-apiserver 60 ready
+
+  log "starting kube-controller-manager, kube-scheduler and kwok"
+  start kube-controller-manager --kubeconfig "$CLUSTER_DIR/controller-manager.kubeconfig" \
+    --authentication-kubeconfig "$CLUSTER_DIR/controller-manager.kubeconfig" \
+    --authorization-kubeconfig "$CLUSTER_DIR/controller-manager.kubeconfig" \
+    --secure-port 0 --leader-elect=false --use-service-account-credentials=true \
+    --service-account-private-key-file "$PKI/sa.key" --root-ca-file "$PKI/ca.crt" \
+    --cluster-signing-cert-file "$PKI/ca.crt" --cluster-signing-key-file "$PKI/ca.key"
+  start kube-scheduler --kubeconfig "$CLUSTER_DIR/scheduler.kubeconfig" \
+    --authentication-kubeconfig "$CLUSTER_DIR/scheduler.kubeconfig" \
+    --authorization-kubeconfig "$CLUSTER_DIR/scheduler.kubeconfig" \
+    --secure-port 0 --leader-elect=false
+  start kwok --kubeconfig "$CLUSTER_DIR/kwok.kubeconfig" --config "$CLUSTER_DIR/kwok-stages.yaml" \
+    --manage-all-nodes=false --manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake \
+    --cidr 10.244.0.0/16 --node-ip 127.0.0.1 --node-lease-duration-seconds 40
+
+  create_node
+  wait_for "node kwok-node-0" 60 node_ready
+  wait_for "default service account" 60 sa_ready
+  log "local cluster ready in $((SECONDS - t0))s"
+  cmd_env
+}
+
+cmd_down() {
+  local c pid stopped=0
+  for c in kwok kube-scheduler kube-controller-manager kube-apiserver etcd; do
+    if alive "$c"; then
+      pid=$(cat "$PIDS/$c.pid")
+      kill "$pid" 2>/dev/null || true
+      for _ in $(seq 50); do [[ -d /proc/$pid ]] || break; sleep 0.1; done
+      [[ -d /proc/$pid ]] && kill -9 "$pid" 2>/dev/null || true
+      stopped=$((stopped + 1))
+    fi
+    rm -f "$PIDS/$c.pid"
+  done
+  log "stopped $stopped process(es)"
+}
+
+cmd_status() {
+  if ready; then
+    log "API server $(server_url) is ready"
+    return 0
+  fi
+  log "local cluster is not ready"
+  return 1
+}
+
+cmd_env() { echo "export KUBECONFIG=$KUBECONFIG_FILE"; }
+
+case "${1:-}" in
+  up) cmd_up ;;
+  down) cmd_down ;;
+  status) cmd_status ;;
+  env) cmd_env ;;
+  *) echo "usage: $0 up|down|status|env" >&2; exit 2 ;;
+esac

@@ -1,0 +1,3 @@
+// Package cli builds the helm-autorecover command line: Helm 4's whole command
+// tree, unchanged, plus this project's own commands. One file per command.
+package cli

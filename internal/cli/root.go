@@ -1,0 +1,38 @@
+package cli
+
+import (
+	"fmt"
+	"io"
+	"log/slog"
+
+	"github.com/helm-autorecover/helm-autorecover/internal/helmx"
+)
+
+// Exit codes shared by every command. Helm itself exits 1 on any error; the
+// codes above 1 are this project's and are documented in docs/exit-codes.md.
+const (
+	ExitOK    = 0
+	ExitError = 1
+)
+
+// Run builds the command tree for args, runs it and returns the process exit
+// code. It is what main calls and what tests call.
+func Run(out, errOut io.Writer, args []string) int {
+	root, err := helmx.NewHelmRootCmd(out, args)
+	if err != nil {
+		fmt.Fprintf(errOut, "Error: %v\n", err)
+		return ExitError
+	}
+	root.SetArgs(args)
+	root.SetOut(out)
+	root.SetErr(errOut)
+	wrapVersion(root, out)
+	if err := root.Execute(); err != nil {
+		if code := helmx.HelmExitCode(err); code != 0 {
+			return code
+		}
+		slog.Debug("command failed", slog.Any("error", err))
+		return ExitError
+	}
+	return ExitOK
+}

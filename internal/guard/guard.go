@@ -1,0 +1,461 @@
+package guard
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"sort"
+	"sync"
+	"syscall"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/utils/clock"
+
+	"github.com/helm-autorecover/helm-autorecover/internal/helmx"
+	"github.com/helm-autorecover/helm-autorecover/internal/lock"
+	"github.com/helm-autorecover/helm-autorecover/internal/recovery"
+	"github.com/helm-autorecover/helm-autorecover/internal/servertime"
+	"github.com/helm-autorecover/helm-autorecover/internal/version"
+)
+
+// Target is one mutating operation on one release.
+type Target struct {
+	Op        lock.Operation
+	Release   string
+	Namespace string
+	// Timeout is the operation's --timeout.
+	Timeout time.Duration
+	// CreateNamespace is install's --create-namespace: the namespace is
+	// created before the lock, which lives in it.
+	CreateNamespace bool
+	// DeleteLock removes the Lease after a successful uninstall that kept no
+	// history.
+	DeleteLock bool
+}
+
+// Guard puts the lock and recovery around helm's mutating commands.
+type Guard struct {
+	Options Options
+	// Config is the REST configuration of the cluster (helm's settings).
+	Config *rest.Config
+	// Stderr receives progress and recovery messages.
+	Stderr io.Writer
+	// Clock is the local clock (clock.RealClock in production).
+	Clock clock.Clock
+	// Exit ends the process; fail-stop and second signals call it. It is
+	// os.Exit in production.
+	Exit func(code int)
+	// Rollback rolls the release back to a revision, for
+	// --recover-strategy=rollback. nil disables the strategy.
+	Rollback func(release string, revision int) error
+}
+
+// Run takes the lock for t, recovers the release when the recovery decision
+// allows it, runs op, and gives the lock back. While op runs the lock is
+// renewed; if it cannot be, the process exits (fail-stop) before helm
+// writes again.
+func (g *Guard) Run(ctx context.Context, t Target, op func() error) error {
+	if err := g.Options.Validate(); err != nil {
+		return &ExitError{Code: ExitUsage, Err: err}
+	}
+	est := servertime.New(g.Clock)
+	client, err := kubernetes.NewForConfig(est.Instrument(g.Config))
+	if err != nil {
+		return fmt.Errorf("release %q in namespace %q: kubernetes client: %w", t.Release, t.Namespace, err)
+	}
+	if ok, err := g.ensureNamespace(ctx, client, t); err != nil {
+		return err
+	} else if !ok {
+		// No namespace: helm fails with its own message; there is nothing
+		// to lock or recover.
+		return op()
+	}
+
+	backend := lock.NewLeaseBackend(client, est, g.Clock)
+	maxHold := g.Options.LockMaxHold
+	if maxHold == 0 {
+		maxHold = DefaultMaxHold(t.Timeout)
+	}
+	req := lock.Request{
+		Release:       t.Release,
+		Namespace:     t.Namespace,
+		Operation:     t.Op,
+		Timeout:       t.Timeout,
+		LeaseDuration: g.Options.LeaseDuration,
+		MaxHold:       maxHold,
+		ToolVersion:   version.Version,
+	}
+	held, err := g.acquire(ctx, backend, req)
+	if err != nil {
+		return err
+	}
+	r := &run{g: g, t: t, client: client, est: est, held: held, opDone: make(chan struct{})}
+	return r.do(ctx, op)
+}
+
+func (g *Guard) acquire(ctx context.Context, backend *lock.LeaseBackend, req lock.Request) (*lock.Held, error) {
+	held, _, err := backend.TryAcquire(ctx, req)
+	if err == nil {
+		return held, nil
+	}
+	if !errors.Is(err, lock.ErrLocked) || g.Options.LockTimeout <= 0 {
+		return nil, lockError(err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, g.Options.LockTimeout)
+	defer cancel()
+	p := newProgress(g.Stderr, g.Clock, g.Options.LockTimeout)
+	held, err = backend.Wait(wctx, req, p.update)
+	p.done()
+	if err != nil {
+		return nil, lockError(err)
+	}
+	return held, nil
+}
+
+func lockError(err error) error {
+	if errors.Is(err, lock.ErrLocked) {
+		return &ExitError{Code: ExitLocked, Err: err}
+	}
+	return err
+}
+
+// ensureNamespace creates the namespace when the operation asks for it and
+// reports whether it exists.
+func (g *Guard) ensureNamespace(ctx context.Context, client kubernetes.Interface, t Target) (bool, error) {
+	_, err := client.CoreV1().Namespaces().Get(ctx, t.Namespace, metav1.GetOptions{})
+	switch {
+	case err == nil:
+		return true, nil
+	case apierrors.IsForbidden(err):
+		// Users with rights in their namespace only: assume it exists.
+		return true, nil
+	case !apierrors.IsNotFound(err):
+		return false, fmt.Errorf("release %q: reading namespace %q: %w", t.Release, t.Namespace, err)
+	case !t.CreateNamespace:
+		return false, nil
+	}
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: t.Namespace}}
+	_, err = client.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{})
+	if err != nil && !apierrors.IsAlreadyExists(err) {
+		return false, fmt.Errorf("release %q: creating namespace %q: %w", t.Release, t.Namespace, err)
+	}
+	return true, nil
+}
+
+// run is one guarded operation.
+type run struct {
+	g      *Guard
+	t      Target
+	client kubernetes.Interface
+	est    *servertime.Estimator
+	held   *lock.Held
+
+	// exitOnce makes sure only one path ends the process.
+	exitOnce sync.Once
+	opDone   chan struct{}
+}
+
+func (r *run) do(ctx context.Context, op func() error) (err error) {
+	released := false
+	defer func() {
+		if !released {
+			r.release(err == nil)
+		}
+	}()
+	if err := r.recover(ctx); err != nil {
+		return err
+	}
+	if err := r.recordRevision(ctx); err != nil {
+		return err
+	}
+
+	keepCtx, stopKeep := context.WithCancel(context.Background())
+	defer stopKeep()
+	go r.held.Keep(keepCtx, r.onLost)
+
+	stopSignals := r.handleSignals()
+	defer stopSignals()
+
+	err = op()
+	close(r.opDone)
+	stopKeep()
+	r.release(err == nil)
+	released = true
+	return err
+}
+
+// history reads every stored revision of the release, straight from the
+// Secrets helm writes, with their resourceVersions.
+func (r *run) history(ctx context.Context) ([]helmx.Summary, error) {
+	list, err := r.client.CoreV1().Secrets(r.t.Namespace).List(ctx, metav1.ListOptions{
+		LabelSelector: helmx.HistorySelector(r.t.Release),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("release %q in namespace %q: reading history: %w", r.t.Release, r.t.Namespace, err)
+	}
+	out := make([]helmx.Summary, 0, len(list.Items))
+	for i := range list.Items {
+		s, err := helmx.Summarize(&list.Items[i])
+		if err != nil {
+			return nil, fmt.Errorf("release %q in namespace %q: %w", r.t.Release, r.t.Namespace, err)
+		}
+		out = append(out, s)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Revision < out[j].Revision })
+	return out, nil
+}
+
+func (r *run) serverNow(ctx context.Context) (recovery.ServerTime, error) {
+	b, ok := r.est.Now()
+	if !ok {
+		if err := r.est.Sync(ctx, r.client.Discovery()); err != nil {
+			return recovery.ServerTime{}, fmt.Errorf("reading the API server's clock: %w", err)
+		}
+		b, _ = r.est.Now()
+	}
+	return recovery.ServerTime{Earliest: b.Earliest, Latest: b.Latest}, nil
+}
+
+// previousLock maps the record found when the lock was taken onto the
+// recovery decision's input.
+func (r *run) previousLock() recovery.LockInfo {
+	prev := r.held.Previous
+	if prev == nil {
+		return recovery.LockInfo{State: recovery.LockNone}
+	}
+	info := recovery.LockInfo{
+		State:      recovery.LockReleased,
+		Session:    prev.Session,
+		Who:        prev.Who,
+		Operation:  string(prev.Operation),
+		Revision:   prev.Revision,
+		AcquiredAt: prev.AcquiredAt,
+		LockedTill: prev.LockedTill,
+	}
+	if r.held.PreviousState == lock.Expired {
+		info.State = recovery.LockExpired
+	}
+	return info
+}
+
+// recover applies the recovery decision. Writes are conditional on the
+// resourceVersion read; on a conflict the release is read again and the
+// decision made again.
+func (r *run) recover(ctx context.Context) error {
+	for attempt := 0; attempt < 5; attempt++ {
+		hist, err := r.history(ctx)
+		if err != nil {
+			return err
+		}
+		now, err := r.serverNow(ctx)
+		if err != nil {
+			return fmt.Errorf("release %q in namespace %q: %w", r.t.Release, r.t.Namespace, err)
+		}
+		dec := recovery.Decide(recovery.Input{
+			Release:   r.t.Release,
+			Namespace: r.t.Namespace,
+			History:   hist,
+			Lock:      r.previousLock(),
+			Now:       now,
+			Policy:    r.g.Options.policy(),
+		})
+		switch dec.Verdict {
+		case recovery.NoRelease, recovery.Proceed:
+			return nil
+		case recovery.Blocked:
+			if !r.g.Options.Autorecover && (r.t.Op == lock.OpRollback || r.t.Op == lock.OpUninstall) {
+				// Stock helm's manual way out of a stuck release stays open
+				// when the user turned recovery off.
+				return nil
+			}
+			return &ExitError{Code: ExitPending, Err: errors.New(dec.Reason)}
+		case recovery.Recover, recovery.RecoverThenRollback:
+			conflict, err := r.markAbandoned(ctx, dec, now)
+			if err != nil {
+				return err
+			}
+			if conflict {
+				continue
+			}
+			fmt.Fprintf(r.g.Stderr, "helm-autorecover: recovered: %s\n", dec.Reason)
+			if dec.Verdict == recovery.RecoverThenRollback && r.g.Rollback != nil && r.t.Op != lock.OpRollback {
+				fmt.Fprintf(r.g.Stderr, "helm-autorecover: rolling release %q back to revision %d (--recover-strategy=rollback)\n", r.t.Release, dec.RollbackTo)
+				if err := r.g.Rollback(r.t.Release, dec.RollbackTo); err != nil {
+					return fmt.Errorf("release %q in namespace %q: rollback to revision %d after recovery: %w", r.t.Release, r.t.Namespace, dec.RollbackTo, err)
+				}
+			}
+			return nil
+		}
+	}
+	return fmt.Errorf("release %q in namespace %q: other writers kept changing the release during recovery; try again", r.t.Release, r.t.Namespace)
+}
+
+// markAbandoned marks the decision's target and strays failed. It reports
+// conflict when a revision changed since it was read.
+func (r *run) markAbandoned(ctx context.Context, dec recovery.Decision, now recovery.ServerTime) (conflict bool, err error) {
+	if err := r.held.Valid(); err != nil {
+		return false, r.lost(err)
+	}
+	by := recovery.Recoverer{Session: r.held.Session(), At: now.Latest}
+	for _, a := range append([]recovery.Abandonment{dec.Target}, dec.Stray...) {
+		desc := recovery.DescribeAbandoned(a, by)
+		_, err := recovery.MarkFailed(ctx, r.client, r.t.Namespace, a.Release, desc, now.Latest)
+		switch {
+		case err == nil, errors.Is(err, recovery.ErrNotPending):
+		case errors.Is(err, recovery.ErrConflict):
+			return true, nil
+		default:
+			return false, err
+		}
+	}
+	return false, nil
+}
+
+// recordRevision writes into the lock record which revision the operation
+// is about to write, so that whoever finds it abandoned can tell it is ours.
+func (r *run) recordRevision(ctx context.Context) error {
+	hist, err := r.history(ctx)
+	if err != nil {
+		return err
+	}
+	latest := 0
+	if n := len(hist); n > 0 {
+		latest = hist[n-1].Revision
+	}
+	rev := latest + 1
+	if r.t.Op == lock.OpUninstall {
+		rev = latest
+	}
+	if err := r.held.SetRevision(ctx, rev); err != nil {
+		return r.lost(err)
+	}
+	return nil
+}
+
+// release gives the lock back (and deletes it after a complete uninstall).
+func (r *run) release(success bool) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var err error
+	if success && r.t.DeleteLock {
+		err = r.held.ReleaseAndDelete(ctx)
+	} else {
+		err = r.held.Release(ctx)
+	}
+	if err != nil && !errors.Is(err, lock.ErrLost) {
+		fmt.Fprintf(r.g.Stderr, "helm-autorecover: warning: releasing the lock of release %q in namespace %q: %v (it expires by itself within %s)\n",
+			r.t.Release, r.t.Namespace, err, r.g.Options.LeaseDuration)
+	}
+}
+
+func (r *run) lost(err error) error {
+	return &ExitError{Code: ExitLockLost, Err: fmt.Errorf("release %q in namespace %q: %w", r.t.Release, r.t.Namespace, err)}
+}
+
+// onLost is the fail-stop: the lock could not be renewed in time or was
+// taken, so this process stops before helm writes the release again.
+func (r *run) onLost(err error) {
+	select {
+	case <-r.opDone:
+		return
+	default:
+	}
+	if errors.Is(err, lock.ErrMaxHold) {
+		r.exitOnce.Do(func() {
+			fmt.Fprintf(r.g.Stderr, "Error: release %q in namespace %q: the operation held its lock longer than --lock-max-hold; aborting. Raise --lock-max-hold or --timeout if it legitimately takes this long.\n",
+				r.t.Release, r.t.Namespace)
+			r.abandonOwn("the operation exceeded --lock-max-hold")
+			r.release(false)
+			r.g.Exit(ExitMaxHold)
+		})
+		return
+	}
+	r.exitOnce.Do(func() {
+		fmt.Fprintf(r.g.Stderr, "Error: release %q in namespace %q: lost the lock (%v); stopping before any further write. The next operation recovers the release once the lock has expired.\n",
+			r.t.Release, r.t.Namespace, err)
+		r.g.Exit(ExitLockLost)
+	})
+}
+
+// abandonOwn marks the revision this operation was writing failed, if it is
+// still pending, so a cancelled or aborted operation never leaves it pending.
+func (r *run) abandonOwn(why string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Second)
+	defer cancel()
+	if r.held.Valid() != nil {
+		return
+	}
+	own := r.held.Record().Revision
+	for attempt := 0; attempt < 3; attempt++ {
+		hist, err := r.history(ctx)
+		if err != nil || len(hist) == 0 {
+			return
+		}
+		latest := hist[len(hist)-1]
+		if latest.Revision < own || !recovery.IsPending(latest.Status) {
+			return
+		}
+		now, _ := r.serverNow(ctx)
+		desc := fmt.Sprintf("%s %s: %s (session %s at %s)", "Cancelled", latest.Status, why, r.held.Session(), now.Latest.UTC().Format(time.RFC3339))
+		_, err = recovery.MarkFailed(ctx, r.client, r.t.Namespace, latest, desc, now.Latest)
+		if !errors.Is(err, recovery.ErrConflict) {
+			return
+		}
+	}
+}
+
+// handleSignals implements the signal contract: after a first SIGINT or
+// SIGTERM the release ends failed and the lock is released within 5 s; a
+// second signal exits at once (the lease then expires and the next
+// operation recovers). Helm's own install and upgrade react to the first
+// signal by cancelling and marking the release failed; for rollback and
+// uninstall, which do not, and as a backstop, this marks it failed itself.
+func (r *run) handleSignals() (stop func()) {
+	ch := make(chan os.Signal, 2)
+	signal.Notify(ch, os.Interrupt, syscall.SIGTERM)
+	quit := make(chan struct{})
+	go func() {
+		var sig os.Signal
+		select {
+		case sig = <-ch:
+		case <-quit:
+			return
+		}
+		grace := 3 * time.Second
+		if r.t.Op == lock.OpRollback || r.t.Op == lock.OpUninstall {
+			grace = 0
+		}
+		timer := r.g.Clock.NewTimer(grace)
+		select {
+		case <-quit:
+			return
+		case <-ch:
+			r.exitOnce.Do(func() { r.g.Exit(ExitInterrupted) })
+		case <-timer.C():
+			select {
+			case <-r.opDone:
+				return // helm handled it and the operation has ended
+			default:
+			}
+			r.exitOnce.Do(func() {
+				r.abandonOwn("interrupted by " + sig.String())
+				r.release(false)
+				fmt.Fprintf(r.g.Stderr, "Error: release %q in namespace %q: interrupted by %s; the release is marked failed and its lock released\n",
+					r.t.Release, r.t.Namespace, sig)
+				r.g.Exit(ExitInterrupted)
+			})
+		}
+	}()
+	return func() {
+		signal.Stop(ch)
+		close(quit)
+	}
+}

@@ -1,0 +1,141 @@
+package guard
+
+import (
+	"fmt"
+	"os"
+	"strconv"
+	"time"
+
+	"github.com/spf13/pflag"
+
+	"github.com/helm-autorecover/helm-autorecover/internal/lock"
+	"github.com/helm-autorecover/helm-autorecover/internal/recovery"
+)
+
+// Options are the lock and recovery flags of the four mutating commands.
+// Each flag defaults to its HELM_AUTORECOVER_* environment variable.
+type Options struct {
+	LockBackend        string
+	LeaseDuration      time.Duration
+	LockTimeout        time.Duration
+	LockMaxHold        time.Duration
+	Autorecover        bool
+	RecoverLegacyAfter time.Duration
+	RecoverStrategy    string
+}
+
+// Environment variables behind the flags.
+const (
+	EnvLockBackend        = "HELM_AUTORECOVER_LOCK_BACKEND"
+	EnvLeaseDuration      = "HELM_AUTORECOVER_LEASE_DURATION"
+	EnvLockTimeout        = "HELM_AUTORECOVER_LOCK_TIMEOUT"
+	EnvLockMaxHold        = "HELM_AUTORECOVER_LOCK_MAX_HOLD"
+	EnvAutorecover        = "HELM_AUTORECOVER_AUTORECOVER"
+	EnvRecoverLegacyAfter = "HELM_AUTORECOVER_RECOVER_LEGACY_AFTER"
+	EnvRecoverStrategy    = "HELM_AUTORECOVER_RECOVER_STRATEGY"
+)
+
+// Defaults.
+const (
+	DefaultLockBackend        = "lease"
+	DefaultRecoverLegacyAfter = 15 * time.Minute
+	// maxHoldFactor and maxHoldSlack give the default --lock-max-hold:
+	// 5 x --timeout + 1m. Helm applies --timeout per hook and per wait, so an
+	// upgrade with pre- and post-hooks and --wait can legitimately last about
+	// three timeouts; five leaves room, and the minute covers chart loading
+	// and rendering.
+	maxHoldFactor = 5
+	maxHoldSlack  = time.Minute
+)
+
+// DefaultMaxHold is the --lock-max-hold used when the flag is not set.
+func DefaultMaxHold(timeout time.Duration) time.Duration {
+	return maxHoldFactor*timeout + maxHoldSlack
+}
+
+// AddFlags registers the options on fs, with defaults from the environment.
+// It returns an error naming the variable when one does not parse.
+func (o *Options) AddFlags(fs *pflag.FlagSet) error {
+	var errs []error
+	dur := func(env string, def time.Duration) time.Duration {
+		v, ok := os.LookupEnv(env)
+		if !ok || v == "" {
+			return def
+		}
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s=%q: %w", env, v, err))
+			return def
+		}
+		return d
+	}
+	str := func(env, def string) string {
+		if v := os.Getenv(env); v != "" {
+			return v
+		}
+		return def
+	}
+	autorecover := true
+	if v := os.Getenv(EnvAutorecover); v != "" {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s=%q: %w", EnvAutorecover, v, err))
+		} else {
+			autorecover = b
+		}
+	}
+	fs.StringVar(&o.LockBackend, "lock-backend", str(EnvLockBackend, DefaultLockBackend),
+		"where the release lock lives: lease (a coordination.k8s.io Lease per release) ["+EnvLockBackend+"]")
+	fs.DurationVar(&o.LeaseDuration, "lease-duration", dur(EnvLeaseDuration, lock.DefaultLeaseDuration),
+		"how long the lock stays valid without renewal; it is renewed every third of it ["+EnvLeaseDuration+"]")
+	fs.DurationVar(&o.LockTimeout, "lock-timeout", dur(EnvLockTimeout, 0),
+		"wait up to this long, in arrival order, for a lock another client holds (0: fail at once) ["+EnvLockTimeout+"]")
+	fs.DurationVar(&o.LockMaxHold, "lock-max-hold", dur(EnvLockMaxHold, 0),
+		"abort the operation and give the lock up after holding it this long (0: 5 x --timeout + 1m) ["+EnvLockMaxHold+"]")
+	fs.BoolVar(&o.Autorecover, "autorecover", autorecover,
+		"recover a release left pending under an expired lock before running ["+EnvAutorecover+"]")
+	fs.DurationVar(&o.RecoverLegacyAfter, "recover-legacy-after", dur(EnvRecoverLegacyAfter, DefaultRecoverLegacyAfter),
+		"recover a release left pending with no lock record (stock helm) once it has been pending this long in server time (0: never) ["+EnvRecoverLegacyAfter+"]")
+	fs.StringVar(&o.RecoverStrategy, "recover-strategy", str(EnvRecoverStrategy, string(recovery.StrategyFail)),
+		"after marking an abandoned revision failed: fail (just run the operation) or rollback (first roll back to the last deployed revision) ["+EnvRecoverStrategy+"]")
+	if len(errs) > 0 {
+		return fmt.Errorf("bad helm-autorecover environment: %v", errs)
+	}
+	return nil
+}
+
+// Validate checks the options; the error names the flag.
+func (o *Options) Validate() error {
+	switch o.LockBackend {
+	case "lease":
+	default:
+		return fmt.Errorf("--lock-backend=%q: the only backend in this version is \"lease\"", o.LockBackend)
+	}
+	if o.LeaseDuration < 3*time.Second {
+		return fmt.Errorf("--lease-duration=%s: must be at least 3s (renewals happen every third of it, with a 1s safety margin)", o.LeaseDuration)
+	}
+	if o.LockTimeout < 0 {
+		return fmt.Errorf("--lock-timeout=%s: must not be negative", o.LockTimeout)
+	}
+	if o.LockMaxHold < 0 {
+		return fmt.Errorf("--lock-max-hold=%s: must not be negative", o.LockMaxHold)
+	}
+	if o.RecoverLegacyAfter < 0 {
+		return fmt.Errorf("--recover-legacy-after=%s: must not be negative (0 means never)", o.RecoverLegacyAfter)
+	}
+	switch recovery.Strategy(o.RecoverStrategy) {
+	case recovery.StrategyFail, recovery.StrategyRollback:
+	default:
+		return fmt.Errorf("--recover-strategy=%q: must be fail or rollback", o.RecoverStrategy)
+	}
+	return nil
+}
+
+// policy is the recovery policy the options describe.
+func (o *Options) policy() recovery.Policy {
+	return recovery.Policy{
+		Autorecover: o.Autorecover,
+		LegacyAfter: o.RecoverLegacyAfter,
+		Strategy:    recovery.Strategy(o.RecoverStrategy),
+	}
+}

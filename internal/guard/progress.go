@@ -1,0 +1,57 @@
+package guard
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"golang.org/x/term"
+	"k8s.io/utils/clock"
+
+	"github.com/helm-autorecover/helm-autorecover/internal/lock"
+)
+
+// progress reports a wait for a lock on stderr: one line rewritten in place
+// on a terminal, a line every few seconds otherwise.
+type progress struct {
+	w        io.Writer
+	clock    clock.PassiveClock
+	tty      bool
+	deadline time.Time
+	last     time.Time
+	printed  bool
+}
+
+func newProgress(w io.Writer, clk clock.PassiveClock, timeout time.Duration) *progress {
+	tty := false
+	if f, ok := w.(*os.File); ok {
+		tty = term.IsTerminal(int(f.Fd()))
+	}
+	return &progress{w: w, clock: clk, tty: tty, deadline: clk.Now().Add(timeout)}
+}
+
+func (p *progress) update(holder *lock.Record, left time.Duration) {
+	now := p.clock.Now()
+	if !p.tty && p.printed && now.Sub(p.last) < 5*time.Second {
+		return
+	}
+	p.last, p.printed = now, true
+	who := "another client"
+	if holder != nil {
+		who = fmt.Sprintf("%s (%s, session %s)", holder.Who, holder.Operation, holder.Session)
+	}
+	line := fmt.Sprintf("waiting for the lock held by %s; it expires in %s unless renewed; giving up in %s",
+		who, left.Round(time.Second), p.deadline.Sub(now).Round(time.Second))
+	if p.tty {
+		fmt.Fprintf(p.w, "\r\033[K%s", line)
+		return
+	}
+	fmt.Fprintln(p.w, line)
+}
+
+func (p *progress) done() {
+	if p.tty && p.printed {
+		fmt.Fprint(p.w, "\r\033[K")
+	}
+}

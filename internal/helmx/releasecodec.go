@@ -1,0 +1,275 @@
+package helmx
+
+import (
+	"bytes"
+	"compress/gzip"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strconv"
+	"time"
+
+	"helm.sh/helm/v4/pkg/release/common"
+	corev1 "k8s.io/api/core/v1"
+)
+
+// The layout of Helm's "secret" storage driver, which Helm 3 and Helm 4 share.
+// Each revision is one Secret; its data["release"] holds the release as JSON,
+// gzip-compressed, then base64-encoded as text (on top of the base64 the API
+// itself applies to Secret data).
+const (
+	// ReleaseSecretType is the Secret type Helm gives every release revision.
+	ReleaseSecretType corev1.SecretType = "helm.sh/release.v1"
+	// ReleaseDataKey is the Secret data key that holds the encoded release.
+	ReleaseDataKey = "release"
+
+	// The storage labels Helm sets on every revision Secret.
+	LabelName       = "name"
+	LabelOwner      = "owner"
+	LabelStatus     = "status"
+	LabelVersion    = "version"
+	LabelCreatedAt  = "createdAt"
+	LabelModifiedAt = "modifiedAt"
+	// OwnerHelm is the value of LabelOwner on Helm's storage Secrets.
+	OwnerHelm = "helm"
+)
+
+// maxReleaseJSON bounds decompression. A Secret holds at most 1 MiB, and
+// release JSON compresses about tenfold, so this leaves a wide margin while
+// keeping a hostile payload from exhausting memory.
+const maxReleaseJSON = 128 << 20
+
+// gzipMagic opens every gzip stream. Helm only decompresses payloads that
+// start with it (releases from before compression are plain JSON), and so do we.
+var gzipMagic = []byte{0x1f, 0x8b, 0x08}
+
+// ReleaseSecretName is the name of the Secret holding revision rev of release.
+func ReleaseSecretName(release string, rev int) string {
+	return "sh.helm.release.v1." + release + ".v" + strconv.Itoa(rev)
+}
+
+// HistorySelector is the label selector matching every stored revision of release.
+func HistorySelector(release string) string {
+	return LabelOwner + "=" + OwnerHelm + "," + LabelName + "=" + release
+}
+
+// DecodeReleaseJSON turns a stored data["release"] value back into the
+// release's JSON document. The payload may be gzip-compressed or not, as Helm
+// accepts both. The document is returned as raw bytes so that fields this
+// program (or this Helm version) does not know are kept exactly.
+func DecodeReleaseJSON(data []byte) (json.RawMessage, error) {
+	raw := make([]byte, base64.StdEncoding.DecodedLen(len(data)))
+	n, err := base64.StdEncoding.Decode(raw, data)
+	if err != nil {
+		return nil, fmt.Errorf("decoding the release payload: not base64 text: %w", err)
+	}
+	raw = raw[:n]
+	if bytes.HasPrefix(raw, gzipMagic) {
+		zr, err := gzip.NewReader(bytes.NewReader(raw))
+		if err != nil {
+			return nil, fmt.Errorf("decoding the release payload: bad gzip header: %w", err)
+		}
+		defer zr.Close()
+		raw, err = io.ReadAll(io.LimitReader(zr, maxReleaseJSON+1))
+		if err != nil {
+			return nil, fmt.Errorf("decoding the release payload: bad gzip stream: %w", err)
+		}
+		if len(raw) > maxReleaseJSON {
+			return nil, fmt.Errorf("decoding the release payload: it expands beyond %d bytes", maxReleaseJSON)
+		}
+	}
+	if err := checkObject(raw); err != nil {
+		return nil, fmt.Errorf("decoding the release payload: %w", err)
+	}
+	return json.RawMessage(raw), nil
+}
+
+// EncodeReleaseJSON turns a release JSON document into the value Helm stores
+// in data["release"]: base64 text of the gzip-compressed JSON, which every
+// Helm 3 and Helm 4 release reads.
+func EncodeReleaseJSON(doc json.RawMessage) ([]byte, error) {
+	if err := checkObject(doc); err != nil {
+		return nil, fmt.Errorf("encoding the release payload: %w", err)
+	}
+	var buf bytes.Buffer
+	zw, err := gzip.NewWriterLevel(&buf, gzip.BestCompression)
+	if err != nil {
+		return nil, fmt.Errorf("encoding the release payload: %w", err)
+	}
+	if _, err := zw.Write(doc); err != nil {
+		return nil, fmt.Errorf("encoding the release payload: %w", err)
+	}
+	if err := zw.Close(); err != nil {
+		return nil, fmt.Errorf("encoding the release payload: %w", err)
+	}
+	out := make([]byte, base64.StdEncoding.EncodedLen(buf.Len()))
+	base64.StdEncoding.Encode(out, buf.Bytes())
+	return out, nil
+}
+
+// SetInfoFields returns doc with the given keys of its "info" object set to
+// the given values. Every other value, at any depth, is carried over as it
+// was, including fields unknown to Helm's Go types: stock Helm drops those
+// when it rewrites a release, and we must not.
+func SetInfoFields(doc json.RawMessage, set map[string]any) (json.RawMessage, error) {
+	var top map[string]json.RawMessage
+	if err := json.Unmarshal(doc, &top); err != nil {
+		return nil, fmt.Errorf("editing the release: not a JSON object: %w", err)
+	}
+	if top == nil {
+		return nil, errors.New("editing the release: the document is null")
+	}
+	info := map[string]json.RawMessage{}
+	if rawInfo, ok := top["info"]; ok && !bytes.Equal(bytes.TrimSpace(rawInfo), []byte("null")) {
+		if err := json.Unmarshal(rawInfo, &info); err != nil {
+			return nil, fmt.Errorf("editing the release: its info is not a JSON object: %w", err)
+		}
+	}
+	for k, v := range set {
+		b, err := json.Marshal(v)
+		if err != nil {
+			return nil, fmt.Errorf("editing the release: info.%s: %w", k, err)
+		}
+		info[k] = b
+	}
+	b, err := json.Marshal(info)
+	if err != nil {
+		return nil, fmt.Errorf("editing the release: %w", err)
+	}
+	top["info"] = b
+	out, err := json.Marshal(top)
+	if err != nil {
+		return nil, fmt.Errorf("editing the release: %w", err)
+	}
+	return out, nil
+}
+
+func checkObject(doc []byte) error {
+	trimmed := bytes.TrimSpace(doc)
+	if len(trimmed) == 0 || trimmed[0] != '{' || !json.Valid(trimmed) {
+		return errors.New("not a JSON object")
+	}
+	return nil
+}
+
+// Summary is what recovery needs to know about one stored revision, read
+// without decoding the chart, values or manifest into Helm's types.
+type Summary struct {
+	// SecretName and SecretNamespace locate the storage Secret.
+	SecretName      string
+	SecretNamespace string
+
+	Name         string // release name
+	Namespace    string // release namespace (the Secret's when the JSON has none)
+	Revision     int
+	Status       common.Status
+	Description  string
+	ChartName    string
+	ChartVersion string
+	// FirstDeployed and LastDeployed are written by the client that ran the
+	// operation, in its own clock: display only, never for judging age.
+	FirstDeployed time.Time
+	LastDeployed  time.Time
+
+	// CreationTimestamp is set by the API server when the Secret was created
+	// (whole seconds, server clock).
+	CreationTimestamp time.Time
+	// LastWriteTime is the latest managedFields timestamp: the API server sets
+	// it, in its own clock, whenever a write changes the Secret. Zero when the
+	// Secret carries no managedFields.
+	LastWriteTime time.Time
+	// ResourceVersion is the version read; every write back is conditional on it.
+	ResourceVersion string
+}
+
+// releaseHeader holds the few release fields Summarize reads. Times are kept
+// as text because Helm has written empty strings for unset times.
+type releaseHeader struct {
+	Name      string `json:"name"`
+	Namespace string `json:"namespace"`
+	Version   int    `json:"version"`
+	Info      *struct {
+		FirstDeployed string        `json:"first_deployed"`
+		LastDeployed  string        `json:"last_deployed"`
+		Description   string        `json:"description"`
+		Status        common.Status `json:"status"`
+	} `json:"info"`
+	Chart *struct {
+		Metadata *struct {
+			Name    string `json:"name"`
+			Version string `json:"version"`
+		} `json:"metadata"`
+	} `json:"chart"`
+}
+
+// Summarize reads the summary of the release revision stored in secret.
+func Summarize(secret *corev1.Secret) (Summary, error) {
+	if secret == nil {
+		return Summary{}, errors.New("summarizing a release revision: no Secret given")
+	}
+	where := fmt.Sprintf("Secret %q in namespace %q", secret.Name, secret.Namespace)
+	if secret.Type != ReleaseSecretType && secret.Type != "" {
+		return Summary{}, fmt.Errorf("%s has type %q, not a Helm release (%q)", where, secret.Type, ReleaseSecretType)
+	}
+	payload, ok := secret.Data[ReleaseDataKey]
+	if !ok {
+		return Summary{}, fmt.Errorf("%s has no %q data key; it is not a Helm release revision", where, ReleaseDataKey)
+	}
+	doc, err := DecodeReleaseJSON(payload)
+	if err != nil {
+		return Summary{}, fmt.Errorf("reading %s: %w", where, err)
+	}
+	var h releaseHeader
+	if err := json.Unmarshal(doc, &h); err != nil {
+		return Summary{}, fmt.Errorf("reading %s: the release JSON does not match Helm's layout: %w", where, err)
+	}
+
+	s := Summary{
+		SecretName:        secret.Name,
+		SecretNamespace:   secret.Namespace,
+		Name:              h.Name,
+		Namespace:         h.Namespace,
+		Revision:          h.Version,
+		CreationTimestamp: secret.CreationTimestamp.Time,
+		ResourceVersion:   secret.ResourceVersion,
+	}
+	if s.Name == "" {
+		s.Name = secret.Labels[LabelName]
+	}
+	if s.Namespace == "" {
+		s.Namespace = secret.Namespace
+	}
+	if s.Revision == 0 {
+		// Unparseable labels leave the revision 0, which callers treat as unknown.
+		s.Revision, _ = strconv.Atoi(secret.Labels[LabelVersion])
+	}
+	if h.Info != nil {
+		s.Status = h.Info.Status
+		s.Description = h.Info.Description
+		if s.FirstDeployed, err = parseHelmTime(h.Info.FirstDeployed); err != nil {
+			return Summary{}, fmt.Errorf("reading %s: info.first_deployed: %w", where, err)
+		}
+		if s.LastDeployed, err = parseHelmTime(h.Info.LastDeployed); err != nil {
+			return Summary{}, fmt.Errorf("reading %s: info.last_deployed: %w", where, err)
+		}
+	}
+	if h.Chart != nil && h.Chart.Metadata != nil {
+		s.ChartName = h.Chart.Metadata.Name
+		s.ChartVersion = h.Chart.Metadata.Version
+	}
+	for _, mf := range secret.ManagedFields {
+		if mf.Time != nil && mf.Time.After(s.LastWriteTime) {
+			s.LastWriteTime = mf.Time.Time
+		}
+	}
+	return s, nil
+}
+
+func parseHelmTime(v string) (time.Time, error) {
+	if v == "" {
+		return time.Time{}, nil
+	}
+	return time.Parse(time.RFC3339Nano, v)
+}

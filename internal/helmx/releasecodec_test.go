@@ -1,0 +1,231 @@
+package helmx
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	chart "helm.sh/helm/v4/pkg/chart/v2"
+	"helm.sh/helm/v4/pkg/release/common"
+	rspb "helm.sh/helm/v4/pkg/release/v1"
+	"helm.sh/helm/v4/pkg/storage/driver"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+)
+
+// storeWithHelm writes rel through Helm's own Secret driver and returns the
+// Secret it produced, so the tests read exactly what Helm writes.
+func storeWithHelm(t *testing.T, rel *rspb.Release) *corev1.Secret {
+	t.Helper()
+	cs := fake.NewClientset()
+	d := driver.NewSecrets(cs.CoreV1().Secrets(rel.Namespace))
+	key := ReleaseSecretName(rel.Name, rel.Version)
+	if err := d.Create(key, rel); err != nil {
+		t.Fatalf("helm driver create: %v", err)
+	}
+	s, err := cs.CoreV1().Secrets(rel.Namespace).Get(context.Background(), key, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func sampleRelease() *rspb.Release {
+	first := time.Date(2026, 1, 2, 3, 4, 5, 600000000, time.UTC)
+	return &rspb.Release{
+		Name:      "web",
+		Namespace: "shop",
+		Version:   4,
+		Info: &rspb.Info{
+			FirstDeployed: first,
+			LastDeployed:  first.Add(time.Hour),
+			Status:        common.StatusPendingUpgrade,
+			Description:   "Preparing upgrade",
+		},
+		Chart: &chart.Chart{Metadata: &chart.Metadata{
+			APIVersion: "v2", Name: "nginx", Version: "1.2.3",
+		}},
+		Config:   map[string]any{"replicas": 3},
+		Manifest: "---\nkind: ConfigMap\n",
+	}
+}
+
+func TestSummarizeReadsWhatHelmWrites(t *testing.T) {
+	rel := sampleRelease()
+	s := storeWithHelm(t, rel)
+	created := time.Date(2026, 1, 2, 4, 0, 0, 0, time.UTC)
+	s.CreationTimestamp = metav1.NewTime(created)
+	s.ResourceVersion = "42"
+	s.ManagedFields = []metav1.ManagedFieldsEntry{
+		{Manager: "helm", Time: &metav1.Time{Time: created}},
+		{Manager: "helm-autorecover", Time: &metav1.Time{Time: created.Add(90 * time.Second)}},
+		{Manager: "no-time"},
+	}
+
+	got, err := Summarize(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Summary{
+		SecretName:        "sh.helm.release.v1.web.v4",
+		SecretNamespace:   "shop",
+		Name:              "web",
+		Namespace:         "shop",
+		Revision:          4,
+		Status:            common.StatusPendingUpgrade,
+		Description:       "Preparing upgrade",
+		ChartName:         "nginx",
+		ChartVersion:      "1.2.3",
+		FirstDeployed:     rel.Info.FirstDeployed,
+		LastDeployed:      rel.Info.LastDeployed,
+		CreationTimestamp: created,
+		LastWriteTime:     created.Add(90 * time.Second),
+		ResourceVersion:   "42",
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("Summarize:\n got %+v\nwant %+v", got, want)
+	}
+}
+
+// TestRoundTripKeepsUnknownFields is the reason this codec exists: a field a
+// newer writer added (at the top, in info, deep in the chart) must survive our
+// edit, and stock Helm must still read the result.
+func TestRoundTripKeepsUnknownFields(t *testing.T) {
+	s := storeWithHelm(t, sampleRelease())
+	doc, err := DecodeReleaseJSON(s.Data[ReleaseDataKey])
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// Add fields Helm's Go types do not have, plus a number that float64
+	// would round, to prove values are carried as text.
+	var m map[string]any
+	dec := json.NewDecoder(strings.NewReader(string(doc)))
+	dec.UseNumber()
+	if err := dec.Decode(&m); err != nil {
+		t.Fatal(err)
+	}
+	m["x_lock"] = map[string]any{"session": "abc", "revision": 4}
+	m["info"].(map[string]any)["x_note"] = "kept"
+	m["chart"].(map[string]any)["metadata"].(map[string]any)["x_future"] = []any{"a", "b"}
+	m["config"].(map[string]any)["big"] = json.Number("12345678901234567890")
+	withExtra, err := json.Marshal(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	edited, err := SetInfoFields(withExtra, map[string]any{
+		"status":      common.StatusFailed,
+		"description": "recovered <by> test & co",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	payload, err := EncodeReleaseJSON(edited)
+	if err != nil {
+		t.Fatal(err)
+	}
+	back, err := DecodeReleaseJSON(payload)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	var before, after map[string]any
+	mustUnmarshalNumbers(t, withExtra, &before)
+	mustUnmarshalNumbers(t, back, &after)
+	before["info"].(map[string]any)["status"] = "failed"
+	before["info"].(map[string]any)["description"] = "recovered <by> test & co"
+	if !reflect.DeepEqual(before, after) {
+		t.Errorf("round trip changed more than info.status and info.description:\nbefore %v\nafter  %v", before, after)
+	}
+	if !strings.Contains(string(back), `"big":12345678901234567890`) {
+		t.Errorf("large number was not kept verbatim: %s", back)
+	}
+
+	// Stock Helm reads the edited payload.
+	s.Data[ReleaseDataKey] = payload
+	cs := fake.NewClientset(s)
+	rel, err := driver.NewSecrets(cs.CoreV1().Secrets("shop")).Get(s.Name)
+	if err != nil {
+		t.Fatalf("helm cannot read our payload: %v", err)
+	}
+	r := rel.(*rspb.Release)
+	if r.Info.Status != common.StatusFailed || r.Info.Description != "recovered <by> test & co" || r.Version != 4 || r.Chart.Metadata.Name != "nginx" {
+		t.Errorf("helm read status=%q description=%q version=%d", r.Info.Status, r.Info.Description, r.Version)
+	}
+	if !r.Info.LastDeployed.Equal(sampleRelease().Info.LastDeployed) {
+		t.Errorf("last_deployed changed: %v", r.Info.LastDeployed)
+	}
+}
+
+func mustUnmarshalNumbers(t *testing.T, b []byte, v any) {
+	t.Helper()
+	dec := json.NewDecoder(strings.NewReader(string(b)))
+	dec.UseNumber()
+	if err := dec.Decode(v); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestDecodeAcceptsUncompressed(t *testing.T) {
+	plain := `{"name":"web","version":1,"info":{"status":"deployed","first_deployed":"","last_deployed":""}}`
+	doc, err := DecodeReleaseJSON([]byte(base64.StdEncoding.EncodeToString([]byte(plain))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(doc) != plain {
+		t.Errorf("got %s", doc)
+	}
+	s, err := Summarize(&corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: "sh.helm.release.v1.web.v1", Namespace: "ns1"},
+		Type:       ReleaseSecretType,
+		Data:       map[string][]byte{ReleaseDataKey: []byte(base64.StdEncoding.EncodeToString([]byte(plain)))},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Namespace != "ns1" || s.Status != common.StatusDeployed || !s.FirstDeployed.IsZero() {
+		t.Errorf("got %+v", s)
+	}
+}
+
+func TestDecodeErrors(t *testing.T) {
+	for name, data := range map[string]string{
+		"not base64":       "%%%",
+		"not json":         base64.StdEncoding.EncodeToString([]byte("hello")),
+		"json array":       base64.StdEncoding.EncodeToString([]byte("[1]")),
+		"truncated gzip":   base64.StdEncoding.EncodeToString([]byte{0x1f, 0x8b, 0x08, 0, 0}),
+		"empty":            "",
+		"json null object": base64.StdEncoding.EncodeToString([]byte("null")),
+	} {
+		if _, err := DecodeReleaseJSON([]byte(data)); err == nil {
+			t.Errorf("%s: no error", name)
+		}
+	}
+}
+
+func TestSummarizeRejectsOtherSecrets(t *testing.T) {
+	for name, s := range map[string]*corev1.Secret{
+		"nil":        nil,
+		"wrong type": {ObjectMeta: metav1.ObjectMeta{Name: "x", Namespace: "y"}, Type: corev1.SecretTypeOpaque, Data: map[string][]byte{"release": nil}},
+		"no data":    {ObjectMeta: metav1.ObjectMeta{Name: "x", Namespace: "y"}, Type: ReleaseSecretType},
+	} {
+		if _, err := Summarize(s); err == nil {
+			t.Errorf("%s: no error", name)
+		}
+	}
+}
+
+func TestNames(t *testing.T) {
+	if got := ReleaseSecretName("my-app", 12); got != "sh.helm.release.v1.my-app.v12" {
+		t.Errorf("ReleaseSecretName = %q", got)
+	}
+	if got := HistorySelector("my-app"); got != "owner=helm,name=my-app" {
+		t.Errorf("HistorySelector = %q", got)
+	}
+}

@@ -1,0 +1,43 @@
+// Package lock owns the per-release lock: its record (a versioned JSON schema
+// that says who holds a release, for which operation, and until when in API
+// server time), the pure function that judges a lock Free, Live or Expired,
+// and the coordination.k8s.io/v1 Lease backend that acquires, renews,
+// releases and waits for it.
+//
+// # The Lease
+//
+// One Lease per release lives in the release's namespace, named by LeaseName.
+// Its spec mirrors the record for tools that only understand Leases:
+// holderIdentity is the session ID (empty once released), renewTime and
+// leaseDurationSeconds give the expiry. The full record is JSON in the
+// annotation AnnotationRecord; waiters queue in AnnotationQueue.
+//
+// # Time
+//
+// Every time written into a record is an upper bound of the API server's
+// clock at the moment the write was sent (see package servertime), and
+// lockedTill = renewedAt + leaseDuration. A reader declares a lock expired only
+// when the lower bound of its own server-time estimate has passed lockedTill
+// plus a margin (DefaultMargin, 1 s). The holder, for its part, treats the lock
+// as lost once its local monotonic clock reaches the send time of its last
+// successful renewal plus leaseDuration minus the same margin (its renew
+// deadline). The two margins (2 s in all) absorb the rate difference between
+// clocks and the delay between a check and the write it guards. No decision
+// compares one client's clock with another's.
+//
+// # Writes
+//
+// Every write to the Lease is conditional on the resourceVersion last read
+// (Create for a missing Lease, Update carrying resourceVersion, Delete with a
+// resourceVersion precondition). On a conflict the Lease is read again and the
+// decision is made again; nothing is ever overwritten blindly.
+//
+// # Residual risk
+//
+// A holder process that is paused (SIGSTOP, a frozen VM, swap storm) for longer
+// than its lease can wake up after another client took the lock over and issue
+// one write it believes safe, because the check and the write are not atomic.
+// Held.Valid narrows that window to the time between a check and a write;
+// resourceVersion preconditions on the release's own records, done by the
+// caller, close it for those records.
+package lock

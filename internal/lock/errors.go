@@ -1,0 +1,90 @@
+package lock
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+)
+
+var (
+	// ErrLocked: another session holds the release's lock (or waiters are
+	// queued ahead of the caller). The concrete error is *LockedError.
+	ErrLocked = errors.New("release is locked")
+	// ErrLost: the holder no longer holds its lock (taken over, deleted, or
+	// not renewed before its renew deadline). It must stop writing at once.
+	ErrLost = errors.New("lock lost")
+	// ErrMaxHold: the operation held the lock longer than its maximum hold
+	// time; the holder stops renewing and must abort.
+	ErrMaxHold = errors.New("lock held past its maximum hold time")
+)
+
+// LockedError tells who holds a release's lock. errors.Is(err, ErrLocked)
+// holds for it.
+type LockedError struct {
+	Release   string
+	Namespace string
+	// State is Live when a holder has the lock; Free or Expired when the
+	// lock is takeable but Ahead waiters come first.
+	State State
+	// Holder is the holder's record; nil when there is none or it could not
+	// be read (HolderIdentity then still names the session).
+	Holder         *Record
+	HolderIdentity string
+	// LockedTill is the holder's expiry in server time (zero if unknown);
+	// Left is how long, at the time of the error, until another client may
+	// take the lock over (LOCKED TILL + margin, less what the server-time
+	// estimate is sure of) unless the holder renews it.
+	LockedTill time.Time
+	Left       time.Duration
+	// Ahead counts live waiters queued before the caller.
+	Ahead int
+}
+
+// Unwrap makes errors.Is(err, ErrLocked) true.
+func (e *LockedError) Unwrap() error { return ErrLocked }
+
+const lockHelp = `; wait for it with --lock-timeout=DURATION, or list locks with "helm-autorecover locks"`
+
+func (e *LockedError) Error() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "release %q in namespace %q is locked", e.Release, e.Namespace)
+	if e.State != Live {
+		fmt.Fprintf(&b, ": %d earlier waiter(s) are queued for it%s", e.Ahead, lockHelp)
+		return b.String()
+	}
+	r := e.Holder
+	if r == nil {
+		fmt.Fprintf(&b, " by session %s (lock record unreadable)", e.HolderIdentity)
+	} else {
+		who := r.Who
+		if who == "" {
+			who = "unknown"
+		}
+		fmt.Fprintf(&b, " by %s", who)
+		if r.PID != 0 {
+			fmt.Fprintf(&b, " pid %d", r.PID)
+		}
+		fmt.Fprintf(&b, " (session %s, operation %s", r.Session, r.Operation)
+		if r.Revision != 0 {
+			fmt.Fprintf(&b, " of revision %d", r.Revision)
+		}
+		if !r.AcquiredAt.IsZero() {
+			fmt.Fprintf(&b, ", since %s", formatTime(r.AcquiredAt))
+		}
+		if r.CIJobURL != "" {
+			fmt.Fprintf(&b, ", job %s", r.CIJobURL)
+		}
+		b.WriteString(")")
+	}
+	if !e.LockedTill.IsZero() {
+		fmt.Fprintf(&b, ", LOCKED TILL %s (can be taken over in %s unless renewed)", formatTime(e.LockedTill), e.Left.Round(time.Second))
+	}
+	if e.Ahead > 0 {
+		fmt.Fprintf(&b, ", %d waiter(s) queued", e.Ahead)
+	}
+	b.WriteString(lockHelp)
+	return b.String()
+}
+
+func formatTime(t time.Time) string { return t.UTC().Format(time.RFC3339) }

@@ -1,0 +1,445 @@
+package lock
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// Held is a lock this process holds. Its methods are safe for concurrent use;
+// writes to the Lease are serialised.
+type Held struct {
+	// Previous is the record found on the Lease before this lock was taken
+	// (nil when there was no Lease or its record was unreadable), and
+	// PreviousState how it was judged: Free (released) or Expired (its holder
+	// died or stalled; the revision it was writing may need recovery).
+	Previous      *Record
+	PreviousState State
+
+	b   *LeaseBackend
+	req Request
+
+	// writeMu serialises writes; mu guards the fields below it.
+	writeMu sync.Mutex
+	mu      sync.Mutex
+	lease   *coordinationv1.Lease
+	rec     Record
+	// deadline is the renew deadline on the local clock: the send time of
+	// the last successful write + lease - margin. maxHoldAt is the local time
+	// at which the holder must give up (zero: never).
+	deadline  time.Time
+	maxHoldAt time.Time
+	lastSend  time.Time
+	// lost is set once writing under the lock is no longer safe; gone when,
+	// moreover, someone else holds or deleted the Lease (so even a release
+	// is pointless). released once it was given back. done is closed on
+	// lost or released.
+	lost     error
+	gone     bool
+	released bool
+	done     chan struct{}
+}
+
+func (b *LeaseBackend) newHeld(req *Request, l *coordinationv1.Lease, rec Record, sent time.Time, prev *Record, prevState State) *Held {
+	h := &Held{
+		Previous:      prev,
+		PreviousState: prevState,
+		b:             b,
+		req:           *req,
+		lease:         l,
+		rec:           rec,
+		lastSend:      sent,
+		deadline:      sent.Add(req.LeaseDuration - b.margin()),
+		done:          make(chan struct{}),
+	}
+	if req.MaxHold > 0 {
+		h.maxHoldAt = sent.Add(req.MaxHold)
+	}
+	return h
+}
+
+// Session is the holder's session ID.
+func (h *Held) Session() string { return h.req.Session }
+
+// Record returns a copy of the record as last written.
+func (h *Held) Record() Record {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.rec
+}
+
+// Deadline is the renew deadline on the injected local clock: unless a
+// renewal succeeds first, the lock must be considered lost from then on.
+func (h *Held) Deadline() time.Time {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.deadline
+}
+
+// Done is closed once the lock has been released or lost.
+func (h *Held) Done() <-chan struct{} { return h.done }
+
+// Valid reports whether it is still safe to write under this lock: nil while
+// the lock is held and its renew deadline has not passed. It is the check a
+// fenced writer makes before every write. Passing the maximum hold time does
+// not by itself invalidate the lock (the holder may still record its
+// failure before the deadline); Keep reports it through onLost.
+func (h *Held) Valid() error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.validLocked()
+}
+
+func (h *Held) validLocked() error {
+	switch {
+	case h.lost != nil:
+		return h.lost
+	case h.released:
+		return fmt.Errorf("lock on release %q in namespace %q was already released: %w", h.req.Release, h.req.Namespace, ErrLost)
+	case !h.b.clock.Now().Before(h.deadline):
+		return h.loseLocked(fmt.Errorf("lock on release %q in namespace %q was not renewed before its renew deadline (lease %s less margin %s after the last renewal was sent); stop writing: %w", h.req.Release, h.req.Namespace, h.req.LeaseDuration, h.b.margin(), ErrLost))
+	}
+	return nil
+}
+
+func (h *Held) loseLocked(err error) error {
+	if h.lost == nil && !h.released {
+		h.lost = err
+		close(h.done)
+	}
+	if h.lost != nil {
+		return h.lost
+	}
+	return err
+}
+
+// loseGone marks the lock as held or deleted by someone else.
+func (h *Held) loseGone(err error) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.gone = true
+	return h.loseLocked(err)
+}
+
+func (h *Held) maxHoldPassedLocked() bool {
+	return !h.maxHoldAt.IsZero() && !h.b.clock.Now().Before(h.maxHoldAt)
+}
+
+func (h *Held) maxHoldErr() error {
+	return fmt.Errorf("lock on release %q in namespace %q held for %s, its maximum hold time; stopping: %w", h.req.Release, h.req.Namespace, h.req.MaxHold, ErrMaxHold)
+}
+
+// Renew extends the lock by one lease from now. It fails with an error
+// wrapping ErrLost when the lock is no longer this session's (the caller must
+// stop writing at once) and with ErrMaxHold once the maximum hold time has
+// passed; other errors are transient and the lock stays valid until
+// Deadline.
+func (h *Held) Renew(ctx context.Context) error {
+	return h.write(ctx, false, func(*Record) {})
+}
+
+// SetRevision records the revision being written, renewing the lock in the
+// same write.
+func (h *Held) SetRevision(ctx context.Context, rev int) error {
+	return h.write(ctx, false, func(r *Record) { r.Revision = rev })
+}
+
+// Release gives the lock back: holderIdentity becomes empty and the record is
+// kept, marked released, for whoever looks next. It is idempotent. It works
+// after the renew deadline or the maximum hold time too, since the write is
+// conditional on this session still being the holder. Pass a context that is
+// not already cancelled (for example context.WithoutCancel plus a timeout)
+// when releasing on the way out of an interrupted operation.
+func (h *Held) Release(ctx context.Context) error {
+	return h.write(ctx, true, func(*Record) {})
+}
+
+// ReleaseAndDelete gives the lock back by deleting the Lease, for uninstall,
+// so nothing of the release is left behind. The delete is conditional on the
+// resourceVersion last seen. When waiters are queued it only releases, so
+// their order survives.
+func (h *Held) ReleaseAndDelete(ctx context.Context) error {
+	h.writeMu.Lock()
+	defer h.writeMu.Unlock()
+	h.mu.Lock()
+	cur := h.lease
+	done, gone, err := h.released, h.gone, h.lost
+	h.mu.Unlock()
+	if done {
+		return nil
+	}
+	if gone {
+		return err
+	}
+	leases := h.b.leases(h.req.Namespace)
+	for range maxConflicts {
+		now, err := h.b.serverNow(ctx)
+		if err != nil {
+			return fmt.Errorf("release lock on release %q in namespace %q: %w", h.req.Release, h.req.Namespace, err)
+		}
+		if len(liveWaiters(decodeQueue(cur.Annotations[AnnotationQueue]), now, h.b.margin())) > 0 {
+			return h.writeLocked(ctx, true, func(*Record) {})
+		}
+		err = leases.Delete(ctx, cur.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{
+			UID:             &cur.UID,
+			ResourceVersion: &cur.ResourceVersion,
+		}})
+		switch {
+		case err == nil:
+			h.mu.Lock()
+			if !h.released && h.lost == nil {
+				h.released = true
+				close(h.done)
+			}
+			h.mu.Unlock()
+			return nil
+		case apierrors.IsConflict(err):
+			fresh, err := h.reread(ctx)
+			if err != nil {
+				return err
+			}
+			cur = fresh
+			h.mu.Lock()
+			h.lease = fresh
+			h.mu.Unlock()
+		case apierrors.IsNotFound(err):
+			return h.loseGone(fmt.Errorf("lock on release %q in namespace %q: lease %s was deleted by someone else: %w", h.req.Release, h.req.Namespace, cur.Name, ErrLost))
+		default:
+			return fmt.Errorf("release lock on release %q in namespace %q: delete lease %s: %w", h.req.Release, h.req.Namespace, cur.Name, err)
+		}
+	}
+	return fmt.Errorf("release lock on release %q in namespace %q: lease changed %d times; retry", h.req.Release, h.req.Namespace, maxConflicts)
+}
+
+// reread fetches the Lease after a conflict and checks that this session
+// still holds it.
+func (h *Held) reread(ctx context.Context) (*coordinationv1.Lease, error) {
+	name := LeaseName(h.req.Release)
+	fresh, err := h.b.leases(h.req.Namespace).Get(ctx, name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil, h.loseGone(fmt.Errorf("lock on release %q in namespace %q: lease %s was deleted by someone else: %w", h.req.Release, h.req.Namespace, name, ErrLost))
+	}
+	if err != nil {
+		return nil, fmt.Errorf("lock on release %q in namespace %q: read lease %s: %w", h.req.Release, h.req.Namespace, name, err)
+	}
+	if holder := holderOf(&fresh.Spec); holder != h.req.Session {
+		by := "nobody (released)"
+		if holder != "" {
+			by = "session " + holder
+			if rec, err := DecodeRecord(fresh.Annotations[AnnotationRecord]); err == nil && rec.Session == holder && rec.Who != "" {
+				by += " of " + rec.Who
+			}
+		}
+		return nil, h.loseGone(fmt.Errorf("lock on release %q in namespace %q is now held by %s: %w", h.req.Release, h.req.Namespace, by, ErrLost))
+	}
+	return fresh, nil
+}
+
+func (h *Held) write(ctx context.Context, release bool, mutate func(*Record)) error {
+	h.writeMu.Lock()
+	defer h.writeMu.Unlock()
+	return h.writeLocked(ctx, release, mutate)
+}
+
+// writeLocked updates the Lease, conditional on the last resourceVersion; on
+// a conflict it re-reads and goes on only while this session still holds the
+// lock. Callers hold writeMu.
+func (h *Held) writeLocked(ctx context.Context, release bool, mutate func(*Record)) error {
+	h.mu.Lock()
+	if h.released {
+		h.mu.Unlock()
+		return nil
+	}
+	cur := h.lease
+	h.mu.Unlock()
+	leases := h.b.leases(h.req.Namespace)
+	for range maxConflicts {
+		h.mu.Lock()
+		var err error
+		if release {
+			if h.gone {
+				err = h.lost
+			}
+		} else if err = h.validLocked(); err == nil && h.maxHoldPassedLocked() {
+			err = h.maxHoldErr()
+		}
+		rec := h.rec
+		h.mu.Unlock()
+		if err != nil {
+			return err
+		}
+		sent := h.b.clock.Now()
+		now, err := h.b.serverNow(ctx)
+		if err != nil {
+			return fmt.Errorf("lock on release %q in namespace %q: %w", h.req.Release, h.req.Namespace, err)
+		}
+		mutate(&rec)
+		if release {
+			rec.ReleasedAt = ceilMilli(now.Latest)
+		} else {
+			stamp(&rec, now)
+		}
+		l := cur.DeepCopy()
+		if err := setHolder(l, &rec); err != nil {
+			return err
+		}
+		updated, err := leases.Update(ctx, l, metav1.UpdateOptions{})
+		switch {
+		case err == nil:
+			h.mu.Lock()
+			defer h.mu.Unlock()
+			h.lease, h.rec = updated, rec
+			if release {
+				if !h.released && h.lost == nil {
+					h.released = true
+					close(h.done)
+				}
+				return nil
+			}
+			h.lastSend = sent
+			h.deadline = sent.Add(h.req.LeaseDuration - h.b.margin())
+			return nil
+		case apierrors.IsConflict(err):
+			fresh, err := h.reread(ctx)
+			if err != nil {
+				return err
+			}
+			cur = fresh
+		case apierrors.IsNotFound(err):
+			return h.loseGone(fmt.Errorf("lock on release %q in namespace %q: lease %s was deleted by someone else: %w", h.req.Release, h.req.Namespace, cur.Name, ErrLost))
+		default:
+			return fmt.Errorf("renew lock on release %q in namespace %q: %w", h.req.Release, h.req.Namespace, err)
+		}
+	}
+	return fmt.Errorf("renew lock on release %q in namespace %q: lease changed %d times; retry", h.req.Release, h.req.Namespace, maxConflicts)
+}
+
+// Keep renews the lock every third of its lease until ctx is done or the
+// lock is released or lost. It calls onLost once, with an error wrapping
+// ErrLost or ErrMaxHold, when the lock was taken, could not be renewed before
+// its renew deadline, or was held past the maximum hold time; the caller must
+// then stop its operation before writing again. Transient renewal errors are
+// retried until the deadline. Run it in its own goroutine.
+func (h *Held) Keep(ctx context.Context, onLost func(error)) {
+	clk := h.b.clock
+	lease := h.req.LeaseDuration
+	retry := max(lease/15, 100*time.Millisecond)
+	var nextRenew, probeAfter time.Time
+	report := func(err error) {
+		if onLost != nil {
+			onLost(err)
+		}
+	}
+	for {
+		h.mu.Lock()
+		if h.released || h.lost != nil {
+			lost := h.lost
+			h.mu.Unlock()
+			if lost != nil {
+				report(lost)
+			}
+			return
+		}
+		deadline, maxHoldAt := h.deadline, h.maxHoldAt
+		if nextRenew.IsZero() || nextRenew.Before(h.lastSend) {
+			nextRenew = h.renewAt(h.lastSend.Add(lease / 3))
+		}
+		h.mu.Unlock()
+
+		// Between renewals, a few cheap requests timed to split the Date
+		// header's second narrow the server-time bounds, so the LOCKED TILL
+		// written is close to the truth and a dead holder is recovered from
+		// soon after its lease.
+		probeAt, probing := h.b.time.ProbeAt(later(clk.Now(), probeAfter), probeWidth)
+		wake := slices.MinFunc([]time.Time{nextRenew, deadline, orFar(maxHoldAt), orFar(probeAt)}, time.Time.Compare)
+		timer := clk.NewTimer(wake.Sub(clk.Now()))
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+			return
+		case <-h.done:
+			timer.Stop()
+			continue
+		case <-timer.C():
+		}
+
+		now := clk.Now()
+		h.mu.Lock()
+		switch {
+		case h.released:
+			h.mu.Unlock()
+			return
+		case h.lost == nil && h.maxHoldPassedLocked():
+			err := h.maxHoldErr()
+			h.mu.Unlock()
+			report(err)
+			return
+		}
+		err := h.validLocked()
+		h.mu.Unlock()
+		if err != nil {
+			continue // reported at the top of the loop
+		}
+		if now.Before(nextRenew) {
+			if probing && !now.Before(probeAt) {
+				pctx, cancel := context.WithTimeout(ctx, min(time.Second, max(nextRenew.Sub(now), 100*time.Millisecond)))
+				err := h.b.time.Probe(pctx, h.b.client.Discovery())
+				cancel()
+				probeAfter = clk.Now().Add(probeWidth)
+				if err != nil {
+					probeAfter = clk.Now().Add(lease)
+				}
+			}
+			continue
+		}
+		rctx, cancel := context.WithTimeout(ctx, max(h.Deadline().Sub(now), 0))
+		err = h.Renew(rctx)
+		cancel()
+		switch {
+		case err == nil:
+			nextRenew = time.Time{}
+		case ctx.Err() != nil:
+			return
+		default:
+			h.mu.Lock()
+			lost := h.lost
+			h.mu.Unlock()
+			if lost == nil {
+				nextRenew = clk.Now().Add(retry)
+			}
+		}
+	}
+}
+
+// renewAt picks when to renew: at target, or up to a sixth of the lease (at
+// most a second) earlier when that lets the renewal double as a probe of the
+// server clock (servertime.Estimator.ProbeAt). Tighter bounds make the
+// LOCKED TILL this holder writes closer to the truth, so a dead holder is
+// recovered from sooner.
+func (h *Held) renewAt(target time.Time) time.Time {
+	window := min(time.Second, h.req.LeaseDuration/6)
+	if p, ok := h.b.time.ProbeAt(target.Add(-window), probeWidth); ok && !p.After(target) {
+		return p
+	}
+	return target
+}
+
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
+func orFar(t time.Time) time.Time {
+	if t.IsZero() {
+		return time.Unix(1<<62, 0)
+	}
+	return t
+}

@@ -1,0 +1,158 @@
+package lock
+
+import (
+	"encoding/json"
+	"fmt"
+	"slices"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+
+	"github.com/helm-autorecover/helm-autorecover/internal/servertime"
+)
+
+// DefaultMargin is added to a lock's expiry before another client may take
+// it over, and taken off the holder's own renew deadline. It covers the rate
+// difference between clocks over one lease and the delay between a check and
+// the write it guards; the Date header's resolution is already inside the
+// server-time bounds.
+const DefaultMargin = time.Second
+
+// State is the judgement of a lock.
+type State int
+
+const (
+	// Free: no Lease, or its holderIdentity is empty (released).
+	Free State = iota
+	// Live: held, and not provably past its LOCKED TILL in server time.
+	Live
+	// Expired: held, but the server clock has certainly passed LOCKED TILL
+	// plus the margin; the holder has stopped writing.
+	Expired
+)
+
+func (s State) String() string {
+	switch s {
+	case Free:
+		return "free"
+	case Live:
+		return "live"
+	case Expired:
+		return "expired"
+	}
+	return fmt.Sprintf("State(%d)", int(s))
+}
+
+// Judge decides the state of a lock from its record (nil when absent or
+// unreadable), the Lease spec (nil when there is no Lease), bounds on the
+// server's clock now, and the margin.
+//
+// A lock is Expired only when now.Earliest is after LockedTill(rec, spec) +
+// margin, so a reader whose estimate is uncertain errs towards Live. A lock
+// whose expiry cannot be told at all (no readable record and no renewTime in
+// the spec), or judged without any server time, is Live.
+func Judge(rec *Record, spec *coordinationv1.LeaseSpec, now servertime.Bounds, margin time.Duration) State {
+	if spec == nil || holderOf(spec) == "" {
+		return Free
+	}
+	till, ok := LockedTill(rec, spec)
+	if !ok || now.IsZero() {
+		return Live
+	}
+	if now.Earliest.After(till.Add(margin)) {
+		return Expired
+	}
+	return Live
+}
+
+// LockedTill returns the server time until which the holder named in spec may
+// write, and false when it cannot be told. It is the later of the record's
+// LockedTill (when the record belongs to the holder named in the spec) and
+// renewTime + leaseDurationSeconds from the spec, so a stale or foreign
+// record never shortens a lock.
+func LockedTill(rec *Record, spec *coordinationv1.LeaseSpec) (time.Time, bool) {
+	var till time.Time
+	ok := false
+	if spec != nil && spec.LeaseDurationSeconds != nil {
+		base := spec.RenewTime
+		if base == nil {
+			base = spec.AcquireTime
+		}
+		if base != nil {
+			till = base.Add(time.Duration(*spec.LeaseDurationSeconds) * time.Second)
+			ok = true
+		}
+	}
+	if rec != nil && spec != nil && rec.Session != "" && rec.Session == holderOf(spec) && !rec.LockedTill.IsZero() {
+		if !ok || rec.LockedTill.After(till) {
+			till = rec.LockedTill
+		}
+		ok = true
+	}
+	return till, ok
+}
+
+func holderOf(spec *coordinationv1.LeaseSpec) string {
+	if spec == nil || spec.HolderIdentity == nil {
+		return ""
+	}
+	return *spec.HolderIdentity
+}
+
+// Waiter is one client queued for a lock, in arrival order.
+type Waiter struct {
+	Session    string    `json:"session"`
+	Who        string    `json:"who,omitempty"`
+	Operation  Operation `json:"operation,omitempty"`
+	EnqueuedAt time.Time `json:"enqueuedAt"`
+	// HeartbeatAt is the waiter's last refresh; ExpiresAt = HeartbeatAt +
+	// the waiter's lease duration, after which (plus the margin, judged in
+	// server time) the entry is dead and skipped.
+	HeartbeatAt time.Time `json:"heartbeatAt"`
+	ExpiresAt   time.Time `json:"expiresAt"`
+}
+
+// queue is the JSON stored in AnnotationQueue.
+type queue struct {
+	Schema  int      `json:"schema"`
+	Waiters []Waiter `json:"waiters"`
+}
+
+// decodeQueue reads the waiters. An unreadable queue is treated as empty: the
+// queue orders waiters, it does not provide mutual exclusion, so losing it
+// costs fairness once and never safety.
+func decodeQueue(s string) []Waiter {
+	if s == "" {
+		return nil
+	}
+	var q queue
+	if err := json.Unmarshal([]byte(s), &q); err != nil {
+		return nil
+	}
+	return q.Waiters
+}
+
+func encodeQueue(ws []Waiter) (string, error) {
+	b, err := json.Marshal(queue{Schema: SchemaVersion, Waiters: ws})
+	if err != nil {
+		return "", fmt.Errorf("encode lock queue: %w", err)
+	}
+	return string(b), nil
+}
+
+// liveWaiters drops the entries whose heartbeat has certainly expired.
+func liveWaiters(ws []Waiter, now servertime.Bounds, margin time.Duration) []Waiter {
+	return slices.DeleteFunc(slices.Clone(ws), func(w Waiter) bool {
+		return !now.IsZero() && now.Earliest.After(w.ExpiresAt.Add(margin))
+	})
+}
+
+// waitersAhead counts the live waiters that come before session: all of them
+// when session is not queued. A Free or Expired lock may be taken only when
+// this is zero.
+func waitersAhead(live []Waiter, session string) int {
+	if i := slices.IndexFunc(live, func(w Waiter) bool { return w.Session == session }); i >= 0 {
+		return i
+	}
+	return len(live)
+}

@@ -1,0 +1,611 @@
+package lock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"slices"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	coordclient "k8s.io/client-go/kubernetes/typed/coordination/v1"
+	"k8s.io/utils/clock"
+
+	"github.com/helm-autorecover/helm-autorecover/internal/servertime"
+	"github.com/helm-autorecover/helm-autorecover/internal/version"
+)
+
+// DefaultLeaseDuration is the lease of a lock when the request sets none.
+// The holder renews every third of it.
+const DefaultLeaseDuration = 15 * time.Second
+
+// maxConflicts bounds how often one call re-reads the Lease after a write
+// conflict before giving up; every conflict means another client made
+// progress, so hitting it means heavy contention, not a livelock.
+const maxConflicts = 50
+
+// Request describes the operation that wants a release's lock.
+type Request struct {
+	Release   string
+	Namespace string
+	Operation Operation
+	// Revision is the revision the operation will write, when known; see
+	// Held.SetRevision.
+	Revision int
+	// Timeout is the operation's --timeout, recorded for humans.
+	Timeout time.Duration
+	// LeaseDuration defaults to DefaultLeaseDuration and must exceed twice
+	// the backend's margin.
+	LeaseDuration time.Duration
+	// MaxHold, when positive, bounds how long the lock is held: the holder
+	// stops renewing and is told to abort (ErrMaxHold) once it has held the
+	// lock that long.
+	MaxHold time.Duration
+	// Session defaults to NewSession(); Who to DefaultWho(); PID to this
+	// process; ToolVersion to this build; CIJobURL to DetectCIJobURL.
+	Session     string
+	Who         string
+	PID         int
+	ToolVersion string
+	CIJobURL    string
+}
+
+// LeaseBackend keeps release locks in coordination.k8s.io/v1 Leases.
+type LeaseBackend struct {
+	client kubernetes.Interface
+	time   *servertime.Estimator
+	clock  clock.Clock
+	// Margin is DefaultMargin unless set before first use.
+	Margin time.Duration
+}
+
+// NewLeaseBackend returns a backend. client must be built from a
+// configuration instrumented by est (servertime.Estimator.Instrument or
+// WrapTransport) so that its responses feed est; clk must be the clock est
+// reads (clock.RealClock{} in production).
+func NewLeaseBackend(client kubernetes.Interface, est *servertime.Estimator, clk clock.Clock) *LeaseBackend {
+	return &LeaseBackend{client: client, time: est, clock: clk, Margin: DefaultMargin}
+}
+
+func (b *LeaseBackend) margin() time.Duration {
+	if b.Margin <= 0 {
+		return DefaultMargin
+	}
+	return b.Margin
+}
+
+func (b *LeaseBackend) leases(ns string) coordclient.LeaseInterface {
+	return b.client.CoordinationV1().Leases(ns)
+}
+
+// serverNow returns the server-time bounds, syncing once if nothing has been
+// observed yet.
+func (b *LeaseBackend) serverNow(ctx context.Context) (servertime.Bounds, error) {
+	if now, ok := b.time.Now(); ok {
+		return now, nil
+	}
+	if err := b.time.Sync(ctx, b.client.Discovery()); err != nil {
+		return servertime.Bounds{}, err
+	}
+	now, _ := b.time.Now()
+	return now, nil
+}
+
+// complete fills the defaults of req and validates it.
+func (b *LeaseBackend) complete(req Request) (Request, error) {
+	if err := ValidateReleaseName(req.Release); err != nil {
+		return req, fmt.Errorf("lock release in namespace %q: %w", req.Namespace, err)
+	}
+	if req.Namespace == "" {
+		return req, fmt.Errorf("lock release %q: namespace is empty", req.Release)
+	}
+	if !req.Operation.valid() {
+		return req, fmt.Errorf("lock release %q in namespace %q: unknown operation %q", req.Release, req.Namespace, req.Operation)
+	}
+	if req.LeaseDuration == 0 {
+		req.LeaseDuration = DefaultLeaseDuration
+	}
+	if req.LeaseDuration <= 2*b.margin() {
+		return req, fmt.Errorf("lock release %q in namespace %q: lease duration %s must be longer than %s (twice the safety margin)", req.Release, req.Namespace, req.LeaseDuration, 2*b.margin())
+	}
+	if req.Session == "" {
+		req.Session = NewSession()
+	}
+	if req.Who == "" {
+		req.Who = DefaultWho()
+	}
+	if req.PID == 0 {
+		req.PID = os.Getpid()
+	}
+	if req.ToolVersion == "" {
+		req.ToolVersion = version.Version
+	}
+	if req.CIJobURL == "" {
+		req.CIJobURL = DetectCIJobURL(os.Getenv)
+	}
+	return req, nil
+}
+
+// TryAcquire takes the release's lock if it is Free or Expired and no live
+// waiter is queued first. When a live holder has it, it returns that holder's
+// record (nil if unreadable) and a *LockedError; it never waits.
+//
+// A takeover of an Expired lock is reported in Held.PreviousState and
+// Held.Previous, so the caller can recover the revision the previous holder
+// abandoned.
+func (b *LeaseBackend) TryAcquire(ctx context.Context, req Request) (*Held, *Record, error) {
+	req, err := b.complete(req)
+	if err != nil {
+		return nil, nil, err
+	}
+	res, err := b.attempt(ctx, &req, nil)
+	if err != nil {
+		return nil, nil, err
+	}
+	if res.locked != nil {
+		return nil, res.locked.Holder, res.locked
+	}
+	return res.held, nil, nil
+}
+
+// view is a decoded Lease.
+type view struct {
+	lease  *coordinationv1.Lease
+	rec    *Record
+	recErr error
+	state  State
+	live   []Waiter
+}
+
+func (b *LeaseBackend) decode(l *coordinationv1.Lease, now servertime.Bounds) view {
+	v := view{lease: l}
+	if s, ok := l.Annotations[AnnotationRecord]; ok {
+		v.rec, v.recErr = DecodeRecord(s)
+	}
+	judged := v.rec
+	if v.recErr != nil {
+		judged = nil
+	}
+	v.state = Judge(judged, &l.Spec, now, b.margin())
+	v.live = liveWaiters(decodeQueue(l.Annotations[AnnotationQueue]), now, b.margin())
+	return v
+}
+
+// waitState is a waiter's memory between attempts.
+type waitState struct {
+	enqueuedAt time.Time // server time of the first enqueue
+	lastBeat   time.Time // local time of the last successful queue write's send
+}
+
+type attemptResult struct {
+	held   *Held
+	locked *LockedError
+	// seen is the Lease as last read or written; a waiter watches from its
+	// resourceVersion.
+	seen *coordinationv1.Lease
+}
+
+// attempt makes one decision on fresh data: take the lock, or report who has
+// it (and, for a waiter, make sure it is queued and its entry fresh).
+func (b *LeaseBackend) attempt(ctx context.Context, req *Request, w *waitState) (attemptResult, error) {
+	name := LeaseName(req.Release)
+	for range maxConflicts {
+		if err := ctx.Err(); err != nil {
+			return attemptResult{}, fmt.Errorf("lock release %q in namespace %q: %w", req.Release, req.Namespace, err)
+		}
+		cur, err := b.leases(req.Namespace).Get(ctx, name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			h, err := b.create(ctx, req)
+			if apierrors.IsAlreadyExists(err) {
+				continue
+			}
+			if err != nil {
+				return attemptResult{}, err
+			}
+			return attemptResult{held: h, seen: h.lease}, nil
+		}
+		if err != nil {
+			return attemptResult{}, fmt.Errorf("lock release %q in namespace %q: read lease %s: %w", req.Release, req.Namespace, name, err)
+		}
+		now, err := b.serverNow(ctx)
+		if err != nil {
+			return attemptResult{}, fmt.Errorf("lock release %q in namespace %q: %w", req.Release, req.Namespace, err)
+		}
+		v := b.decode(cur, now)
+		ahead := waitersAhead(v.live, req.Session)
+		if v.state != Live && ahead == 0 {
+			h, err := b.take(ctx, req, v)
+			if apierrors.IsConflict(err) {
+				continue
+			}
+			if err != nil {
+				return attemptResult{}, err
+			}
+			return attemptResult{held: h, seen: h.lease}, nil
+		}
+		locked := b.lockedError(req, v, now, ahead)
+		if w == nil {
+			return attemptResult{locked: locked, seen: cur}, nil
+		}
+		seen, err := b.enqueue(ctx, req, w, v)
+		if apierrors.IsConflict(err) {
+			continue
+		}
+		if err != nil {
+			return attemptResult{}, err
+		}
+		return attemptResult{locked: locked, seen: seen}, nil
+	}
+	return attemptResult{}, fmt.Errorf("lock release %q in namespace %q: lease %s changed %d times while deciding; retry", req.Release, req.Namespace, name, maxConflicts)
+}
+
+func (b *LeaseBackend) lockedError(req *Request, v view, now servertime.Bounds, ahead int) *LockedError {
+	e := &LockedError{
+		Release:        req.Release,
+		Namespace:      req.Namespace,
+		State:          v.state,
+		HolderIdentity: holderOf(&v.lease.Spec),
+		Ahead:          ahead,
+	}
+	if v.state != Live {
+		return e
+	}
+	if v.recErr == nil && v.rec != nil && v.rec.Session == e.HolderIdentity {
+		e.Holder = v.rec
+	}
+	var judged *Record
+	if e.Holder != nil {
+		judged = v.rec
+	}
+	if till, ok := LockedTill(judged, &v.lease.Spec); ok {
+		e.LockedTill = till
+		e.Left = max(0, till.Add(b.margin()).Sub(now.Earliest))
+	}
+	return e
+}
+
+// stamp fills the time fields of a record written now. All of them come from
+// the upper bound of server time, so LockedTill is never early.
+func stamp(rec *Record, now servertime.Bounds) {
+	t := ceilMilli(now.Latest)
+	rec.RenewedAt = t
+	rec.LockedTill = t.Add(rec.LeaseDuration.Duration)
+}
+
+func ceilMilli(t time.Time) time.Time {
+	r := t.Truncate(time.Millisecond)
+	if r.Before(t) {
+		r = r.Add(time.Millisecond)
+	}
+	return r.UTC()
+}
+
+func newRecord(req *Request, now servertime.Bounds) Record {
+	rec := Record{
+		Schema:        SchemaVersion,
+		Session:       req.Session,
+		Operation:     req.Operation,
+		Release:       req.Release,
+		Namespace:     req.Namespace,
+		Revision:      req.Revision,
+		Who:           req.Who,
+		PID:           req.PID,
+		ToolVersion:   req.ToolVersion,
+		CIJobURL:      req.CIJobURL,
+		Timeout:       metav1.Duration{Duration: req.Timeout},
+		LeaseDuration: metav1.Duration{Duration: req.LeaseDuration},
+	}
+	stamp(&rec, now)
+	rec.AcquiredAt = rec.RenewedAt
+	if req.MaxHold > 0 {
+		rec.MaxHoldUntil = rec.AcquiredAt.Add(req.MaxHold)
+	}
+	return rec
+}
+
+// setHolder writes rec into l, annotation and spec mirror.
+func setHolder(l *coordinationv1.Lease, rec *Record) error {
+	s, err := rec.Encode()
+	if err != nil {
+		return err
+	}
+	if l.Annotations == nil {
+		l.Annotations = map[string]string{}
+	}
+	l.Annotations[AnnotationRecord] = s
+	if !rec.ReleasedAt.IsZero() {
+		l.Spec.HolderIdentity = ptr("")
+		return nil
+	}
+	l.Spec.HolderIdentity = ptr(rec.Session)
+	l.Spec.LeaseDurationSeconds = ptr(int32(min(math.MaxInt32, math.Ceil(rec.LeaseDuration.Seconds()))))
+	l.Spec.AcquireTime = &metav1.MicroTime{Time: rec.AcquiredAt}
+	l.Spec.RenewTime = &metav1.MicroTime{Time: rec.RenewedAt}
+	return nil
+}
+
+func setQueue(l *coordinationv1.Lease, ws []Waiter) error {
+	if len(ws) == 0 {
+		delete(l.Annotations, AnnotationQueue)
+		return nil
+	}
+	s, err := encodeQueue(ws)
+	if err != nil {
+		return err
+	}
+	if l.Annotations == nil {
+		l.Annotations = map[string]string{}
+	}
+	l.Annotations[AnnotationQueue] = s
+	return nil
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// create makes the Lease with the caller as holder. It fails with
+// AlreadyExists when someone else created it first.
+func (b *LeaseBackend) create(ctx context.Context, req *Request) (*Held, error) {
+	sent := b.clock.Now()
+	now, err := b.serverNow(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("lock release %q in namespace %q: %w", req.Release, req.Namespace, err)
+	}
+	rec := newRecord(req, now)
+	l := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{
+		Name:      LeaseName(req.Release),
+		Namespace: req.Namespace,
+		Labels:    leaseLabels(req.Release),
+	}}
+	if err := setHolder(l, &rec); err != nil {
+		return nil, err
+	}
+	l.Spec.LeaseTransitions = ptr(int32(0))
+	created, err := b.leases(req.Namespace).Create(ctx, l, metav1.CreateOptions{})
+	if err != nil {
+		if apierrors.IsAlreadyExists(err) {
+			return nil, err
+		}
+		return nil, fmt.Errorf("lock release %q in namespace %q: create lease %s: %w", req.Release, req.Namespace, l.Name, err)
+	}
+	return b.newHeld(req, created, rec, sent, nil, Free), nil
+}
+
+// take updates a Free or Expired Lease to name the caller as holder,
+// conditional on the resourceVersion of v.
+func (b *LeaseBackend) take(ctx context.Context, req *Request, v view) (*Held, error) {
+	sent := b.clock.Now()
+	now, err := b.serverNow(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("lock release %q in namespace %q: %w", req.Release, req.Namespace, err)
+	}
+	rec := newRecord(req, now)
+	l := v.lease.DeepCopy()
+	if err := setHolder(l, &rec); err != nil {
+		return nil, err
+	}
+	if prev := holderOf(&v.lease.Spec); prev != req.Session {
+		n := int32(0)
+		if l.Spec.LeaseTransitions != nil {
+			n = *l.Spec.LeaseTransitions
+		}
+		l.Spec.LeaseTransitions = ptr(n + 1)
+	}
+	if l.Labels == nil {
+		l.Labels = map[string]string{}
+	}
+	for k, val := range leaseLabels(req.Release) {
+		l.Labels[k] = val
+	}
+	rest := slices.DeleteFunc(slices.Clone(v.live), func(w Waiter) bool { return w.Session == req.Session })
+	if err := setQueue(l, rest); err != nil {
+		return nil, err
+	}
+	updated, err := b.leases(req.Namespace).Update(ctx, l, metav1.UpdateOptions{})
+	if err != nil {
+		if apierrors.IsConflict(err) {
+			return nil, err
+		}
+		return nil, fmt.Errorf("lock release %q in namespace %q: update lease %s: %w", req.Release, req.Namespace, l.Name, err)
+	}
+	prev := v.rec
+	if v.recErr != nil {
+		prev = nil
+	}
+	return b.newHeld(req, updated, rec, sent, prev, v.state), nil
+}
+
+// enqueue makes sure the waiter has a fresh entry in the queue, writing only
+// when it is missing or its heartbeat is due. It returns the Lease as
+// written (or as read, when nothing had to be written).
+func (b *LeaseBackend) enqueue(ctx context.Context, req *Request, w *waitState, v view) (*coordinationv1.Lease, error) {
+	i := slices.IndexFunc(v.live, func(x Waiter) bool { return x.Session == req.Session })
+	sent := b.clock.Now()
+	if i >= 0 && !w.lastBeat.IsZero() && sent.Sub(w.lastBeat) < req.LeaseDuration/3 {
+		return v.lease, nil
+	}
+	now, err := b.serverNow(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("queue for release %q in namespace %q: %w", req.Release, req.Namespace, err)
+	}
+	t := ceilMilli(now.Latest)
+	ws := slices.Clone(v.live)
+	if i < 0 {
+		if w.enqueuedAt.IsZero() {
+			w.enqueuedAt = t
+		}
+		ws = append(ws, Waiter{Session: req.Session, Who: req.Who, Operation: req.Operation, EnqueuedAt: w.enqueuedAt})
+		i = len(ws) - 1
+	}
+	ws[i].HeartbeatAt = t
+	ws[i].ExpiresAt = t.Add(req.LeaseDuration)
+	l := v.lease.DeepCopy()
+	if err := setQueue(l, ws); err != nil {
+		return nil, err
+	}
+	updated, err := b.leases(req.Namespace).Update(ctx, l, metav1.UpdateOptions{})
+	if err != nil {
+		if apierrors.IsConflict(err) {
+			return nil, err
+		}
+		return nil, fmt.Errorf("queue for release %q in namespace %q: update lease %s: %w", req.Release, req.Namespace, l.Name, err)
+	}
+	w.lastBeat = sent
+	return updated, nil
+}
+
+// dequeue removes session from the queue, best effort, when a waiter gives
+// up.
+func (b *LeaseBackend) dequeue(ctx context.Context, req *Request) error {
+	name := LeaseName(req.Release)
+	for range maxConflicts {
+		cur, err := b.leases(req.Namespace).Get(ctx, name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		ws := decodeQueue(cur.Annotations[AnnotationQueue])
+		rest := slices.DeleteFunc(slices.Clone(ws), func(w Waiter) bool { return w.Session == req.Session })
+		if len(rest) == len(ws) {
+			return nil
+		}
+		l := cur.DeepCopy()
+		if err := setQueue(l, rest); err != nil {
+			return err
+		}
+		_, err = b.leases(req.Namespace).Update(ctx, l, metav1.UpdateOptions{})
+		if apierrors.IsConflict(err) {
+			continue
+		}
+		return err
+	}
+	return errors.New("too many conflicts")
+}
+
+// Status is what Inspect and List report about one lock.
+type Status struct {
+	Release   string
+	Namespace string
+	// Exists is false when there is no Lease; State is then Free.
+	Exists bool
+	State  State
+	// Record is the record on the Lease: the holder's while Live or
+	// Expired, the last holder's once released. RecordErr is set when it
+	// could not be read.
+	Record         *Record
+	RecordErr      error
+	HolderIdentity string
+	LockedTill     time.Time
+	// Waiters are the live queued waiters, first first.
+	Waiters []Waiter
+	// Now is the server time the state was judged at.
+	Now servertime.Bounds
+}
+
+// Inspect reads and judges the lock of one release without changing it.
+func (b *LeaseBackend) Inspect(ctx context.Context, namespace, release string) (*Status, error) {
+	l, err := b.leases(namespace).Get(ctx, LeaseName(release), metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		now, _ := b.time.Now()
+		return &Status{Release: release, Namespace: namespace, State: Free, Now: now}, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("inspect lock of release %q in namespace %q: %w", release, namespace, err)
+	}
+	now, err := b.serverNow(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("inspect lock of release %q in namespace %q: %w", release, namespace, err)
+	}
+	return b.status(l, now), nil
+}
+
+// List reports every lock in namespace ("" for all namespaces).
+func (b *LeaseBackend) List(ctx context.Context, namespace string) ([]Status, error) {
+	ls, err := b.leases(namespace).List(ctx, metav1.ListOptions{LabelSelector: LabelManagedBy + "=" + ManagedBy})
+	if err != nil {
+		return nil, fmt.Errorf("list locks in namespace %q: %w", namespace, err)
+	}
+	now, err := b.serverNow(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("list locks in namespace %q: %w", namespace, err)
+	}
+	out := make([]Status, 0, len(ls.Items))
+	for i := range ls.Items {
+		out = append(out, *b.status(&ls.Items[i], now))
+	}
+	return out, nil
+}
+
+func (b *LeaseBackend) status(l *coordinationv1.Lease, now servertime.Bounds) *Status {
+	v := b.decode(l, now)
+	st := &Status{
+		Release:        l.Labels[LabelRelease],
+		Namespace:      l.Namespace,
+		Exists:         true,
+		State:          v.state,
+		Record:         v.rec,
+		RecordErr:      v.recErr,
+		HolderIdentity: holderOf(&l.Spec),
+		Waiters:        v.live,
+		Now:            now,
+	}
+	if st.Release == "" && v.rec != nil {
+		st.Release = v.rec.Release
+	}
+	if st.HolderIdentity != "" {
+		judged := v.rec
+		if v.recErr != nil {
+			judged = nil
+		}
+		st.LockedTill, _ = LockedTill(judged, &l.Spec)
+	}
+	return st
+}
+
+// ForceRelease releases the lock of release on behalf of by (a person), but
+// only while session still holds it, so a lock taken since the caller looked
+// is never broken. It returns the record of the session it released. Use it
+// for a holder known to be dead whose lock has not expired yet; the next
+// operation then recovers its release.
+func (b *LeaseBackend) ForceRelease(ctx context.Context, namespace, release, session, by string) (*Record, error) {
+	name := LeaseName(release)
+	for range maxConflicts {
+		cur, err := b.leases(namespace).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return nil, fmt.Errorf("release lock of release %q in namespace %q: %w", release, namespace, err)
+		}
+		if h := holderOf(&cur.Spec); h != session {
+			return nil, fmt.Errorf("release lock of release %q in namespace %q: session %s does not hold it (holder: %q)", release, namespace, session, h)
+		}
+		now, err := b.serverNow(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("release lock of release %q in namespace %q: %w", release, namespace, err)
+		}
+		rec, recErr := DecodeRecord(cur.Annotations[AnnotationRecord])
+		if recErr != nil || rec.Session != session {
+			// Keep what can be told about the holder and mark it released.
+			rec = &Record{Schema: SchemaVersion, Session: session, Release: release, Namespace: namespace}
+		}
+		rec.ReleasedAt = ceilMilli(now.Latest)
+		rec.ReleasedBy = by
+		l := cur.DeepCopy()
+		if err := setHolder(l, rec); err != nil {
+			return nil, err
+		}
+		_, err = b.leases(namespace).Update(ctx, l, metav1.UpdateOptions{})
+		if apierrors.IsConflict(err) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("release lock of release %q in namespace %q: %w", release, namespace, err)
+		}
+		return rec, nil
+	}
+	return nil, fmt.Errorf("release lock of release %q in namespace %q: lease %s changed %d times; retry", release, namespace, name, maxConflicts)
+}

@@ -1,0 +1,433 @@
+package lock_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/clock"
+
+	"github.com/helm-autorecover/helm-autorecover/internal/lock"
+	"github.com/helm-autorecover/helm-autorecover/internal/servertime"
+	"github.com/helm-autorecover/helm-autorecover/internal/testenv"
+)
+
+func TestMain(m *testing.M) { testenv.Main(m) }
+
+// skewedClock is the real clock read as if this machine's wall clock were
+// off by skew. Elapsed times (monotonic) are unaffected, as on a real
+// machine whose clock is simply set wrong.
+type skewedClock struct {
+	clock.RealClock
+	skew time.Duration
+}
+
+func (c skewedClock) Now() time.Time                  { return time.Now().Add(c.skew) }
+func (c skewedClock) Since(t time.Time) time.Duration { return c.Now().Sub(t) }
+
+// newBackend is one independent client: its own clock, server-time
+// estimator and HTTP connections.
+func newBackend(t *testing.T, env *testenv.Env, skew time.Duration) *lock.LeaseBackend {
+	t.Helper()
+	clk := skewedClock{skew: skew}
+	est := servertime.New(clk)
+	cs, err := kubernetes.NewForConfig(est.Instrument(env.Config))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := est.Sync(context.Background(), cs.Discovery()); err != nil {
+		t.Fatal(err)
+	}
+	return lock.NewLeaseBackend(cs, est, clk)
+}
+
+func request(ns, release string, lease time.Duration) lock.Request {
+	return lock.Request{Release: release, Namespace: ns, Operation: lock.OpUpgrade, LeaseDuration: lease, Timeout: time.Minute}
+}
+
+// serverNow is the API server's true clock. The local control plane runs on
+// this machine, so it is this machine's unskewed clock.
+func serverNow() time.Time { return time.Now() }
+
+func waitQueued(t *testing.T, b *lock.LeaseBackend, ns, release string, n int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		st, err := b.Inspect(context.Background(), ns, release)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(st.Waiters) >= n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d waiter(s) queued, want %d", len(st.Waiters), n)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestIntegrationRaceOneWinner (S1): two clients, clocks 10 minutes apart
+// each way, try to take the same free lock at the same instant, many times.
+// Exactly one wins each round and the other is told who holds it.
+func TestIntegrationRaceOneWinner(t *testing.T) {
+	env := testenv.Get(t)
+	ns := env.Namespace(t)
+	ctx := context.Background()
+	clients := []*lock.LeaseBackend{newBackend(t, env, 10*time.Minute), newBackend(t, env, -10*time.Minute)}
+	const rounds = 20
+	for round := range rounds {
+		release := fmt.Sprintf("race-%d", round)
+		// Half of the rounds race on Create, half on Update of a released
+		// Lease.
+		if round%2 == 1 {
+			h, _, err := clients[0].TryAcquire(ctx, request(ns, release, 15*time.Second))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := h.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		held := make([]*lock.Held, 2)
+		errs := make([]error, 2)
+		for i, c := range clients {
+			wg.Go(func() {
+				<-start
+				held[i], _, errs[i] = c.TryAcquire(ctx, request(ns, release, 15*time.Second))
+			})
+		}
+		t0 := time.Now()
+		close(start)
+		wg.Wait()
+		elapsed := time.Since(t0)
+		winners := 0
+		for i := range clients {
+			if errs[i] == nil {
+				winners++
+				continue
+			}
+			var le *lock.LockedError
+			if !errors.As(errs[i], &le) {
+				t.Fatalf("round %d: loser got %v, want *LockedError", round, errs[i])
+			}
+			if other := held[1-i]; other == nil || le.Holder == nil || le.Holder.Session != other.Session() {
+				t.Errorf("round %d: loser was not told the winner's session: %v", round, errs[i])
+			}
+		}
+		if winners != 1 {
+			t.Fatalf("round %d: %d winners, want exactly 1 (errors %v)", round, winners, errs)
+		}
+		if elapsed > time.Second {
+			t.Errorf("round %d: the loser learned it lost after %v, want under 1s", round, elapsed)
+		}
+		if round == 0 {
+			for _, err := range errs {
+				if err != nil {
+					t.Logf("loser's message: %v (decided in %v)", err, elapsed)
+				}
+			}
+		}
+	}
+}
+
+// TestIntegrationTakeoverOnlyAfterExpiry (S2, S4): a holder stops renewing;
+// a client whose clock is 10 minutes ahead polls. It gets the lock only
+// after LOCKED TILL + margin in the server's clock, and soon after that.
+func TestIntegrationTakeoverOnlyAfterExpiry(t *testing.T) {
+	env := testenv.Get(t)
+	ns := env.Namespace(t)
+	ctx := context.Background()
+	a, b := newBackend(t, env, 0), newBackend(t, env, 10*time.Minute)
+	dead, _, err := a.TryAcquire(ctx, request(ns, "web", 3*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := dead.SetRevision(ctx, 2); err != nil {
+		t.Fatal(err)
+	}
+	till := dead.Record().LockedTill
+	for {
+		h, _, err := b.TryAcquire(ctx, request(ns, "web", 3*time.Second))
+		now := serverNow()
+		if err == nil {
+			late := now.Sub(till)
+			t.Logf("taken over %v after LOCKED TILL (margin %v)", late, lock.DefaultMargin)
+			if late < lock.DefaultMargin {
+				t.Errorf("taken over %v after LOCKED TILL, before the margin %v passed", late, lock.DefaultMargin)
+			}
+			if late > lock.DefaultMargin+2*time.Second {
+				t.Errorf("taken over only %v after LOCKED TILL, want within margin + 2s", late)
+			}
+			if h.PreviousState != lock.Expired || h.Previous == nil || h.Previous.Session != dead.Session() || h.Previous.Revision != 2 {
+				t.Errorf("previous = %v %+v", h.PreviousState, h.Previous)
+			}
+			if err := dead.Renew(ctx); !errors.Is(err, lock.ErrLost) {
+				t.Errorf("dead holder's Renew = %v, want ErrLost", err)
+			}
+			return
+		}
+		if !errors.Is(err, lock.ErrLocked) {
+			t.Fatal(err)
+		}
+		if now.After(till.Add(10 * time.Second)) {
+			t.Fatalf("still locked 10s after LOCKED TILL: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestIntegrationRenewAfterTakeoverIsLost (S5): an operator breaks a live
+// lock, another client takes it; the old holder's next renewal finds out and
+// fails with ErrLost without overwriting the new holder.
+func TestIntegrationRenewAfterTakeoverIsLost(t *testing.T) {
+	env := testenv.Get(t)
+	ns := env.Namespace(t)
+	ctx := context.Background()
+	a, b := newBackend(t, env, 0), newBackend(t, env, -10*time.Minute)
+	old, _, err := a.TryAcquire(ctx, request(ns, "web", 15*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.ForceRelease(ctx, ns, "web", old.Session(), "operator@desk"); err != nil {
+		t.Fatal(err)
+	}
+	next, _, err := b.TryAcquire(ctx, request(ns, "web", 15*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = old.Renew(ctx)
+	if !errors.Is(err, lock.ErrLost) {
+		t.Fatalf("old holder's Renew = %v, want ErrLost", err)
+	}
+	t.Logf("old holder told: %v", err)
+	if err := old.Valid(); !errors.Is(err, lock.ErrLost) {
+		t.Errorf("old holder's Valid = %v, want ErrLost", err)
+	}
+	st, err := b.Inspect(ctx, ns, "web")
+	if err != nil || st.HolderIdentity != next.Session() || st.State != lock.Live {
+		t.Fatalf("lock after the old holder's renewal = %+v, %v", st, err)
+	}
+}
+
+// TestIntegrationKeepHoldsPastManyLeases (S3): a holder that keeps renewing
+// is never taken over, however long it holds.
+func TestIntegrationKeepHoldsPastManyLeases(t *testing.T) {
+	env := testenv.Get(t)
+	ns := env.Namespace(t)
+	a, b := newBackend(t, env, -10*time.Minute), newBackend(t, env, 10*time.Minute)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	h, _, err := a.TryAcquire(ctx, request(ns, "web", 3*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	go h.Keep(ctx, func(err error) { t.Errorf("lost while renewing: %v", err) })
+	end := time.Now().Add(10 * time.Second)
+	attempts := 0
+	for time.Now().Before(end) {
+		if _, _, err := b.TryAcquire(ctx, request(ns, "web", 3*time.Second)); !errors.Is(err, lock.ErrLocked) {
+			t.Fatalf("a live, renewing lock was taken: %v", err)
+		}
+		attempts++
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Logf("held for 10s (3.3 leases of 3s) against %d takeover attempts", attempts)
+	if err := h.Release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestIntegrationWaiterStartsWithinOneSecondOfRelease (S1, wait): a waiter
+// whose clock is 10 minutes behind acquires right after the holder releases.
+func TestIntegrationWaiterStartsWithinOneSecondOfRelease(t *testing.T) {
+	env := testenv.Get(t)
+	ns := env.Namespace(t)
+	a, w := newBackend(t, env, 0), newBackend(t, env, -10*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	h, _, err := a.TryAcquire(ctx, request(ns, "web", 15*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	go h.Keep(ctx, nil)
+	got := make(chan time.Time, 1)
+	var progress []string
+	var mu sync.Mutex
+	go func() {
+		wh, err := w.Wait(ctx, request(ns, "web", 15*time.Second), func(holder *lock.Record, left time.Duration) {
+			mu.Lock()
+			defer mu.Unlock()
+			if holder != nil {
+				progress = append(progress, fmt.Sprintf("%s %s left %v", holder.Who, holder.Session, left.Round(time.Second)))
+			}
+		})
+		if err != nil {
+			t.Error(err)
+			got <- time.Time{}
+			return
+		}
+		got <- time.Now()
+		_ = wh.Release(context.Background())
+	}()
+	waitQueued(t, a, ns, "web", 1)
+	time.Sleep(1500 * time.Millisecond) // let the waiter settle on its watch
+	released := time.Now()
+	if err := h.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	at := <-got
+	if at.IsZero() {
+		t.FailNow()
+	}
+	d := at.Sub(released)
+	t.Logf("waiter acquired %v after the holder released", d)
+	if d > time.Second {
+		t.Errorf("waiter acquired %v after release, want under 1s", d)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(progress) == 0 {
+		t.Error("no progress reported while waiting")
+	} else {
+		t.Logf("progress: %s", progress[len(progress)-1])
+	}
+}
+
+// TestIntegrationWaiterTakesOverDeadHolderAtExpiry (S2, S4): the holder
+// renews for a while, then dies right after a renewal without releasing; a
+// waiter whose clock is 10 minutes behind takes over as soon as the lock has
+// expired in server time: not before LOCKED TILL + margin, and within about
+// lease + margin of the death.
+func TestIntegrationWaiterTakesOverDeadHolderAtExpiry(t *testing.T) {
+	env := testenv.Get(t)
+	ns := env.Namespace(t)
+	a, w := newBackend(t, env, 0), newBackend(t, env, -10*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	const lease = 3 * time.Second
+	dead, _, err := a.TryAcquire(ctx, request(ns, "web", lease))
+	if err != nil {
+		t.Fatal(err)
+	}
+	keepCtx, kill := context.WithCancel(ctx)
+	go dead.Keep(keepCtx, nil)
+
+	got := make(chan *lock.Held, 1)
+	go func() {
+		h, err := w.Wait(ctx, request(ns, "web", lease), nil)
+		if err != nil {
+			t.Error(err)
+		}
+		got <- h
+	}()
+	waitQueued(t, a, ns, "web", 1)
+	// Let the holder renew a few times, then kill it just after a renewal.
+	time.Sleep(3 * time.Second)
+	last := dead.Record().RenewedAt
+	for dead.Record().RenewedAt.Equal(last) {
+		time.Sleep(time.Millisecond)
+	}
+	kill()
+	died := serverNow()
+	till := dead.Record().LockedTill
+
+	h := <-got
+	if h == nil {
+		t.FailNow()
+	}
+	took := serverNow()
+	t.Logf("waiter took over %v after the holder died (lease %v, margin %v), %v after LOCKED TILL",
+		took.Sub(died), lease, lock.DefaultMargin, took.Sub(till))
+	if took.Sub(till) < lock.DefaultMargin {
+		t.Errorf("took over %v after LOCKED TILL, before the margin", took.Sub(till))
+	}
+	if d := took.Sub(died); d > lease+lock.DefaultMargin+time.Second {
+		t.Errorf("took over %v after the holder died, want at most lease + margin + 1s", d)
+	}
+	if h.PreviousState != lock.Expired || h.Previous.Session != dead.Session() {
+		t.Errorf("previous = %v %+v", h.PreviousState, h.Previous)
+	}
+}
+
+// TestIntegrationWaitersServedInArrivalOrder (S1): three waiters with skewed
+// clocks queue one after another and get the lock in that order.
+func TestIntegrationWaitersServedInArrivalOrder(t *testing.T) {
+	env := testenv.Get(t)
+	ns := env.Namespace(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	holder := newBackend(t, env, 0)
+	h, _, err := holder.TryAcquire(ctx, request(ns, "web", 6*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	go h.Keep(ctx, nil)
+
+	var mu sync.Mutex
+	var order []int
+	var wg sync.WaitGroup
+	skews := []time.Duration{10 * time.Minute, -10 * time.Minute, 3 * time.Second}
+	for i, skew := range skews {
+		b := newBackend(t, env, skew)
+		wg.Go(func() {
+			wh, err := b.Wait(ctx, request(ns, "web", 6*time.Second), nil)
+			if err != nil {
+				t.Errorf("waiter %d: %v", i, err)
+				return
+			}
+			mu.Lock()
+			order = append(order, i)
+			mu.Unlock()
+			time.Sleep(200 * time.Millisecond)
+			if err := wh.Release(ctx); err != nil {
+				t.Errorf("waiter %d release: %v", i, err)
+			}
+		})
+		waitQueued(t, holder, ns, "web", i+1)
+	}
+	// Let the queue heartbeat a few times, conflicting with the holder's
+	// renewals, before releasing.
+	time.Sleep(5 * time.Second)
+	if err := h.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	t.Logf("served in order %v", order)
+	if fmt.Sprint(order) != "[0 1 2]" {
+		t.Errorf("served in order %v, want [0 1 2]", order)
+	}
+	st, err := holder.Inspect(ctx, ns, "web")
+	if err != nil || st.State != lock.Free || len(st.Waiters) != 0 {
+		t.Errorf("after all: %+v, %v", st, err)
+	}
+}
+
+// TestIntegrationReleaseAndDelete: uninstall leaves no Lease behind.
+func TestIntegrationReleaseAndDelete(t *testing.T) {
+	env := testenv.Get(t)
+	ns := env.Namespace(t)
+	ctx := context.Background()
+	b := newBackend(t, env, 0)
+	r := request(ns, "web", 15*time.Second)
+	r.Operation = lock.OpUninstall
+	h, _, err := b.TryAcquire(ctx, r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.ReleaseAndDelete(ctx); err != nil {
+		t.Fatal(err)
+	}
+	_, err = env.Client.CoordinationV1().Leases(ns).Get(ctx, lock.LeaseName("web"), metav1.GetOptions{})
+	if !apierrors.IsNotFound(err) {
+		t.Errorf("lease after ReleaseAndDelete: %v", err)
+	}
+}

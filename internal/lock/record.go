@@ -1,0 +1,174 @@
+package lock
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"os/user"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// SchemaVersion is the version of the Record schema this package writes.
+//
+// Compatibility rule: fields are only ever added within one schema version,
+// and readers ignore fields they do not know, so a newer writer of the same
+// schema stays readable. The number changes only when an existing field
+// changes meaning; a reader that meets a higher number reports
+// ErrUnsupportedSchema and judges the lock from the Lease spec alone
+// (holderIdentity, renewTime, leaseDurationSeconds), which every schema keeps
+// up to date.
+const SchemaVersion = 1
+
+// ErrUnsupportedSchema reports a lock record this version cannot read.
+var ErrUnsupportedSchema = errors.New("unsupported lock record schema")
+
+// Operation is the Helm operation a lock protects.
+type Operation string
+
+// The operations that take the lock.
+const (
+	OpInstall   Operation = "install"
+	OpUpgrade   Operation = "upgrade"
+	OpRollback  Operation = "rollback"
+	OpUninstall Operation = "uninstall"
+)
+
+func (o Operation) valid() bool {
+	switch o {
+	case OpInstall, OpUpgrade, OpRollback, OpUninstall:
+		return true
+	}
+	return false
+}
+
+// Record says who holds (or last held) a release's lock. Times are estimates
+// of the API server's clock (upper bounds at the moment the write was sent).
+type Record struct {
+	// Schema is SchemaVersion of the writer.
+	Schema int `json:"schema"`
+	// Session is unique per operation and equals the Lease's holderIdentity
+	// while the lock is held.
+	Session   string    `json:"session"`
+	Operation Operation `json:"operation"`
+	Release   string    `json:"release"`
+	Namespace string    `json:"namespace"`
+	// Revision is the release revision the holder is writing, once known.
+	Revision int `json:"revision,omitempty"`
+	// Who is user@host of the holder; PID its process ID.
+	Who         string `json:"who,omitempty"`
+	PID         int    `json:"pid,omitempty"`
+	ToolVersion string `json:"toolVersion,omitempty"`
+	// CIJobURL links the CI job that runs the holder, when one is detected.
+	CIJobURL string `json:"ciJobURL,omitempty"`
+	// Timeout is the operation's --timeout (informational: helm applies it
+	// per wait and per hook, so an operation can last longer).
+	Timeout       metav1.Duration `json:"timeout"`
+	LeaseDuration metav1.Duration `json:"leaseDuration"`
+	AcquiredAt    time.Time       `json:"acquiredAt"`
+	RenewedAt     time.Time       `json:"renewedAt"`
+	// LockedTill is RenewedAt + LeaseDuration: the holder promises to have
+	// stopped writing before the server clock reaches it unless it renews.
+	LockedTill time.Time `json:"lockedTill"`
+	// MaxHoldUntil is when the holder gives up renewing and aborts, however
+	// alive it is (zero: no limit).
+	MaxHoldUntil time.Time `json:"maxHoldUntil,omitzero"`
+	// ReleasedAt is set when the lock was released; ReleasedBy names who
+	// released it when that was not the holder itself.
+	ReleasedAt time.Time `json:"releasedAt,omitzero"`
+	ReleasedBy string    `json:"releasedBy,omitempty"`
+}
+
+// Encode returns the record as the JSON stored in AnnotationRecord.
+func (r *Record) Encode() (string, error) {
+	b, err := json.Marshal(r)
+	if err != nil {
+		return "", fmt.Errorf("encode lock record of release %q in namespace %q: %w", r.Release, r.Namespace, err)
+	}
+	return string(b), nil
+}
+
+// DecodeRecord parses a lock record. Unknown fields are ignored. A record of a
+// newer schema is returned as far as it could be read, together with an error
+// wrapping ErrUnsupportedSchema; callers may show it but must not judge expiry
+// from it.
+func DecodeRecord(s string) (*Record, error) {
+	var r Record
+	if err := json.Unmarshal([]byte(s), &r); err != nil {
+		return nil, fmt.Errorf("decode lock record: %w", err)
+	}
+	switch {
+	case r.Schema == 0:
+		return &r, fmt.Errorf("decode lock record: no schema field: %w", ErrUnsupportedSchema)
+	case r.Schema > SchemaVersion:
+		return &r, fmt.Errorf("decode lock record: schema %d is newer than %d, upgrade helm-autorecover: %w", r.Schema, SchemaVersion, ErrUnsupportedSchema)
+	}
+	return &r, nil
+}
+
+// NewSession returns a fresh session ID.
+func NewSession() string { return uuid.NewString() }
+
+// DefaultWho returns user@host for the current process.
+func DefaultWho() string {
+	name := ""
+	if u, err := user.Current(); err == nil {
+		name = u.Username
+	}
+	if name == "" {
+		name = firstNonEmpty(os.Getenv("USER"), os.Getenv("USERNAME"), "unknown")
+	}
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "unknown"
+	}
+	return name + "@" + host
+}
+
+// EnvCIJobURL names a variable that, when set, overrides CI detection.
+// Tekton sets no variable of its own: pass the run's dashboard URL through it,
+// for example from $(context.pipelineRun.name).
+const EnvCIJobURL = "HELM_AUTORECOVER_CI_JOB_URL"
+
+// DetectCIJobURL returns the URL of the CI job the process runs in, or "".
+// getenv is os.Getenv outside tests.
+func DetectCIJobURL(getenv func(string) string) string {
+	if u := getenv(EnvCIJobURL); u != "" {
+		return u
+	}
+	// GitHub Actions.
+	if id := getenv("GITHUB_RUN_ID"); id != "" && getenv("GITHUB_REPOSITORY") != "" {
+		u := strings.TrimSuffix(firstNonEmpty(getenv("GITHUB_SERVER_URL"), "https://github.com"), "/") +
+			"/" + getenv("GITHUB_REPOSITORY") + "/actions/runs/" + id
+		if a := getenv("GITHUB_RUN_ATTEMPT"); a != "" && a != "1" {
+			u += "/attempts/" + a
+		}
+		return u
+	}
+	// GitLab CI, Buildkite, CircleCI, Jenkins, Travis CI, Drone: each sets
+	// the job's web URL directly.
+	for _, k := range []string{"CI_JOB_URL", "BUILDKITE_BUILD_URL", "CIRCLE_BUILD_URL", "BUILD_URL", "TRAVIS_JOB_WEB_URL", "DRONE_BUILD_LINK"} {
+		if u := getenv(k); u != "" {
+			return u
+		}
+	}
+	// Azure Pipelines.
+	if c, p, id := getenv("SYSTEM_COLLECTIONURI"), getenv("SYSTEM_TEAMPROJECT"), getenv("BUILD_BUILDID"); c != "" && p != "" && id != "" {
+		return strings.TrimSuffix(c, "/") + "/" + url.PathEscape(p) + "/_build/results?buildId=" + url.QueryEscape(id)
+	}
+	return ""
+}
+
+func firstNonEmpty(s ...string) string {
+	for _, v := range s {
+		if v != "" {
+			return v
+		}
+	}
+	return ""
+}

@@ -1,0 +1,143 @@
+package recovery
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/helm-autorecover/helm-autorecover/internal/helmx"
+	"helm.sh/helm/v4/pkg/release/common"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+)
+
+var (
+	// ErrNotPending means the revision was resolved (or deleted) by someone
+	// else between the decision and the write. Read the history and decide again.
+	ErrNotPending = errors.New("the revision is no longer pending")
+	// ErrConflict means the revision's Secret changed after it was read, so
+	// the write was refused. Read the history and decide again; never retry
+	// the same write.
+	ErrConflict = errors.New("the revision changed since it was read")
+)
+
+// FieldManager is the name recovery writes under, so managedFields show who
+// touched a revision.
+const FieldManager = "helm-autorecover"
+
+// The descriptions written into an abandoned revision's info.description,
+// which helm history shows. Verbs fill in: the pending status; the previous
+// holder (who, session, operation) and when its lock expired, or when the
+// revision became pending and its age; then the recovering session and time.
+const (
+	DescriptionAbandonedByHolder = "Abandoned %s by %s; lock expired at %s; recovered by helm-autorecover session %s at %s"
+	DescriptionAbandonedLegacy   = "Abandoned %s with no lock record (stock helm); pending since %s, age %s; recovered by helm-autorecover session %s at %s"
+)
+
+// Recoverer identifies the session that recovers a revision.
+type Recoverer struct {
+	Session string
+	// At is the server time of the recovery.
+	At time.Time
+}
+
+// DescribeAbandoned is the description to write into an abandoned revision.
+func DescribeAbandoned(a Abandonment, by Recoverer) string {
+	if a.Lock != nil {
+		return fmt.Sprintf(DescriptionAbandonedByHolder,
+			a.Release.Status, holder(*a.Lock), stamp(a.Lock.LockedTill), by.Session, stamp(by.At))
+	}
+	return fmt.Sprintf(DescriptionAbandonedLegacy,
+		a.Release.Status, stamp(a.PendingSince), age(a.Age), by.Session, stamp(by.At))
+}
+
+// testHookBeforeUpdate, when set by a test, runs between the read and the
+// conditional write, to let a competing writer in.
+var testHookBeforeUpdate func()
+
+// MarkFailed marks the pending revision target failed with description. It
+// reads the revision's Secret from namespace ns and refuses to write when the
+// revision is no longer pending (ErrNotPending) or its resourceVersion is no
+// longer target.ResourceVersion (ErrConflict). The write edits only
+// info.status, info.description and the status and modifiedAt labels (the
+// latter set from serverNow, when known); every other field, label and
+// annotation is kept. It is conditional on the resourceVersion read, and a
+// conflict comes back as ErrConflict: the caller decides again rather than
+// retrying.
+func MarkFailed(ctx context.Context, client kubernetes.Interface, ns string, target helmx.Summary, description string, serverNow time.Time) (*corev1.Secret, error) {
+	subject := fmt.Sprintf("revision %d of release %q in namespace %q", target.Revision, target.Name, ns)
+	secrets := client.CoreV1().Secrets(ns)
+
+	cur, err := secrets.Get(ctx, target.SecretName, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil, fmt.Errorf("marking %s failed: its Secret %q is gone, so someone else resolved it; read the history again: %w",
+			subject, target.SecretName, ErrNotPending)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("marking %s failed: reading Secret %q: %w", subject, target.SecretName, err)
+	}
+	now, err := helmx.Summarize(cur)
+	if err != nil {
+		return nil, fmt.Errorf("marking %s failed: %w", subject, err)
+	}
+	if target.Revision != 0 && now.Revision != target.Revision {
+		return nil, fmt.Errorf("marking %s failed: Secret %q holds revision %d; read the history again: %w",
+			subject, target.SecretName, now.Revision, ErrConflict)
+	}
+	if !IsPending(now.Status) {
+		return nil, fmt.Errorf("marking %s failed: it is %s now, so someone else resolved it; read the history again: %w",
+			subject, now.Status, ErrNotPending)
+	}
+	if cur.ResourceVersion == "" {
+		return nil, fmt.Errorf("marking %s failed: the server returned no resourceVersion, and a blind write could overwrite a concurrent writer: %w",
+			subject, ErrConflict)
+	}
+	if target.ResourceVersion != "" && cur.ResourceVersion != target.ResourceVersion {
+		return nil, fmt.Errorf("marking %s failed: it changed since it was read (resourceVersion %s, now %s); read the history and decide again: %w",
+			subject, target.ResourceVersion, cur.ResourceVersion, ErrConflict)
+	}
+
+	doc, err := helmx.DecodeReleaseJSON(cur.Data[helmx.ReleaseDataKey])
+	if err != nil {
+		return nil, fmt.Errorf("marking %s failed: %w", subject, err)
+	}
+	doc, err = helmx.SetInfoFields(doc, map[string]any{
+		"status":      common.StatusFailed,
+		"description": description,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("marking %s failed: %w", subject, err)
+	}
+	payload, err := helmx.EncodeReleaseJSON(doc)
+	if err != nil {
+		return nil, fmt.Errorf("marking %s failed: %w", subject, err)
+	}
+
+	// The copy keeps the resourceVersion read: the update is a compare-and-swap.
+	upd := cur.DeepCopy()
+	upd.Data[helmx.ReleaseDataKey] = payload
+	if upd.Labels == nil {
+		upd.Labels = map[string]string{}
+	}
+	upd.Labels[helmx.LabelStatus] = string(common.StatusFailed)
+	if !serverNow.IsZero() {
+		upd.Labels[helmx.LabelModifiedAt] = strconv.FormatInt(serverNow.Unix(), 10)
+	}
+
+	if testHookBeforeUpdate != nil {
+		testHookBeforeUpdate()
+	}
+	out, err := secrets.Update(ctx, upd, metav1.UpdateOptions{FieldManager: FieldManager})
+	if apierrors.IsConflict(err) {
+		return nil, fmt.Errorf("marking %s failed: someone wrote it after it was read at resourceVersion %s; read the history and decide again: %w: %w",
+			subject, cur.ResourceVersion, ErrConflict, err)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("marking %s failed: writing Secret %q: %w", subject, target.SecretName, err)
+	}
+	return out, nil
+}

@@ -1,0 +1,472 @@
+package recovery
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/helm-autorecover/helm-autorecover/internal/helmx"
+	"helm.sh/helm/v4/pkg/release/common"
+)
+
+// Verdict is what the caller should do about a release before it runs its
+// own operation.
+type Verdict int
+
+const (
+	// NoRelease: the release has no stored revision.
+	NoRelease Verdict = iota
+	// Proceed: the latest revision is not pending; there is nothing to recover.
+	Proceed
+	// Recover: mark Decision.Target (and Decision.Stray) failed, then proceed.
+	Recover
+	// RecoverThenRollback: as Recover, then roll back to Decision.RollbackTo.
+	RecoverThenRollback
+	// Blocked: the latest revision is pending and may not be recovered now:
+	// someone holds a live lock on it, a legacy pending revision is too young
+	// (see Decision.RetryAfter), legacy recovery is disabled, or autorecover
+	// is off. The caller must not write the release.
+	Blocked
+)
+
+func (v Verdict) String() string {
+	switch v {
+	case NoRelease:
+		return "NoRelease"
+	case Proceed:
+		return "Proceed"
+	case Recover:
+		return "Recover"
+	case RecoverThenRollback:
+		return "RecoverThenRollback"
+	case Blocked:
+		return "Blocked"
+	}
+	return fmt.Sprintf("Verdict(%d)", int(v))
+}
+
+// Strategy is what recovery does after marking the abandoned revision failed.
+type Strategy string
+
+const (
+	// StrategyFail only marks the abandoned revision failed; the requested
+	// operation then runs against the last good state.
+	StrategyFail Strategy = "fail"
+	// StrategyRollback also rolls back to the last deployed revision.
+	StrategyRollback Strategy = "rollback"
+)
+
+// Policy is the user's choice of how far recovery may go.
+type Policy struct {
+	// Autorecover off leaves every pending revision alone (the lock is still
+	// taken and honoured).
+	Autorecover bool
+	// LegacyAfter is how long, in server time, a pending revision with no lock
+	// record must have been pending before it counts as abandoned. Zero or
+	// negative: never.
+	LegacyAfter time.Duration
+	// Strategy is fail (the zero value means fail) or rollback.
+	Strategy Strategy
+}
+
+// Operations a lock record may name. They are matched against the pending
+// status when the record does not say which revision it was writing.
+const (
+	OpInstall   = "install"
+	OpUpgrade   = "upgrade"
+	OpRollback  = "rollback"
+	OpUninstall = "uninstall"
+)
+
+// LockState is how the caller found the release's lock.
+type LockState int
+
+const (
+	// LockNone: there is no lock record for the release. Whatever is pending
+	// was not written under our lock (stock helm, or an older client).
+	LockNone LockState = iota
+	// LockReleased: a record exists and its holder released it cleanly. A
+	// holder that releases is alive and resolves its own revision first, so a
+	// revision still pending is not attributed to it: it counts as legacy, as
+	// with LockNone. (A holder whose Create lost to stock helm releases too;
+	// that pending revision is stock helm's, and may be live.)
+	LockReleased
+	// LockExpired: the record's holder let it expire and the caller took the
+	// lock over; LockInfo describes the previous holder.
+	LockExpired
+	// LockLive: someone else holds the lock now. Only observers (such as the
+	// controller) see this; a client that holds the lock itself never does.
+	LockLive
+)
+
+func (s LockState) String() string {
+	switch s {
+	case LockNone:
+		return "none"
+	case LockReleased:
+		return "released"
+	case LockExpired:
+		return "expired"
+	case LockLive:
+		return "live"
+	}
+	return fmt.Sprintf("LockState(%d)", int(s))
+}
+
+// LockInfo is the previous lock record as far as recovery needs it. The
+// caller maps its lock backend's record onto it.
+type LockInfo struct {
+	State LockState
+	// Session, Who and Operation identify the previous holder, for messages
+	// and for matching when Revision is unknown.
+	Session   string
+	Who       string
+	Operation string
+	// Revision is the revision the holder was writing; 0 when unknown. It is
+	// strongest evidence when the holder records it after its own Create of
+	// that revision succeeded.
+	Revision int
+	// AcquiredAt is when the holder took the lock, in server time; zero when
+	// unknown. A revision written before it is not the holder's.
+	AcquiredAt time.Time
+	// LockedTill is when the lock expired (or expires), in server time.
+	LockedTill time.Time
+}
+
+// ServerTime bounds the API server's clock at the moment of the decision.
+type ServerTime struct {
+	Earliest time.Time
+	Latest   time.Time
+}
+
+func (t ServerTime) known() bool {
+	return !t.Earliest.IsZero() && !t.Latest.Before(t.Earliest)
+}
+
+// Input is everything Decide looks at. It holds no clients and no clocks.
+type Input struct {
+	// Release and Namespace name the release, for messages; when empty they
+	// are taken from the latest revision.
+	Release   string
+	Namespace string
+	// History is every stored revision of the release, in any order.
+	History []helmx.Summary
+	// Lock is the release's lock as the caller found it.
+	Lock LockInfo
+	// Now is the API server's clock, never the local one.
+	Now    ServerTime
+	Policy Policy
+}
+
+// Abandonment describes one pending revision that recovery will mark failed,
+// and why it is judged abandoned.
+type Abandonment struct {
+	// Release is the pending revision as read, with its resourceVersion.
+	Release helmx.Summary
+	// Lock is the lock record it was written under; nil when it was written
+	// with no lock record of ours (stock helm).
+	Lock *LockInfo
+	// PendingSince is when the revision was last written, in server time.
+	PendingSince time.Time
+	// Age is how long it had been pending at the decision, in server time.
+	Age time.Duration
+}
+
+// Decision is Decide's verdict, with a reason a person can act on.
+type Decision struct {
+	Verdict Verdict
+	// Reason is one plain sentence naming the release, namespace, revision,
+	// status and, where known, the previous holder.
+	Reason string
+	// Target is the latest revision when it is pending (the one to mark
+	// failed under a Recover verdict); its Release.Revision is 0 otherwise.
+	Target Abandonment
+	// Stray lists older pending revisions, newest first, to mark failed
+	// together with Target. Set only with Recover and RecoverThenRollback.
+	Stray []Abandonment
+	// RollbackTo is the revision to roll back to under RecoverThenRollback.
+	RollbackTo int
+	// RetryAfter is, under Blocked, the server-time wait until a legacy
+	// pending revision becomes recoverable; 0 when waiting will not help.
+	RetryAfter time.Duration
+}
+
+// TimestampResolution is the precision of the server-set timestamps ages are
+// measured from (metav1.Time keeps whole seconds). A recorded time may be up
+// to this much earlier than the real write, so it is added before comparing.
+const TimestampResolution = time.Second
+
+// IsPending reports whether status means an operation was under way when the
+// revision was written: helm's three pending states, plus uninstalling, which
+// an interrupted uninstall leaves behind.
+func IsPending(status common.Status) bool {
+	return status.IsPending() || status == common.StatusUninstalling
+}
+
+// Decide judges whether the release's pending revision, if any, may be
+// recovered now. It is pure: the same Input always gives the same Decision.
+//
+// The rules, in the order they apply:
+//
+//  1. No revisions: NoRelease.
+//  2. Only the latest revision counts, as it does for helm. If it is not
+//     pending (pending-install, pending-upgrade, pending-rollback or
+//     uninstalling), Proceed. Older pending revisions do not block helm and
+//     are left alone here.
+//  3. A pending latest revision under a live lock is protected: Blocked. Its
+//     holder is alive and may still finish it.
+//  4. The latest revision was written under the previous lock record, which
+//     has expired (the caller took it over), when the record names that
+//     revision, or names no revision (0) and an operation that writes this
+//     pending status (install: pending-install; upgrade: pending-upgrade, or
+//     pending-install for upgrade --install; rollback: pending-rollback;
+//     uninstall: uninstalling). In both cases the revision's last write, in
+//     server time, must lie inside the lock's tenure: after AcquiredAt (when
+//     known; timestamps are whole seconds, so within TimestampResolution
+//     before it counts as after) and no later than LockedTill, since a fenced
+//     holder never writes after its lock ends. Such a revision is abandoned
+//     at once: Recover, unless autorecover is off (Blocked). A released lock
+//     never attributes a revision (see LockReleased).
+//  5. Any other pending latest revision is legacy: stock helm wrote it with
+//     no lock record, or wrote it after (newer than) the revision our record
+//     names, and may still be running it. It is abandoned only when it has
+//     been pending for at least Policy.LegacyAfter in server time, counted
+//     from its last server-side write (creationTimestamp, or the newest
+//     managedFields time, since an uninstall edits an old Secret in place)
+//     plus TimestampResolution, up to the earliest possible server now.
+//     Before that: Blocked with RetryAfter. LegacyAfter 0 (never), an unknown
+//     write time or unknown server time: Blocked with no RetryAfter.
+//     Autorecover off: Blocked.
+//  6. With StrategyRollback, a recoverable revision gives
+//     RecoverThenRollback to the newest deployed revision older than it; when
+//     there is none, plain Recover (fail).
+//
+// When the verdict is Recover or RecoverThenRollback, Stray lists the older
+// pending revisions: a newer revision was written after them, so no live
+// writer of theirs can be protected by leaving them pending.
+func Decide(in Input) Decision {
+	if len(in.History) == 0 {
+		return Decision{
+			Verdict: NoRelease,
+			Reason:  fmt.Sprintf("release %q in namespace %q has no stored revision", in.Release, in.Namespace),
+		}
+	}
+	hist := slices.Clone(in.History)
+	slices.SortStableFunc(hist, func(a, b helmx.Summary) int { return cmp.Compare(b.Revision, a.Revision) })
+	latest := hist[0]
+	name, ns := cmp.Or(in.Release, latest.Name), cmp.Or(in.Namespace, latest.Namespace)
+	subject := fmt.Sprintf("release %q in namespace %q", name, ns)
+
+	// Rule 2.
+	if !IsPending(latest.Status) {
+		reason := fmt.Sprintf("%s: latest revision %d is %s; nothing is pending", subject, latest.Revision, latest.Status)
+		if in.Lock.State == LockExpired && in.Lock.Revision == latest.Revision {
+			reason += fmt.Sprintf(" (the previous holder, %s, finished writing it)", holder(in.Lock))
+		}
+		return Decision{Verdict: Proceed, Reason: reason}
+	}
+
+	pendingAt := fmt.Sprintf("%s: revision %d is %s", subject, latest.Revision, latest.Status)
+	target := abandonment(latest, in.Lock, in.Now)
+
+	// Rule 3.
+	if in.Lock.State == LockLive {
+		return Decision{
+			Verdict: Blocked,
+			Target:  target,
+			Reason: fmt.Sprintf("%s under a live lock held by %s until %s; it is not abandoned. Wait for the holder, or use --lock-timeout to wait automatically",
+				pendingAt, holder(in.Lock), stamp(in.Lock.LockedTill)),
+		}
+	}
+
+	var reason string
+	if target.Lock != nil {
+		// Rule 4.
+		reason = fmt.Sprintf("%s, written by %s whose lock expired at %s", pendingAt, holder(*target.Lock), stamp(target.Lock.LockedTill))
+		if !in.Policy.Autorecover {
+			return Decision{
+				Verdict: Blocked,
+				Target:  target,
+				Reason:  reason + "; autorecover is off (--autorecover=false), so it is left pending. Turn autorecover on, or run helm rollback",
+			}
+		}
+		reason += "; it is abandoned"
+	} else {
+		// Rule 5.
+		reason = pendingAt + " with no lock record covering it (stock helm may have written it)"
+		if !in.Policy.Autorecover {
+			return Decision{
+				Verdict: Blocked,
+				Target:  target,
+				Reason:  reason + "; autorecover is off (--autorecover=false), so it is left pending. Turn autorecover on, or run helm rollback",
+			}
+		}
+		if in.Policy.LegacyAfter <= 0 {
+			return Decision{
+				Verdict: Blocked,
+				Target:  target,
+				Reason:  reason + "; --recover-legacy-after is 0, so it is never recovered automatically. Set --recover-legacy-after, or run helm rollback once no helm process is running",
+			}
+		}
+		if target.PendingSince.IsZero() || !in.Now.known() {
+			return Decision{
+				Verdict: Blocked,
+				Target:  target,
+				Reason:  reason + "; its age in server time is unknown, so it is not recovered. Run helm rollback once no helm process is running",
+			}
+		}
+		notBefore := target.PendingSince.Add(TimestampResolution).Add(in.Policy.LegacyAfter)
+		if in.Now.Earliest.Before(notBefore) {
+			wait := notBefore.Sub(in.Now.Earliest)
+			return Decision{
+				Verdict:    Blocked,
+				Target:     target,
+				RetryAfter: wait,
+				Reason: fmt.Sprintf("%s; pending since %s, age %s; a helm process may still be running it, so it is recoverable from %s (--recover-legacy-after %s). Retry in %s, or lower --recover-legacy-after if you know none is running",
+					reason, stamp(target.PendingSince), age(target.Age), stamp(notBefore), in.Policy.LegacyAfter, roundUp(wait)),
+			}
+		}
+		reason = fmt.Sprintf("%s; pending since %s, age %s, at least --recover-legacy-after %s; it is abandoned",
+			reason, stamp(target.PendingSince), age(target.Age), in.Policy.LegacyAfter)
+	}
+
+	d := Decision{Verdict: Recover, Target: target}
+	for _, s := range hist[1:] {
+		if IsPending(s.Status) {
+			d.Stray = append(d.Stray, abandonment(s, in.Lock, in.Now))
+		}
+	}
+	reason += " and will be marked failed"
+	if len(d.Stray) > 0 {
+		revs := make([]string, len(d.Stray))
+		for i, s := range d.Stray {
+			revs[i] = fmt.Sprintf("%d (%s)", s.Release.Revision, s.Release.Status)
+		}
+		reason += ", with older pending revisions " + strings.Join(revs, ", ")
+	}
+
+	// Rule 6.
+	if in.Policy.Strategy == StrategyRollback {
+		if to, ok := lastDeployed(hist[1:]); ok {
+			d.Verdict = RecoverThenRollback
+			d.RollbackTo = to
+			reason += fmt.Sprintf(", then rolled back to revision %d, the last deployed", to)
+		} else {
+			reason += "; there is no deployed revision to roll back to, so it is only marked failed"
+		}
+	}
+	d.Reason = reason
+	return d
+}
+
+// abandonment describes s as a candidate for recovery, attributing it to the
+// lock record when rule 4 holds.
+func abandonment(s helmx.Summary, lock LockInfo, now ServerTime) Abandonment {
+	a := Abandonment{Release: s, PendingSince: pendingSince(s)}
+	if !a.PendingSince.IsZero() && now.known() {
+		a.Age = now.Earliest.Sub(a.PendingSince)
+	}
+	if writtenUnder(s, lock) {
+		l := lock
+		a.Lock = &l
+	}
+	return a
+}
+
+// writtenUnder is rule 4's test: the revision was written by the holder of
+// a lock that has since expired.
+func writtenUnder(s helmx.Summary, lock LockInfo) bool {
+	if lock.State != LockExpired || lock.LockedTill.IsZero() {
+		return false
+	}
+	switch {
+	case lock.Revision > 0 && lock.Revision == s.Revision:
+	case lock.Revision == 0 && operationWrites(lock.Operation, s.Status):
+	default:
+		return false
+	}
+	since := pendingSince(s)
+	if since.IsZero() || since.After(lock.LockedTill) {
+		return false
+	}
+	if !lock.AcquiredAt.IsZero() && !since.Add(TimestampResolution).After(lock.AcquiredAt) {
+		return false
+	}
+	return true
+}
+
+func operationWrites(op string, status common.Status) bool {
+	switch op {
+	case OpInstall:
+		return status == common.StatusPendingInstall
+	case OpUpgrade:
+		return status == common.StatusPendingUpgrade || status == common.StatusPendingInstall
+	case OpRollback:
+		return status == common.StatusPendingRollback
+	case OpUninstall:
+		return status == common.StatusUninstalling
+	}
+	return false
+}
+
+// pendingSince is the server time of the revision's last write. Helm creates
+// pending-install, pending-upgrade and pending-rollback revisions, but sets
+// uninstalling on an existing Secret, whose creationTimestamp is then far too
+// old; managedFields times move with every write, so the later one is used.
+func pendingSince(s helmx.Summary) time.Time {
+	if s.LastWriteTime.After(s.CreationTimestamp) {
+		return s.LastWriteTime
+	}
+	if s.Status == common.StatusUninstalling {
+		// Without a write time the start of the uninstall is unknown.
+		return time.Time{}
+	}
+	return s.CreationTimestamp
+}
+
+func lastDeployed(older []helmx.Summary) (int, bool) {
+	for _, s := range older {
+		if s.Status == common.StatusDeployed {
+			return s.Revision, true
+		}
+	}
+	return 0, false
+}
+
+func holder(l LockInfo) string {
+	who := l.Who
+	if who == "" {
+		who = "an unknown holder"
+	}
+	var parts []string
+	if l.Session != "" {
+		parts = append(parts, "session "+l.Session)
+	}
+	if l.Operation != "" {
+		parts = append(parts, "operation "+l.Operation)
+	}
+	if len(parts) == 0 {
+		return who
+	}
+	return who + " (" + strings.Join(parts, ", ") + ")"
+}
+
+func stamp(t time.Time) string {
+	if t.IsZero() {
+		return "an unknown time"
+	}
+	return t.UTC().Format(time.RFC3339)
+}
+
+func age(d time.Duration) string {
+	return d.Truncate(time.Second).String()
+}
+
+func roundUp(d time.Duration) time.Duration {
+	if r := d.Truncate(time.Second); r < d {
+		return r + time.Second
+	}
+	return d
+}

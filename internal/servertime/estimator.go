@@ -1,0 +1,236 @@
+package servertime
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"sync"
+	"time"
+
+	"k8s.io/client-go/rest"
+	"k8s.io/utils/clock"
+)
+
+// DateResolution is the resolution of the HTTP Date header: the server
+// truncates its clock to whole seconds when it writes the header.
+const DateResolution = time.Second
+
+// driftDivisor sets the drift allowance: elapsed local time is trusted to
+// 1/driftDivisor (200 ppm), far looser than any working quartz clock.
+const driftDivisor = 5000
+
+// ErrUnknown reports that no response has been observed yet, so nothing is
+// known about the server's clock.
+var ErrUnknown = errors.New("api server time unknown: no response with a Date header observed yet")
+
+// Bounds brackets the API server's clock at one local instant: the true
+// server time t satisfies Earliest <= t <= Latest.
+type Bounds struct {
+	Earliest time.Time
+	Latest   time.Time
+}
+
+// Width is the uncertainty of the estimate.
+func (b Bounds) Width() time.Duration { return b.Latest.Sub(b.Earliest) }
+
+// IsZero reports whether b carries no estimate.
+func (b Bounds) IsZero() bool { return b.Earliest.IsZero() && b.Latest.IsZero() }
+
+// observation is one response: local send and receive readings (monotonic
+// when they come from a real clock) and the server's Date header.
+type observation struct {
+	sent, recv, date time.Time
+}
+
+// earliestAt is the lower bound this observation gives at local instant t.
+func (o observation) earliestAt(t time.Time) time.Time {
+	el := t.Sub(o.recv)
+	return o.date.Add(el - el/driftDivisor)
+}
+
+// latestAt is the upper bound this observation gives at local instant t.
+func (o observation) latestAt(t time.Time) time.Time {
+	el := t.Sub(o.sent)
+	return o.date.Add(DateResolution + el + el/driftDivisor)
+}
+
+// Estimator estimates the API server's clock from observed responses. It is
+// safe for concurrent use. The zero value is not usable; call New.
+type Estimator struct {
+	clock clock.PassiveClock
+
+	mu sync.Mutex
+	// lo and hi are the observations giving the largest lower bound and the
+	// smallest upper bound. All lower bounds grow at the same rate (as do all
+	// upper bounds), so the best one stays the best until a better one
+	// arrives and two observations are all that must be kept.
+	lo, hi *observation
+	// rtt is the round trip of the latest observation.
+	rtt    time.Duration
+	resets int
+}
+
+// New returns an Estimator that reads local time from clk (clock.RealClock{}
+// in production). Only differences between readings of clk are used.
+func New(clk clock.PassiveClock) *Estimator {
+	return &Estimator{clock: clk}
+}
+
+// Clock returns the local clock the estimator measures elapsed time with.
+func (e *Estimator) Clock() clock.PassiveClock { return e.clock }
+
+// Observe records one response: sentLocal and recvLocal are readings of the
+// estimator's clock taken just before the request was sent and just after
+// the response headers arrived; date is the response's Date header.
+// Inconsistent readings (received before sent, or in the future) are ignored.
+func (e *Estimator) Observe(sentLocal, recvLocal, date time.Time) {
+	if date.IsZero() || recvLocal.Before(sentLocal) {
+		return
+	}
+	o := &observation{sent: sentLocal, recv: recvLocal, date: date.Round(0).UTC()}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	now := e.clock.Now()
+	if now.Before(recvLocal) {
+		return
+	}
+	e.rtt = recvLocal.Sub(sentLocal)
+	if e.lo == nil {
+		e.lo, e.hi = o, o
+		return
+	}
+	lo, hi := e.lo, e.hi
+	if o.earliestAt(now).After(lo.earliestAt(now)) {
+		lo = o
+	}
+	if o.latestAt(now).Before(hi.latestAt(now)) {
+		hi = o
+	}
+	if lo.earliestAt(now).After(hi.latestAt(now)) {
+		// The observations contradict each other: the server clock was
+		// stepped, or several API servers disagree. The server is the
+		// reference, so start again from what it says now.
+		e.lo, e.hi = o, o
+		e.resets++
+		return
+	}
+	e.lo, e.hi = lo, hi
+}
+
+// Now returns bounds on the server's clock at this local instant, and false
+// when nothing has been observed yet.
+func (e *Estimator) Now() (Bounds, bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.lo == nil {
+		return Bounds{}, false
+	}
+	now := e.clock.Now()
+	return Bounds{Earliest: e.lo.earliestAt(now), Latest: e.hi.latestAt(now)}, true
+}
+
+// ProbeAt returns the local instant, no earlier than notBefore and less than
+// a second after it, at which a request should be sent so that its Date
+// header halves the current uncertainty: the instant at which the middle of
+// the bounds crosses a whole second of server time. Whichever second the
+// server then reports, one bound moves to that crossing. A few such requests
+// narrow the bounds from a second to about one round trip. It returns false
+// when there is no estimate yet or the bounds are already no wider than
+// want.
+func (e *Estimator) ProbeAt(notBefore time.Time, want time.Duration) (time.Time, bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.lo == nil {
+		return time.Time{}, false
+	}
+	lo, hi := e.lo.earliestAt(notBefore), e.hi.latestAt(notBefore)
+	w := hi.Sub(lo)
+	if w <= want {
+		return time.Time{}, false
+	}
+	// The server writes the Date about half a round trip after the send.
+	mid := lo.Add(w/2 + e.rtt/2)
+	wait := (DateResolution - mid.Sub(mid.Truncate(DateResolution))) % DateResolution
+	return notBefore.Add(wait), true
+}
+
+// Probe makes one cheap request (GET /version) whatever is known already,
+// to add an observation; see ProbeAt for when to send it.
+func (e *Estimator) Probe(ctx context.Context, disco interface{ RESTClient() rest.Interface }) error {
+	var rc rest.Interface
+	if disco != nil {
+		rc = disco.RESTClient()
+	}
+	if rc == nil {
+		return fmt.Errorf("probe api server time: no REST client: %w", ErrUnknown)
+	}
+	if err := rc.Get().AbsPath("/version").Do(ctx).Error(); err != nil {
+		return fmt.Errorf("probe api server time: GET /version: %w", err)
+	}
+	return nil
+}
+
+// WrapTransport returns a RoundTripper that records the Date header of every
+// response passing through rt. It has the signature of
+// rest.Config.WrapTransport.
+func (e *Estimator) WrapTransport(rt http.RoundTripper) http.RoundTripper {
+	return &dateRecorder{next: rt, est: e}
+}
+
+// Instrument returns a copy of cfg whose clients feed this estimator.
+func (e *Estimator) Instrument(cfg *rest.Config) *rest.Config {
+	c := rest.CopyConfig(cfg)
+	c.Wrap(e.WrapTransport)
+	return c
+}
+
+// Sync makes one cheap request (GET /version) when nothing has been observed
+// yet, so that Now has an answer. Pass client.Discovery() of a clientset
+// built from a configuration wrapped by WrapTransport or Instrument.
+func (e *Estimator) Sync(ctx context.Context, disco interface{ RESTClient() rest.Interface }) error {
+	if _, ok := e.Now(); ok {
+		return nil
+	}
+	var rc rest.Interface
+	if disco != nil {
+		rc = disco.RESTClient()
+	}
+	if rc == nil {
+		return fmt.Errorf("sync api server time: no REST client: %w", ErrUnknown)
+	}
+	// Any response carries a Date header, an error status included, so the
+	// request's own error only matters when nothing was observed.
+	reqErr := rc.Get().AbsPath("/version").Do(ctx).Error()
+	if _, ok := e.Now(); ok {
+		return nil
+	}
+	if reqErr != nil {
+		return fmt.Errorf("sync api server time: GET /version: %w", errors.Join(ErrUnknown, reqErr))
+	}
+	return fmt.Errorf("sync api server time: GET /version answered without a Date header reaching the estimator (is the client built with WrapTransport?): %w", ErrUnknown)
+}
+
+type dateRecorder struct {
+	next http.RoundTripper
+	est  *Estimator
+}
+
+func (d *dateRecorder) RoundTrip(req *http.Request) (*http.Response, error) {
+	sent := d.est.clock.Now()
+	resp, err := d.next.RoundTrip(req)
+	if err != nil || resp == nil {
+		return resp, err
+	}
+	recv := d.est.clock.Now()
+	if v := resp.Header.Get("Date"); v != "" {
+		if date, perr := http.ParseTime(v); perr == nil {
+			d.est.Observe(sent, recv, date)
+		}
+	}
+	return resp, nil
+}
+
+// WrappedRoundTripper lets client-go's transport helpers see through the
+// wrapper.
+func (d *dateRecorder) WrappedRoundTripper() http.RoundTripper { return d.next }
