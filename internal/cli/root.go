@@ -1,10 +1,12 @@
 package cli
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 
+	"github.com/helm-autorecover/helm-autorecover/internal/guard"
 	"github.com/helm-autorecover/helm-autorecover/internal/helmx"
 )
 
@@ -27,7 +29,14 @@ func Run(out, errOut io.Writer, args []string) int {
 	root.SetOut(out)
 	root.SetErr(errOut)
 	wrapVersion(root, out)
+	if err := guardMutating(root, helmSettings(args), errOut); err != nil {
+		fmt.Fprintf(errOut, "Error: %v\n", err)
+		return guard.ExitUsage
+	}
 	if err := root.Execute(); err != nil {
+		if exitErr, ok := errors.AsType[*guard.ExitError](err); ok {
+			return exitErr.Code
+		}
 		if code := helmx.HelmExitCode(err); code != 0 {
 			return code
 		}

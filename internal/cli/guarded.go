@@ -1,0 +1,149 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+	"helm.sh/helm/v4/pkg/action"
+	helmcli "helm.sh/helm/v4/pkg/cli"
+	"k8s.io/utils/clock"
+
+	"github.com/helm-autorecover/helm-autorecover/internal/guard"
+	"github.com/helm-autorecover/helm-autorecover/internal/lock"
+)
+
+// guardedCommands are helm's mutating commands and the lock operation each
+// one takes.
+var guardedCommands = map[string]lock.Operation{
+	"install":   lock.OpInstall,
+	"upgrade":   lock.OpUpgrade,
+	"rollback":  lock.OpRollback,
+	"uninstall": lock.OpUninstall,
+}
+
+// helmSettings reads helm's global settings (kubeconfig, context,
+// namespace, ...) from args and the environment exactly as helm does; helm
+// keeps its own copy private.
+func helmSettings(args []string) *helmcli.EnvSettings {
+	settings := helmcli.New()
+	fs := pflag.NewFlagSet("helm-settings", pflag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	settings.AddFlags(fs)
+	fs.ParseErrorsAllowlist.UnknownFlags = true
+	_ = fs.Parse(args) // helm reports bad flags itself when the command runs
+	return settings
+}
+
+// guardMutating adds the lock and recovery flags to install, upgrade,
+// rollback and uninstall and wraps each command's run with the guard. Every
+// stock flag keeps working: the command, its flags and its output are
+// helm's own.
+func guardMutating(root *cobra.Command, settings *helmcli.EnvSettings, errOut io.Writer) error {
+	for name, op := range guardedCommands {
+		cmd := findCommand(root, name)
+		if cmd == nil || cmd.RunE == nil {
+			return fmt.Errorf("helm command %q not found in the embedded helm", name)
+		}
+		opts := &guard.Options{}
+		if err := opts.AddFlags(cmd.Flags()); err != nil {
+			return err
+		}
+		inner := cmd.RunE
+		cmd.RunE = func(c *cobra.Command, args []string) error {
+			return runGuarded(c, args, op, opts, settings, errOut, inner)
+		}
+	}
+	return nil
+}
+
+func runGuarded(c *cobra.Command, args []string, op lock.Operation, opts *guard.Options,
+	settings *helmcli.EnvSettings, errOut io.Writer, inner func(*cobra.Command, []string) error,
+) error {
+	releases := guardedReleases(c, op, args)
+	// The memory driver keeps releases inside this process: nothing to lock.
+	if len(releases) == 0 || isDryRun(c) || os.Getenv("HELM_DRIVER") == "memory" {
+		return inner(c, args)
+	}
+	cfg, err := settings.RESTClientGetter().ToRESTConfig()
+	if err != nil {
+		return fmt.Errorf("release %q: loading the kubernetes configuration: %w", releases[0], err)
+	}
+	timeout, _ := c.Flags().GetDuration("timeout")
+	createNS, _ := c.Flags().GetBool("create-namespace")
+	keepHistory, _ := c.Flags().GetBool("keep-history")
+	g := &guard.Guard{
+		Options:  *opts,
+		Config:   cfg,
+		Stderr:   errOut,
+		Clock:    clock.RealClock{},
+		Exit:     os.Exit,
+		Rollback: rollbackFunc(settings),
+	}
+	ctx := context.Background()
+	if op != lock.OpUninstall {
+		t := guard.Target{Op: op, Release: releases[0], Namespace: settings.Namespace(), Timeout: timeout, CreateNamespace: createNS}
+		return g.Run(ctx, t, func() error { return inner(c, args) })
+	}
+	// uninstall takes several releases: each one under its own lock, in turn.
+	for _, rel := range releases {
+		t := guard.Target{Op: op, Release: rel, Namespace: settings.Namespace(), Timeout: timeout, DeleteLock: !keepHistory}
+		if err := g.Run(ctx, t, func() error { return inner(c, []string{rel}) }); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// guardedReleases returns the releases an invocation mutates; none when
+// helm will reject the arguments anyway or the name is generated.
+func guardedReleases(c *cobra.Command, op lock.Operation, args []string) []string {
+	switch op {
+	case lock.OpInstall:
+		if gen, _ := c.Flags().GetBool("generate-name"); gen || len(args) < 2 {
+			return nil
+		}
+		return args[:1]
+	case lock.OpUpgrade, lock.OpRollback:
+		if len(args) < 1 {
+			return nil
+		}
+		return args[:1]
+	case lock.OpUninstall:
+		return args
+	}
+	return nil
+}
+
+// isDryRun reports whether the command only simulates: nothing is written,
+// so nothing is locked.
+func isDryRun(c *cobra.Command) bool {
+	f := c.Flags().Lookup("dry-run")
+	if f == nil || !f.Changed {
+		return false
+	}
+	switch f.Value.String() {
+	case "", "none", "false":
+		return false
+	}
+	return true
+}
+
+// rollbackFunc rolls a release back with helm's own action, for
+// --recover-strategy=rollback.
+func rollbackFunc(settings *helmcli.EnvSettings) func(string, int) error {
+	return func(release string, revision int) error {
+		cfg := action.NewConfiguration()
+		if err := cfg.Init(settings.RESTClientGetter(), settings.Namespace(), os.Getenv("HELM_DRIVER")); err != nil {
+			return fmt.Errorf("helm configuration: %w", err)
+		}
+		rb := action.NewRollback(cfg)
+		rb.Version = revision
+		rb.Timeout = 5 * time.Minute
+		return rb.Run(release)
+	}
+}
