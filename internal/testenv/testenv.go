@@ -229,10 +229,17 @@ type Result struct {
 // output and exit code.
 func (e *Env) Run(t testing.TB, bin string, args ...string) Result {
 	t.Helper()
+	return e.RunEnv(t, nil, bin, args...)
+}
+
+// RunEnv is Run with extra environment variables (KEY=value) that override
+// HelmEnv's.
+func (e *Env) RunEnv(t testing.TB, extra []string, bin string, args ...string) Result {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, bin, args...)
-	cmd.Env = e.HelmEnv()
+	cmd.Env = append(e.HelmEnv(), extra...)
 	var stdout, stderr strings.Builder
 	cmd.Stdout = &stdout
 	cmd.Stderr = &stderr
