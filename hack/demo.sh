@@ -14,6 +14,8 @@ CHART="$REPO_ROOT/internal/testenv/testdata/charts/app"
 
 step() { printf '\n\033[1m==> %s\033[0m\n' "$*"; }
 run() { printf '$ %s\n' "$*"; "$@"; }
+# pending: the latest revision's status is pending-upgrade.
+pending() { "$HELM" status "$REL" -n "$NS" -o json 2>/dev/null | grep -q '"status":"pending-upgrade"'; }
 
 if [[ -n ${KUBECONFIG:-} || -f $HOME/.kube/config ]] && "$HAR" list -A >/dev/null 2>&1; then
   log "using the configured cluster ($(${HAR} env 2>/dev/null | sed -n 's/^HELM_KUBECONTEXT=//p'))"
@@ -25,7 +27,7 @@ else
 fi
 export HELM_CACHE_HOME=${HELM_CACHE_HOME:-$(mktemp -d)} HELM_CONFIG_HOME=${HELM_CONFIG_HOME:-$(mktemp -d)}
 
-"$HAR" uninstall "$REL" -n "$NS" >/dev/null 2>&1 || true
+"$HELM" uninstall "$REL" -n "$NS" --ignore-not-found >/dev/null 2>&1 || true
 
 step "stock helm $("$HELM" version --short) installs a release"
 run "$HELM" install "$REL" "$CHART" -n "$NS" --create-namespace --wait --timeout 60s
@@ -34,13 +36,40 @@ step "an upgrade is killed (SIGKILL) while it waits for pods that never schedule
 printf '$ %s &\n' "helm upgrade $REL ... --wait --set nodeSelector.never=matches"
 "$HELM" upgrade "$REL" "$CHART" -n "$NS" --wait --timeout 5m --set nodeSelector.never=matches --set message=v2 >/dev/null 2>&1 &
 pid=$!
-until "$HELM" history "$REL" -n "$NS" 2>/dev/null | grep -q pending-upgrade; do sleep 0.2; done
+until pending; do sleep 0.2; done
 kill -9 "$pid"; wait "$pid" 2>/dev/null || true
 echo "killed helm (pid $pid)"
 run "$HELM" history "$REL" -n "$NS"
 
 step "every later upgrade with stock helm fails"
 run "$HELM" upgrade "$REL" "$CHART" -n "$NS" --set message=v3 || true
+echo "With stock helm the release is stuck until someone edits its Secrets by hand."
+
+
+step "helm-autorecover refuses to touch a young pending revision stock helm may still be writing (exit 5)"
+run "$HAR" upgrade "$REL" "$CHART" -n "$NS" --set message=v3 --recover-legacy-after 10s || echo "(exit $?)"
+
+step "once the revision is older than --recover-legacy-after (in API-server time), it is recovered"
+sleep 12
+run "$HAR" upgrade "$REL" "$CHART" -n "$NS" --set message=v3 --recover-legacy-after 10s --wait --timeout 60s
+run "$HAR" history "$REL" -n "$NS"
+
+step "helm-autorecover's own upgrade is killed (SIGKILL); its lock (lease 5s) stops being renewed"
+printf '$ %s &\n' "helm-autorecover upgrade $REL ... --wait --lease-duration 5s --set nodeSelector.never=matches"
+"$HAR" upgrade "$REL" "$CHART" -n "$NS" --wait --timeout 5m --lease-duration 5s --set nodeSelector.never=matches --set message=v4 >/dev/null 2>&1 &
+pid=$!
+until pending; do sleep 0.2; done
+kill -9 "$pid"; wait "$pid" 2>/dev/null || true
+killed=$(date +%s%N)
+echo "killed helm-autorecover (pid $pid)"
+
+step "a second client is refused at once while the lock is live (exit 3) ..."
+run "$HAR" upgrade "$REL" "$CHART" -n "$NS" --set message=v5 || echo "(exit $?)"
+
+step "... and with --lock-timeout it waits for the dead holder's lock to expire, then recovers by itself"
+run "$HAR" upgrade "$REL" "$CHART" -n "$NS" --set message=v5 --lock-timeout 60s --wait --timeout 60s
+echo "recovered $(( ($(date +%s%N) - killed) / 1000000 )) ms after the kill"
+run "$HAR" history "$REL" -n "$NS"
 
 echo
-echo "The release is stuck until someone edits its Secrets by hand."
+echo "No human step: history keeps every revision and says who abandoned what, and when."
