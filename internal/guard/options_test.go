@@ -1,0 +1,92 @@
+package guard
+
+import (
+	"testing"
+	"time"
+
+	"github.com/spf13/pflag"
+)
+
+func validOptions() Options {
+	return Options{
+		LockBackend:        "lease",
+		LeaseDuration:      15 * time.Second,
+		Autorecover:        true,
+		RecoverLegacyAfter: 15 * time.Minute,
+		RecoverStrategy:    "fail",
+	}
+}
+
+func TestValidate(t *testing.T) {
+	for name, tc := range map[string]struct {
+		mutate func(*Options)
+		want   string
+	}{
+		"defaults":           {func(*Options) {}, ""},
+		"rollback strategy":  {func(o *Options) { o.RecoverStrategy = "rollback" }, ""},
+		"legacy never":       {func(o *Options) { o.RecoverLegacyAfter = 0 }, ""},
+		"unknown backend":    {func(o *Options) { o.LockBackend = "etcd" }, `--lock-backend="etcd": the only backend in this version is "lease"`},
+		"short lease":        {func(o *Options) { o.LeaseDuration = 2 * time.Second }, "--lease-duration=2s: must be at least 3s (renewals happen every third of it, with a 1s safety margin)"},
+		"negative wait":      {func(o *Options) { o.LockTimeout = -time.Second }, "--lock-timeout=-1s: must not be negative"},
+		"negative max hold":  {func(o *Options) { o.LockMaxHold = -time.Second }, "--lock-max-hold=-1s: must not be negative"},
+		"negative legacy":    {func(o *Options) { o.RecoverLegacyAfter = -time.Second }, "--recover-legacy-after=-1s: must not be negative (0 means never)"},
+		"unknown strategy":   {func(o *Options) { o.RecoverStrategy = "delete" }, `--recover-strategy="delete": must be fail or rollback`},
+		"empty strategy bad": {func(o *Options) { o.RecoverStrategy = "" }, `--recover-strategy="": must be fail or rollback`},
+	} {
+		t.Run(name, func(t *testing.T) {
+			o := validOptions()
+			tc.mutate(&o)
+			err := o.Validate()
+			got := ""
+			if err != nil {
+				got = err.Error()
+			}
+			if got != tc.want {
+				t.Fatalf("Validate() = %q, want %q", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestDefaultMaxHold(t *testing.T) {
+	for timeout, want := range map[time.Duration]time.Duration{
+		0:               time.Minute,
+		10 * time.Second: 110 * time.Second,
+		5 * time.Minute:  26 * time.Minute,
+	} {
+		if got := DefaultMaxHold(timeout); got != want {
+			t.Errorf("DefaultMaxHold(%s) = %s, want %s", timeout, got, want)
+		}
+	}
+}
+
+func TestAddFlagsReadsEnvironment(t *testing.T) {
+	t.Setenv(EnvLeaseDuration, "4s")
+	t.Setenv(EnvAutorecover, "false")
+	t.Setenv(EnvRecoverStrategy, "rollback")
+	var o Options
+	fs := pflag.NewFlagSet("x", pflag.ContinueOnError)
+	if err := o.AddFlags(fs); err != nil {
+		t.Fatal(err)
+	}
+	if o.LeaseDuration != 4*time.Second || o.Autorecover || o.RecoverStrategy != "rollback" || o.RecoverLegacyAfter != DefaultRecoverLegacyAfter {
+		t.Fatalf("options from environment = %+v", o)
+	}
+	// A flag still wins over the environment.
+	if err := fs.Parse([]string{"--lease-duration=9s", "--autorecover=true"}); err != nil {
+		t.Fatal(err)
+	}
+	if o.LeaseDuration != 9*time.Second || !o.Autorecover {
+		t.Fatalf("flags did not override the environment: %+v", o)
+	}
+}
+
+func TestAddFlagsRejectsBadEnvironment(t *testing.T) {
+	t.Setenv(EnvLockTimeout, "soon")
+	var o Options
+	err := o.AddFlags(pflag.NewFlagSet("x", pflag.ContinueOnError))
+	want := `bad helm-autorecover environment: [HELM_AUTORECOVER_LOCK_TIMEOUT="soon": time: invalid duration "soon"]`
+	if err == nil || err.Error() != want {
+		t.Fatalf("AddFlags error = %v, want %q", err, want)
+	}
+}
