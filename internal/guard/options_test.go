@@ -50,7 +50,7 @@ func TestValidate(t *testing.T) {
 
 func TestDefaultMaxHold(t *testing.T) {
 	for timeout, want := range map[time.Duration]time.Duration{
-		0:               time.Minute,
+		0:                time.Minute,
 		10 * time.Second: 110 * time.Second,
 		5 * time.Minute:  26 * time.Minute,
 	} {
