@@ -1,0 +1,72 @@
+// Package autorecover lets programs that drive Helm 4 through its Go SDK (CI
+// tools, GitOps controllers) take part in helm-autorecover's protocol: a
+// per-release lock with an owner and an expiry, automatic recovery of
+// releases whose last operation was abandoned pending, and release writes
+// that are fenced by the lock. Releases it writes are ordinary Helm releases;
+// stock helm 3 and 4 read them, and the helm-autorecover CLI and controller
+// respect the locks it takes (and it theirs).
+//
+// # The contract
+//
+// A mutating operation on a release (install, upgrade, rollback, uninstall)
+// runs like this:
+//
+//  1. Client.Acquire takes the release's lock before the release is read
+//     for modification. The lock is a coordination.k8s.io/v1 Lease in the
+//     release namespace, named helm-autorecover.v1.<release>, whose holder is
+//     a session ID unique to the operation and whose record says who holds
+//     it, for what, since when and until when (LOCKED TILL). If a live
+//     holder has it, Acquire fails at once with a *LockedError
+//     (errors.Is(err, ErrLocked)) naming the holder, or waits for it in
+//     arrival order when LockRequest.Wait is set.
+//  2. Lock.Recover, right after Acquire, recovers what a holder that died
+//     left behind: a pending revision written under a lock that has since
+//     expired is marked failed at once, with a description naming who
+//     abandoned it and when; a pending revision no lock covers (stock helm)
+//     only after Policy.LegacyAfter of server time.
+//  3. Lock.Keep runs beside the operation and renews the lock every third of
+//     its lease. When it cannot (the renew deadline passed, someone took the
+//     lock over, or LockRequest.MaxHold ran out) it calls onLost, and the
+//     caller must stop the operation.
+//  4. FencedStorage puts a fenced storage driver into the operation's
+//     action.Configuration. Before every release write it checks
+//     Lock.Valid and refuses with ErrLost once the lock is lost, so a holder
+//     that outlived its lock cannot write again; and its updates carry the
+//     resourceVersion they read, so a concurrent writer (stock helm, another
+//     tool) makes them fail with ErrConflict instead of being overwritten.
+//  5. Lock.Release gives the lock back when the operation ends, success or
+//     failure.
+//
+// Client.Recover does steps 1, 2 and 5 alone, for tools that only clean up
+// (with Policy.DryRun it takes no lock and writes nothing), and
+// Client.Inspect reads a release's lock and whether its latest revision is
+// pending, without changing anything.
+//
+// # Time
+//
+// Expiry is judged in the API server's clock, never the local one: a
+// Client estimates the server's clock from the Date headers of the
+// responses it receives (about a second of uncertainty, narrowed by timing
+// requests), writes every time as an upper bound of that estimate, and
+// declares another session's lock expired only when the lower bound has
+// passed its LOCKED TILL plus a one second margin. A holder, for its part,
+// considers its lock lost one margin before its lease ends, measured on its
+// own monotonic clock from the send time of its last renewal. A client whose
+// wall clock is minutes off therefore neither steals a live lock nor waits
+// longer than the lock's expiry.
+//
+// # What fencing does not cover
+//
+// The check and the write are not atomic: a process paused for longer than
+// its lease between Lock.Valid and the request that follows can still send
+// one write after its lock was taken over. Updates and deletes of existing
+// records are still safe then, being conditional on the resourceVersion
+// read; a Create of a new revision is not. Fencing covers the release
+// records only: the Kubernetes objects helm applies are not fenced, which is
+// why the operation must stop when Keep reports the loss.
+//
+// Helm applies objects with server-side apply under a field manager named
+// after the program (kube.ManagedFieldsManager, default the executable's
+// name). Set it to "helm" when the same releases are also upgraded with the
+// helm CLI, or the two will conflict over field ownership.
+package autorecover
