@@ -29,7 +29,9 @@ func Run(out, errOut io.Writer, args []string) int {
 	root.SetOut(out)
 	root.SetErr(errOut)
 	wrapVersion(root, out)
-	if err := guardMutating(root, helmSettings(args), errOut); err != nil {
+	settings := helmSettings(args)
+	addLockCommands(root, settings, out, errOut)
+	if err := guardMutating(root, settings, errOut); err != nil {
 		fmt.Fprintf(errOut, "Error: %v\n", err)
 		return guard.ExitUsage
 	}

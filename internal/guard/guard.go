@@ -9,6 +9,7 @@ import (
 	"os/signal"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -19,6 +20,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/clock"
 
+	"github.com/helm-autorecover/helm-autorecover/internal/events"
 	"github.com/helm-autorecover/helm-autorecover/internal/helmx"
 	"github.com/helm-autorecover/helm-autorecover/internal/lock"
 	"github.com/helm-autorecover/helm-autorecover/internal/recovery"
@@ -161,6 +163,8 @@ type run struct {
 	// exitOnce makes sure only one path ends the process.
 	exitOnce sync.Once
 	opDone   chan struct{}
+	// interrupted is set once a first SIGINT or SIGTERM arrived.
+	interrupted atomic.Bool
 }
 
 func (r *run) do(ctx context.Context, op func() error) (err error) {
@@ -170,16 +174,18 @@ func (r *run) do(ctx context.Context, op func() error) (err error) {
 			r.release(err == nil)
 		}
 	}()
+	// Renew from the start: recovery (and undoing what an abandoned revision
+	// applied) can take longer than a short lease.
+	keepCtx, stopKeep := context.WithCancel(context.Background())
+	defer stopKeep()
+	go r.held.Keep(keepCtx, r.onLost)
+
 	if err := r.recover(ctx); err != nil {
 		return err
 	}
 	if err := r.recordRevision(ctx); err != nil {
 		return err
 	}
-
-	keepCtx, stopKeep := context.WithCancel(context.Background())
-	defer stopKeep()
-	go r.held.Keep(keepCtx, r.onLost)
 
 	stopSignals := r.handleSignals()
 	defer stopSignals()
@@ -189,6 +195,12 @@ func (r *run) do(ctx context.Context, op func() error) (err error) {
 	stopKeep()
 	r.release(err == nil)
 	released = true
+	if err != nil && r.interrupted.Load() {
+		// Helm's install and upgrade handle the first signal themselves
+		// (they cancel, mark the release failed and return an error); the
+		// process must still end with the documented interrupted code.
+		return &ExitError{Code: ExitInterrupted, Err: err}
+	}
 	return err
 }
 
@@ -243,6 +255,18 @@ func (r *run) previousLock() recovery.LockInfo {
 	if r.held.PreviousState == lock.Expired {
 		info.State = recovery.LockExpired
 	}
+	if prev.Revision > 0 {
+		// The record's AcquiredAt is an upper bound of server time (up to
+		// the Date header's second plus a round trip late), while the rule
+		// that uses it needs a lower bound: a revision created in the same
+		// server second as the acquisition was judged "written before the
+		// lock" and left pending as legacy. When the holder recorded its
+		// revision the check adds nothing: the guard records it only after
+		// reading the history under the lock and finding nothing pending
+		// (or recovering it), so a pending write on that revision happened
+		// after the acquisition.
+		info.AcquiredAt = time.Time{}
+	}
 	return info
 }
 
@@ -278,6 +302,16 @@ func (r *run) recover(ctx context.Context) error {
 			}
 			return &ExitError{Code: ExitPending, Err: errors.New(dec.Reason)}
 		case recovery.Recover, recovery.RecoverThenRollback:
+			rollingBack := dec.Verdict == recovery.RecoverThenRollback && r.g.Rollback != nil && r.t.Op != lock.OpRollback
+			// Undo what the abandoned revision applied before marking it
+			// failed, so that a failure here leaves it pending and the next
+			// attempt converges again. Rollback and uninstall diff against
+			// the abandoned revision themselves.
+			if !rollingBack && (r.t.Op == lock.OpUpgrade || r.t.Op == lock.OpInstall) {
+				if err := r.converge(ctx, dec.Target.Release); err != nil {
+					return err
+				}
+			}
 			conflict, err := r.markAbandoned(ctx, dec, now)
 			if err != nil {
 				return err
@@ -286,7 +320,10 @@ func (r *run) recover(ctx context.Context) error {
 				continue
 			}
 			fmt.Fprintf(r.g.Stderr, "helm-autorecover: recovered: %s\n", dec.Reason)
-			if dec.Verdict == recovery.RecoverThenRollback && r.g.Rollback != nil && r.t.Op != lock.OpRollback {
+			if err := events.AutoRecovered(ctx, r.client, dec.Target.Release, dec.Reason, r.held.Session(), now.Latest); err != nil {
+				fmt.Fprintf(r.g.Stderr, "helm-autorecover: warning: %v\n", err)
+			}
+			if rollingBack {
 				fmt.Fprintf(r.g.Stderr, "helm-autorecover: rolling release %q back to revision %d (--recover-strategy=rollback)\n", r.t.Release, dec.RollbackTo)
 				if err := r.g.Rollback(r.t.Release, dec.RollbackTo); err != nil {
 					return fmt.Errorf("release %q in namespace %q: rollback to revision %d after recovery: %w", r.t.Release, r.t.Namespace, dec.RollbackTo, err)
@@ -296,6 +333,26 @@ func (r *run) recover(ctx context.Context) error {
 		}
 	}
 	return fmt.Errorf("release %q in namespace %q: other writers kept changing the release during recovery; try again", r.t.Release, r.t.Namespace)
+}
+
+// converge undoes what the abandoned revision applied (fields it changed,
+// objects it created) so that helm's operation starts from the last
+// deployed state; see recovery.ConvergeAbandoned.
+func (r *run) converge(ctx context.Context, abandoned helmx.Summary) error {
+	rep, err := recovery.ConvergeAbandoned(ctx, r.g.Config, r.client, abandoned,
+		recovery.ConvergeOptions{BeforeWrite: r.held.Valid})
+	if rep.Notable() || err != nil {
+		fmt.Fprintf(r.g.Stderr, "helm-autorecover: %s\n", rep.Summary())
+	}
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, recovery.ErrFenced):
+		return r.lost(err)
+	default:
+		return fmt.Errorf("release %q in namespace %q: undoing what abandoned revision %d applied failed, so helm's %s did not run (it would keep those leftovers); the revision stays pending and the next attempt retries: %w",
+			r.t.Release, r.t.Namespace, abandoned.Revision, r.t.Op, err)
+	}
 }
 
 // markAbandoned marks the decision's target and strays failed. It reports
@@ -429,6 +486,7 @@ func (r *run) handleSignals() (stop func()) {
 		case <-quit:
 			return
 		}
+		r.interrupted.Store(true)
 		grace := 3 * time.Second
 		if r.t.Op == lock.OpRollback || r.t.Op == lock.OpUninstall {
 			grace = 0
@@ -438,20 +496,31 @@ func (r *run) handleSignals() (stop func()) {
 		case <-quit:
 			return
 		case <-ch:
-			r.exitOnce.Do(func() { r.g.Exit(ExitInterrupted) })
+			// Not through exitOnce: a second signal must end the process
+			// at once even while another path (fail-stop) is cleaning up.
+			r.g.Exit(ExitInterrupted)
+			return
 		case <-timer.C():
-			select {
-			case <-r.opDone:
-				return // helm handled it and the operation has ended
-			default:
-			}
-			r.exitOnce.Do(func() {
-				r.abandonOwn("interrupted by " + sig.String())
-				r.release(false)
-				fmt.Fprintf(r.g.Stderr, "Error: release %q in namespace %q: interrupted by %s; the release is marked failed and its lock released\n",
-					r.t.Release, r.t.Namespace, sig)
-				r.g.Exit(ExitInterrupted)
-			})
+		}
+		select {
+		case <-r.opDone:
+			return // helm handled it and the operation has ended
+		default:
+		}
+		// Marking the release failed and releasing the lock can take up to
+		// their timeouts when the API server is slow; they run aside so that
+		// a second signal still ends the process at once.
+		go r.exitOnce.Do(func() {
+			r.abandonOwn("interrupted by " + sig.String())
+			r.release(false)
+			fmt.Fprintf(r.g.Stderr, "Error: release %q in namespace %q: interrupted by %s; the release is marked failed and its lock released\n",
+				r.t.Release, r.t.Namespace, sig)
+			r.g.Exit(ExitInterrupted)
+		})
+		select {
+		case <-quit:
+		case <-ch:
+			r.g.Exit(ExitInterrupted)
 		}
 	}()
 	return func() {

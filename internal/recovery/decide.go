@@ -416,7 +416,10 @@ func operationWrites(op string, status common.Status) bool {
 // uninstalling on an existing Secret, whose creationTimestamp is then far too
 // old; managedFields times move with every write, so the later one is used.
 func pendingSince(s helmx.Summary) time.Time {
-	if s.LastWriteTime.After(s.CreationTimestamp) {
+	// A write in the same (whole) second as the creation still dates the
+	// latest change: an uninstall that started right after the revision was
+	// created must not count as of unknown age.
+	if !s.LastWriteTime.IsZero() && !s.LastWriteTime.Before(s.CreationTimestamp) {
 		return s.LastWriteTime
 	}
 	if s.Status == common.StatusUninstalling {

@@ -25,8 +25,10 @@ func TestFailStopAfterPause(t *testing.T) {
 	if res := env.Run(t, bin, append([]string{"install", rel, chart, "-n", ns, "--wait", "--timeout", "60s"}, lease...)...); res.ExitCode != 0 {
 		t.Fatalf("install: %s", res.Stderr)
 	}
-	holder := env.Start(t, bin, append([]string{"upgrade", rel, chart, "-n", ns, "--wait", "--timeout", "5m",
-		"--set", "nodeSelector.never=matches"}, lease...)...)
+	holder := env.Start(t, bin, append([]string{
+		"upgrade", rel, chart, "-n", ns, "--wait", "--timeout", "5m",
+		"--set", "nodeSelector.never=matches",
+	}, lease...)...)
 	env.WaitForStatus(t, ns, rel, 2, "pending-upgrade", 60*time.Second)
 	holder.Signal(t, syscall.SIGSTOP)
 	paused := time.Now()

@@ -1,0 +1,236 @@
+package cli
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"flag"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/spf13/cobra"
+	helmcli "helm.sh/helm/v4/pkg/cli"
+	"helm.sh/helm/v4/pkg/release/common"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes/fake"
+	clocktesting "k8s.io/utils/clock/testing"
+
+	"github.com/helm-autorecover/helm-autorecover/internal/guard"
+	"github.com/helm-autorecover/helm-autorecover/internal/helmx"
+	"github.com/helm-autorecover/helm-autorecover/internal/lock"
+	"github.com/helm-autorecover/helm-autorecover/internal/servertime"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files in testdata from the current output")
+
+// golden compares got with testdata/name, or rewrites it under -update.
+func golden(t *testing.T, name string, got []byte) {
+	t.Helper()
+	path := filepath.Join("testdata", name)
+	if *update {
+		if err := os.MkdirAll("testdata", 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, got, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (run go test -update to create it)", err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Errorf("output differs from %s (go test -update rewrites it)\ngot:\n%s\nwant:\n%s", path, got, want)
+	}
+}
+
+// The API server's clock in every fake: the estimator saw one response
+// dated t0, so server time is known to lie in [t0, t0+1s].
+var t0 = time.Date(2026, 12, 2, 13, 10, 0, 0, time.UTC)
+
+func at(d time.Duration) time.Time { return t0.Add(d) }
+
+// fakeEnv is a lockCmds on a fake clientset with a fixed server clock.
+type fakeEnv struct {
+	c           *lockCmds
+	client      *fake.Clientset
+	out, errOut *bytes.Buffer
+	in          *strings.Reader
+	tty         bool
+}
+
+func newFakeEnv(t *testing.T, objs ...runtime.Object) *fakeEnv {
+	t.Helper()
+	client := fake.NewClientset(objs...)
+	clk := clocktesting.NewFakeClock(time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)) // local clock: any
+	est := servertime.New(clk)
+	est.Observe(clk.Now(), clk.Now(), t0)
+	settings := helmcli.New()
+	settings.SetNamespace("prod")
+	e := &fakeEnv{client: client, out: &bytes.Buffer{}, errOut: &bytes.Buffer{}, in: strings.NewReader("")}
+	n := 0
+	e.c = &lockCmds{
+		settings:   settings,
+		out:        e.out,
+		errOut:     e.errOut,
+		in:         e.in,
+		isTerminal: func() bool { return e.tty },
+		connect: func() (*conn, error) {
+			return &conn{client: client, est: est, backend: lock.NewLeaseBackend(client, est, clk)}, nil
+		},
+		who: func() string { return "bob@laptop" },
+		newSession: func() string {
+			n++
+			return "9e8d0000-7777-4a5b-9c8d-00000000000" + strconv.Itoa(n)
+		},
+	}
+	return e
+}
+
+// run executes one of the lock commands with args and returns its exit
+// code as cli.Run would compute it.
+func (e *fakeEnv) run(t *testing.T, cmd *cobra.Command, args ...string) (int, error) {
+	t.Helper()
+	e.out.Reset()
+	e.errOut.Reset()
+	if args == nil {
+		args = []string{} // nil makes cobra read os.Args
+	}
+	cmd.SetArgs(args)
+	cmd.SetOut(e.out)
+	cmd.SetErr(e.errOut)
+	cmd.SilenceUsage = true
+	cmd.SilenceErrors = true
+	err := cmd.Execute()
+	if err == nil {
+		return 0, nil
+	}
+	var exit *guard.ExitError
+	if errors.As(err, &exit) {
+		return exit.Code, err
+	}
+	return 1, err
+}
+
+// writes lists the verbs other than get, list and watch the fake saw.
+func (e *fakeEnv) writes() []string {
+	var out []string
+	for _, a := range e.client.Actions() {
+		switch a.GetVerb() {
+		case "get", "list", "watch":
+			continue
+		}
+		out = append(out, a.GetVerb()+" "+a.GetResource().Resource)
+	}
+	return out
+}
+
+// Fixture builders.
+
+const (
+	sessWeb = "0f3c6a2e-1111-4a5b-9c8d-000000000001"
+	sessAPI = "7a9b0000-3333-4a5b-9c8d-000000000003"
+	sessDB  = "c4d50000-4444-4a5b-9c8d-000000000004"
+)
+
+func revision(t *testing.T, rel, ns string, rev int, status common.Status, created time.Time) *corev1.Secret {
+	t.Helper()
+	doc, err := json.Marshal(map[string]any{
+		"name": rel, "namespace": ns, "version": rev,
+		"info": map[string]any{
+			"status": status, "description": "fixture", "first_deployed": t0.Add(-2 * time.Hour).Format(time.RFC3339), "last_deployed": created.Format(time.RFC3339),
+		},
+		"chart": map[string]any{"metadata": map[string]any{"name": "app", "version": "0.1.0", "appVersion": "1.0"}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	payload, err := helmx.EncodeReleaseJSON(doc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{
+			Name: helmx.ReleaseSecretName(rel, rev), Namespace: ns, ResourceVersion: "10",
+			CreationTimestamp: metav1.NewTime(created),
+			Labels: map[string]string{
+				helmx.LabelOwner: helmx.OwnerHelm, helmx.LabelName: rel, helmx.LabelVersion: strconv.Itoa(rev),
+				helmx.LabelStatus: string(status),
+			},
+		},
+		Type: helmx.ReleaseSecretType,
+		Data: map[string][]byte{helmx.ReleaseDataKey: payload},
+	}
+}
+
+func record(rel, ns, session string, op lock.Operation, rev int, acquired, renewed time.Time) *lock.Record {
+	return &lock.Record{
+		Schema: lock.SchemaVersion, Session: session, Operation: op, Release: rel, Namespace: ns, Revision: rev,
+		Who: "alice@ci-7", PID: 4242, ToolVersion: "v0.1.0",
+		Timeout:       metav1.Duration{Duration: 5 * time.Minute},
+		LeaseDuration: metav1.Duration{Duration: 15 * time.Second},
+		AcquiredAt:    acquired, RenewedAt: renewed, LockedTill: renewed.Add(15 * time.Second),
+	}
+}
+
+// lease is the Lease lock.LeaseBackend writes for rec (held unless the
+// record is released).
+func lease(t *testing.T, rec *lock.Record) *coordinationv1.Lease {
+	t.Helper()
+	s, err := rec.Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	holder := rec.Session
+	if !rec.ReleasedAt.IsZero() {
+		holder = ""
+	}
+	secs := int32(rec.LeaseDuration.Seconds())
+	return &coordinationv1.Lease{
+		ObjectMeta: metav1.ObjectMeta{
+			Name: lock.LeaseName(rec.Release), Namespace: rec.Namespace, ResourceVersion: "20",
+			Labels:      map[string]string{lock.LabelManagedBy: lock.ManagedBy, lock.LabelRelease: rec.Release},
+			Annotations: map[string]string{lock.AnnotationRecord: s},
+		},
+		Spec: coordinationv1.LeaseSpec{
+			HolderIdentity:       &holder,
+			LeaseDurationSeconds: &secs,
+			AcquireTime:          &metav1.MicroTime{Time: rec.AcquiredAt},
+			RenewTime:            &metav1.MicroTime{Time: rec.RenewedAt},
+		},
+	}
+}
+
+// fixture is a namespace "prod" with:
+//   - web: revision 8 pending-upgrade under a live lock (renewed 5 s ago);
+//   - api: revision 3 pending-upgrade under a lock that expired 8m45s ago;
+//   - legacy: revision 2 pending-rollback for 4 minutes, no lock (stock helm);
+//   - db: deployed, its lock released.
+func fixture(t *testing.T) []runtime.Object {
+	t.Helper()
+	live := record("web", "prod", sessWeb, lock.OpUpgrade, 8, at(-40*time.Second), at(-5*time.Second))
+	live.CIJobURL = "https://github.com/acme/web/actions/runs/42"
+	dead := record("api", "prod", sessAPI, lock.OpUpgrade, 3, at(-10*time.Minute), at(-9*time.Minute))
+	released := record("db", "prod", sessDB, lock.OpInstall, 1, at(-time.Hour), at(-time.Hour))
+	released.ReleasedAt = at(-59 * time.Minute)
+	return []runtime.Object{
+		revision(t, "web", "prod", 7, common.StatusDeployed, at(-time.Hour)),
+		revision(t, "web", "prod", 8, common.StatusPendingUpgrade, at(-30*time.Second)),
+		lease(t, live),
+		revision(t, "api", "prod", 2, common.StatusDeployed, at(-time.Hour)),
+		revision(t, "api", "prod", 3, common.StatusPendingUpgrade, at(-9*time.Minute-30*time.Second)),
+		lease(t, dead),
+		revision(t, "legacy", "prod", 1, common.StatusDeployed, at(-time.Hour)),
+		revision(t, "legacy", "prod", 2, common.StatusPendingRollback, at(-4*time.Minute)),
+		revision(t, "db", "prod", 1, common.StatusDeployed, at(-time.Hour)),
+		lease(t, released),
+	}
+}

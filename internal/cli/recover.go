@@ -1,0 +1,326 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/helm-autorecover/helm-autorecover/internal/events"
+	"github.com/helm-autorecover/helm-autorecover/internal/guard"
+	"github.com/helm-autorecover/helm-autorecover/internal/helmx"
+	"github.com/helm-autorecover/helm-autorecover/internal/inspect"
+	"github.com/helm-autorecover/helm-autorecover/internal/lock"
+	"github.com/helm-autorecover/helm-autorecover/internal/recovery"
+	"github.com/helm-autorecover/helm-autorecover/internal/version"
+)
+
+// dryRunSession stands for the session a real run would take, in the
+// descriptions a dry run shows.
+const dryRunSession = "<new session>"
+
+const recoverLong = `Decide whether RELEASE is stuck and recover it if it may be: print the
+verdict in plain words, why, and what is (or would be) written.
+
+A release is recoverable when its latest revision is pending and either its
+holder's lock expired (it died), or no lock covers it and it has been pending
+for at least --recover-legacy-after in API-server time (stock helm left it;
+lower the flag if you know no helm process is running). A pending revision
+under a live lock is never recovered. This is the same decision install,
+upgrade, rollback and uninstall make before they run.
+
+Recovering takes the release's lock first (as the guarded commands do), marks
+the pending revision (and any older stray pending revision) failed with a
+description of who abandoned what and when, and releases the lock. Nothing is
+deleted; helm history keeps every revision. With --recover-strategy=rollback
+it then rolls back to the last deployed revision.
+
+Touches: the Lease helm-autorecover.v1.RELEASE (taken, then released), the
+Secret of each pending revision (status and description only, a write
+conditional on the resourceVersion read), one Event (Recovered) regarding the
+release's latest Secret, and, with --recover-strategy=rollback, a new
+revision. --dry-run reads the same and writes nothing.
+
+Exit codes (the same with --dry-run): 0 recovered, recoverable, or nothing to
+recover; 3 a live holder has the lock; 5 pending but not recoverable now (the
+message says when it becomes so); 7 unknown release or no stored revision;
+9 the Lease or its lock record cannot be trusted (nothing written).
+`
+
+type recoverOptions struct {
+	dryRun bool
+	opts   guard.Options
+}
+
+func newRecoverCmd(c *lockCmds) *cobra.Command {
+	o := &recoverOptions{}
+	cmd := &cobra.Command{
+		Use:               "recover RELEASE",
+		Short:             "explain whether a release is stuck, and recover it when it may be",
+		Long:              recoverLong,
+		Args:              oneRelease,
+		ValidArgsFunction: c.completeReleases,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return c.runRecover(cmd.Context(), o, args[0])
+		},
+	}
+	f := cmd.Flags()
+	f.BoolVar(&o.dryRun, "dry-run", false, "print the verdict and what would be written; write nothing")
+	// The guard's own flags, defaults and environment variables, for the
+	// ones that mean something here.
+	guardFlags := pflag.NewFlagSet("guard", pflag.ContinueOnError)
+	flagErr := o.opts.AddFlags(guardFlags)
+	for _, name := range []string{"recover-legacy-after", "recover-strategy", "lease-duration", "lock-timeout"} {
+		f.AddFlag(guardFlags.Lookup(name))
+	}
+	_ = cmd.RegisterFlagCompletionFunc("recover-strategy", func(*cobra.Command, []string, string) ([]string, cobra.ShellCompDirective) {
+		return []string{"fail\tonly mark the abandoned revision failed", "rollback\tthen roll back to the last deployed revision"}, cobra.ShellCompDirectiveNoFileComp
+	})
+	if flagErr != nil {
+		cmd.RunE = func(*cobra.Command, []string) error { return &guard.ExitError{Code: guard.ExitUsage, Err: flagErr} }
+	}
+	return cmd
+}
+
+func (o *recoverOptions) policy() recovery.Policy {
+	return recovery.Policy{
+		Autorecover: true,
+		LegacyAfter: o.opts.RecoverLegacyAfter,
+		Strategy:    recovery.Strategy(o.opts.RecoverStrategy),
+	}
+}
+
+func (c *lockCmds) runRecover(ctx context.Context, o *recoverOptions, rel string) error {
+	ns := c.settings.Namespace()
+	if err := validRelease(rel, ns); err != nil {
+		return err
+	}
+	if err := o.opts.Validate(); err != nil {
+		return &guard.ExitError{Code: guard.ExitUsage, Err: err}
+	}
+	cn, err := c.connect()
+	if err != nil {
+		return err
+	}
+	st, err := cn.backend.Inspect(ctx, ns, rel)
+	if err != nil {
+		return err
+	}
+	st.Release = rel
+	hist, err := history(ctx, cn.client, ns, rel)
+	if err != nil {
+		return err
+	}
+	if len(hist) == 0 {
+		if !st.Exists {
+			return unknownRelease(ns, rel)
+		}
+		return exitError(ExitNotFound, "release %q in namespace %q has no stored revision (its Lease %s exists, holder %q): nothing to recover",
+			rel, ns, lock.LeaseName(rel), st.HolderIdentity)
+	}
+	if err := badLock(st, rel, ns); err != nil {
+		return err
+	}
+	// Decide on the lock as read first: a dry run stops here, and a run
+	// that would not recover writes nothing, not even the Lease.
+	now, err := cn.serverNow(ctx)
+	if err != nil {
+		return fmt.Errorf("release %q in namespace %q: %w", rel, ns, err)
+	}
+	observed := observedLock(st)
+	dec := recovery.Decide(recovery.Input{
+		Release: rel, Namespace: ns, History: hist, Lock: observed,
+		Now:    recovery.ServerTime{Earliest: now.Earliest, Latest: now.Latest},
+		Policy: o.policy(),
+	})
+	live := observed.State == recovery.LockLive
+	if o.dryRun {
+		if err := inspect.WriteReport(c.out, planReport(dec, rel, ns, now.Latest)); err != nil {
+			return err
+		}
+		return verdictError(dec, live)
+	}
+	switch dec.Verdict {
+	case recovery.NoRelease, recovery.Proceed:
+		return inspect.WriteReport(c.out, inspect.Report{Release: rel, Namespace: ns, Decision: dec})
+	case recovery.Blocked:
+		if !live || o.opts.LockTimeout <= 0 {
+			if err := inspect.WriteReport(c.out, inspect.Report{Release: rel, Namespace: ns, Decision: dec}); err != nil {
+				return err
+			}
+			return verdictError(dec, live)
+		}
+	case recovery.Recover, recovery.RecoverThenRollback:
+	}
+
+	req := lock.Request{
+		Release:       rel,
+		Namespace:     ns,
+		Operation:     lock.OpRollback, // the lock package knows helm's four operations; recovery is closest to rollback
+		LeaseDuration: o.opts.LeaseDuration,
+		Session:       c.newSession(),
+		Who:           c.who(),
+		ToolVersion:   version.Version,
+	}
+	held, _, err := cn.backend.TryAcquire(ctx, req)
+	if le, ok := errIsLocked(err); ok && o.opts.LockTimeout > 0 {
+		fmt.Fprintf(c.errOut, "helm-autorecover: %v; waiting up to %s\n", le, o.opts.LockTimeout)
+		wctx, cancel := context.WithTimeout(ctx, o.opts.LockTimeout)
+		held, err = cn.backend.Wait(wctx, req, nil)
+		cancel()
+	}
+	if err != nil {
+		if le, ok := errIsLocked(err); ok && le.State != lock.Live {
+			return &guard.ExitError{Code: guard.ExitLocked, Err: err}
+		}
+		if le, ok := errIsLocked(err); ok {
+			dec := c.decideLive(ctx, cn, o, le, hist, rel, ns)
+			if dec.Verdict == recovery.Proceed {
+				// Someone is operating on a release that is not stuck.
+				return inspect.WriteReport(c.out, inspect.Report{Release: rel, Namespace: ns, Decision: dec})
+			}
+			_ = inspect.WriteReport(c.out, inspect.Report{Release: rel, Namespace: ns, Decision: dec})
+			return &guard.ExitError{Code: guard.ExitLocked, Err: err}
+		}
+		return err
+	}
+	keepCtx, stopKeep := context.WithCancel(ctx)
+	go held.Keep(keepCtx, func(error) {})
+	defer func() {
+		stopKeep()
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		if err := held.Release(rctx); err != nil && !errors.Is(err, lock.ErrLost) {
+			fmt.Fprintf(c.errOut, "Warning: releasing the lock of release %q in namespace %q: %v (it expires by itself within %s)\n", rel, ns, err, o.opts.LeaseDuration)
+		}
+	}()
+	prev := recovery.LockInfo{State: recovery.LockNone}
+	if held.Previous != nil {
+		state := recovery.LockReleased
+		if held.PreviousState == lock.Expired {
+			state = recovery.LockExpired
+		}
+		prev = lockInfo(held.Previous, state)
+	}
+
+	for attempt := 0; attempt < 5; attempt++ {
+		if hist, err = history(ctx, cn.client, ns, rel); err != nil {
+			return err
+		}
+		now, err := cn.serverNow(ctx)
+		if err != nil {
+			return fmt.Errorf("release %q in namespace %q: %w", rel, ns, err)
+		}
+		dec := recovery.Decide(recovery.Input{
+			Release: rel, Namespace: ns, History: hist, Lock: prev,
+			Now:    recovery.ServerTime{Earliest: now.Earliest, Latest: now.Latest},
+			Policy: o.policy(),
+		})
+		rep := inspect.Report{Release: rel, Namespace: ns, Decision: dec}
+		switch dec.Verdict {
+		case recovery.NoRelease:
+			return exitError(ExitNotFound, "%s (it was uninstalled meanwhile)", dec.Reason)
+		case recovery.Proceed:
+			return inspect.WriteReport(c.out, rep)
+		case recovery.Blocked:
+			if err := inspect.WriteReport(c.out, rep); err != nil {
+				return err
+			}
+			return verdictError(dec, false)
+		case recovery.Recover, recovery.RecoverThenRollback:
+		}
+		by := recovery.Recoverer{Session: held.Session(), At: now.Latest}
+		var written []*corev1.Secret
+		conflict := false
+		for _, a := range append([]recovery.Abandonment{dec.Target}, dec.Stray...) {
+			if err := held.Valid(); err != nil {
+				return &guard.ExitError{Code: guard.ExitLockLost, Err: fmt.Errorf("release %q in namespace %q: %w", rel, ns, err)}
+			}
+			desc := recovery.DescribeAbandoned(a, by)
+			s, err := recovery.MarkFailed(ctx, cn.client, ns, a.Release, desc, now.Latest)
+			switch {
+			case err == nil:
+				written = append(written, s)
+				rep.Writes = append(rep.Writes, inspect.Write{Revision: a.Release.Revision, SecretName: a.Release.SecretName, From: a.Release.Status, Description: desc})
+			case errors.Is(err, recovery.ErrNotPending):
+			case errors.Is(err, recovery.ErrConflict):
+				conflict = true
+			default:
+				return err
+			}
+			if conflict {
+				break
+			}
+		}
+		if conflict {
+			continue
+		}
+		if len(written) > 0 {
+			rep.Event = events.ReasonRecovered
+			note := fmt.Sprintf("Recovered by %s with helm-autorecover recover (session %s): %s", c.who(), held.Session(), dec.Reason)
+			if err := events.Emit(ctx, cn.client, events.Event{
+				Regarding: events.SecretRef(written[0]), Type: corev1.EventTypeNormal, Reason: events.ReasonRecovered,
+				Action: "Recover", Note: note, At: now.Latest, Instance: c.who(),
+			}); err != nil {
+				rep.Event = ""
+				fmt.Fprintf(c.errOut, "Warning: %v\n", err)
+			}
+		}
+		if dec.Verdict == recovery.RecoverThenRollback {
+			if err := held.Valid(); err != nil {
+				return &guard.ExitError{Code: guard.ExitLockLost, Err: fmt.Errorf("release %q in namespace %q: %w", rel, ns, err)}
+			}
+			if err := rollbackFunc(c.settings)(rel, dec.RollbackTo); err != nil {
+				_ = inspect.WriteReport(c.out, rep)
+				return fmt.Errorf("release %q in namespace %q: rollback to revision %d after recovery: %w", rel, ns, dec.RollbackTo, err)
+			}
+			rep.RolledBack = true
+		}
+		return inspect.WriteReport(c.out, rep)
+	}
+	return fmt.Errorf("release %q in namespace %q: other writers kept changing the release during recovery; try again", rel, ns)
+}
+
+// planReport is what a recovery would write, as a dry run shows it.
+func planReport(dec recovery.Decision, rel, ns string, at time.Time) inspect.Report {
+	rep := inspect.Report{Release: rel, Namespace: ns, Decision: dec, DryRun: true}
+	if dec.Verdict == recovery.Recover || dec.Verdict == recovery.RecoverThenRollback {
+		by := recovery.Recoverer{Session: dryRunSession, At: at}
+		for _, a := range append([]recovery.Abandonment{dec.Target}, dec.Stray...) {
+			rep.Writes = append(rep.Writes, inspect.Write{Revision: a.Release.Revision, SecretName: a.Release.SecretName, From: a.Release.Status, Description: recovery.DescribeAbandoned(a, by)})
+		}
+		rep.Event = events.ReasonRecovered
+	}
+	return rep
+}
+
+// verdictError is the exit status a dry run shares with a real run.
+func verdictError(dec recovery.Decision, live bool) error {
+	if dec.Verdict != recovery.Blocked {
+		return nil
+	}
+	code := guard.ExitPending
+	if live {
+		code = guard.ExitLocked
+	}
+	return &guard.ExitError{Code: code, Err: errors.New(dec.Reason)}
+}
+
+// decideLive decides on a release whose lock a live holder has.
+func (c *lockCmds) decideLive(ctx context.Context, cn *conn, o *recoverOptions, le *lock.LockedError, hist []helmx.Summary, rel, ns string) recovery.Decision {
+	info := recovery.LockInfo{State: recovery.LockLive, Session: le.HolderIdentity, LockedTill: le.LockedTill}
+	if le.Holder != nil {
+		info = lockInfo(le.Holder, recovery.LockLive)
+		info.LockedTill = le.LockedTill
+	}
+	now, _ := cn.serverNow(ctx)
+	return recovery.Decide(recovery.Input{
+		Release: rel, Namespace: ns, History: hist, Lock: info,
+		Now:    recovery.ServerTime{Earliest: now.Earliest, Latest: now.Latest},
+		Policy: o.policy(),
+	})
+}

@@ -1,0 +1,366 @@
+package cli
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/helm-autorecover/helm-autorecover/internal/events"
+	"github.com/helm-autorecover/helm-autorecover/internal/guard"
+	"github.com/helm-autorecover/helm-autorecover/internal/helmx"
+	"github.com/helm-autorecover/helm-autorecover/internal/lock"
+	"github.com/helm-autorecover/helm-autorecover/internal/recovery"
+)
+
+// The descriptions unlock writes into the revision the unlocked holder
+// left pending (helm history shows them). Verbs: the pending status; the
+// holder (who, session, operation); [its LOCKED TILL;] who unlocked; when.
+const (
+	DescriptionUnlocked      = "Abandoned %s by %s; its lock was released by %s with helm-autorecover unlock at %s"
+	DescriptionForceUnlocked = "Abandoned %s by %s; its live lock (LOCKED TILL %s) was force-released by %s with helm-autorecover unlock --force at %s"
+)
+
+const unlockLong = `Release the lock of RELEASE held by session ID (see "helm-autorecover locks"),
+for a holder known to be dead, and mark the revision it left pending failed,
+with a description naming who unlocked it. This is the manual way out; the
+next install, upgrade, rollback or uninstall does the same by itself once the
+lock has expired.
+
+Refusals (nothing is written):
+  - ID is not the holder's session: the message names the holder's session
+    (exit 8), so a lock taken since you looked is never broken;
+  - the lock is live (renewed within its lease): its holder may still be
+    writing (exit 3). --force releases it anyway, after asking on a terminal;
+    pass --yes as well in scripts (exit 10 when not confirmed). The holder
+    finds its lock gone at its next renewal and stops (exit 4) before it
+    writes again;
+  - the release is unknown, has no stored revision, or nobody holds its lock
+    (exit 7);
+  - its Lease or lock record is unreadable, foreign or edited by hand (exit 9).
+
+Touches: the Lease helm-autorecover.v1.RELEASE (holderIdentity cleared, the
+record marked released by you), the Secret of the pending revision the holder
+was writing (status and description only, a write conditional on the
+resourceVersion read), and one Event (Unlocked or ForceUnlocked) regarding the
+release's latest Secret. A pending revision not written under that session
+(stock helm's) is left alone: see "helm-autorecover recover".
+`
+
+type unlockOptions struct {
+	session string
+	force   bool
+	yes     bool
+}
+
+func newUnlockCmd(c *lockCmds) *cobra.Command {
+	o := &unlockOptions{}
+	cmd := &cobra.Command{
+		Use:               "unlock RELEASE --session ID",
+		Short:             "release a dead holder's lock and mark the revision it left pending failed",
+		Long:              unlockLong,
+		Args:              oneRelease,
+		ValidArgsFunction: c.completeHeldReleases,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return c.runUnlock(cmd.Context(), o, args[0])
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.session, "session", "", "the SESSION ID of the holder whose lock to release (required; see helm-autorecover locks)")
+	f.BoolVar(&o.force, "force", false, "release the lock even while it is live (its holder may still be running); asks for confirmation")
+	f.BoolVarP(&o.yes, "yes", "y", false, "confirm --force without asking (for scripts)")
+	_ = cmd.RegisterFlagCompletionFunc("session", c.completeSessions)
+	return cmd
+}
+
+func (c *lockCmds) runUnlock(ctx context.Context, o *unlockOptions, rel string) error {
+	ns := c.settings.Namespace()
+	if err := validRelease(rel, ns); err != nil {
+		return err
+	}
+	if strings.TrimSpace(o.session) == "" {
+		return exitError(guard.ExitUsage, "release %q in namespace %q: --session is required; find the holder's session with: helm-autorecover locks %s -n %s", rel, ns, rel, ns)
+	}
+	cn, err := c.connect()
+	if err != nil {
+		return err
+	}
+	st, err := cn.backend.Inspect(ctx, ns, rel)
+	if err != nil {
+		return err
+	}
+	st.Release = rel
+	hist, err := history(ctx, cn.client, ns, rel)
+	if err != nil {
+		return err
+	}
+	if err := c.checkUnlock(st, hist, o, rel, ns); err != nil {
+		return err
+	}
+	rec := st.Record
+	live := st.State == lock.Live
+	if live && !o.yes {
+		if err := c.confirm(st, rel, ns); err != nil {
+			return err
+		}
+	}
+
+	by := c.who()
+	var writes []*corev1.Secret
+	var marked []recovery.Abandonment
+	var dec recovery.Decision
+	for attempt := 0; ; attempt++ {
+		if attempt == 5 {
+			return fmt.Errorf("release %q in namespace %q: other writers kept changing the release; nothing more was written. Try again", rel, ns)
+		}
+		if attempt > 0 {
+			if hist, err = history(ctx, cn.client, ns, rel); err != nil {
+				return err
+			}
+		}
+		now, err := cn.serverNow(ctx)
+		if err != nil {
+			return fmt.Errorf("release %q in namespace %q: %w", rel, ns, err)
+		}
+		info := lockInfo(rec, recovery.LockExpired)
+		info.LockedTill = st.LockedTill
+		// The person asserts the holder is dead: its revision is abandoned
+		// now. Legacy revisions are not its, and stay (LegacyAfter 0).
+		dec = recovery.Decide(recovery.Input{
+			Release: rel, Namespace: ns, History: hist, Lock: info,
+			Now:    recovery.ServerTime{Earliest: now.Earliest, Latest: now.Latest},
+			Policy: recovery.Policy{Autorecover: true},
+		})
+		if dec.Verdict != recovery.Recover {
+			break
+		}
+		conflict := false
+		writes, marked = nil, nil
+		for _, a := range append([]recovery.Abandonment{dec.Target}, dec.Stray...) {
+			desc := unlockDescription(a, live, by, now.Latest)
+			s, err := recovery.MarkFailed(ctx, cn.client, ns, a.Release, desc, now.Latest)
+			switch {
+			case err == nil:
+				writes = append(writes, s)
+				marked = append(marked, a)
+			case errors.Is(err, recovery.ErrNotPending):
+			case errors.Is(err, recovery.ErrConflict):
+				conflict = true
+			default:
+				return err
+			}
+			if conflict {
+				break
+			}
+		}
+		if !conflict {
+			break
+		}
+	}
+
+	if _, err := cn.backend.ForceRelease(ctx, ns, rel, o.session, by); err != nil {
+		cur, ierr := cn.backend.Inspect(ctx, ns, rel)
+		if ierr == nil && cur.HolderIdentity != o.session {
+			return exitError(ExitWrongSession, "release %q in namespace %q: session %s no longer holds the lock (now held by %q); it was released or taken over meanwhile%s",
+				rel, ns, o.session, cur.HolderIdentity, markedNote(marked))
+		}
+		return fmt.Errorf("%w%s", err, markedNote(marked))
+	}
+
+	fmt.Fprintf(c.out, "Released the lock of release %q in namespace %q held by session %s (%s).\n", rel, ns, o.session, holderText(rec, o.session))
+	for _, a := range marked {
+		fmt.Fprintf(c.out, "Marked revision %d (%s) failed.\n", a.Release.Revision, a.Release.Status)
+	}
+	if len(marked) == 0 {
+		fmt.Fprintf(c.out, "Nothing was marked failed: %s.\n", strings.TrimSuffix(dec.Reason, "."))
+	}
+	c.unlockEvent(ctx, cn, hist, writes, rec, o.session, live, by, marked)
+	return nil
+}
+
+// checkUnlock makes every refusal before anything is written.
+func (c *lockCmds) checkUnlock(st *lock.Status, hist []helmx.Summary, o *unlockOptions, rel, ns string) error {
+	if !st.Exists {
+		if len(hist) == 0 {
+			return unknownRelease(ns, rel)
+		}
+		msg := fmt.Sprintf("release %q in namespace %q has no lock (no Lease %s): nothing to unlock", rel, ns, lock.LeaseName(rel))
+		if latest := hist[len(hist)-1]; recovery.IsPending(latest.Status) {
+			msg += fmt.Sprintf(". Its revision %d is %s with no lock record (stock helm may have written it): see helm-autorecover recover %s -n %s --dry-run", latest.Revision, latest.Status, rel, ns)
+		}
+		return exitError(ExitNotFound, "%s", msg)
+	}
+	if len(hist) == 0 {
+		return exitError(ExitNotFound, "release %q in namespace %q has no stored revision (its Lease %s exists, holder %q): nothing to recover. If it is gone for good, delete the Lease: kubectl delete lease -n %s %s",
+			rel, ns, lock.LeaseName(rel), st.HolderIdentity, ns, lock.LeaseName(rel))
+	}
+	if err := badLock(st, rel, ns); err != nil {
+		return err
+	}
+	if st.HolderIdentity == "" {
+		if st.Record != nil && st.Record.Session == o.session {
+			return exitError(ExitNotFound, "release %q in namespace %q: the lock of session %s was already released at %s%s; nothing to unlock",
+				rel, ns, o.session, stamp(st.Record.ReleasedAt), releasedBy(st.Record))
+		}
+		return exitError(ExitNotFound, "release %q in namespace %q: nobody holds its lock; nothing to unlock (see helm-autorecover locks %s -n %s)", rel, ns, rel, ns)
+	}
+	if st.HolderIdentity != o.session {
+		return exitError(ExitWrongSession, "release %q in namespace %q: session %s does not hold its lock; it is held by session %s (%s, LOCKED TILL %s). Check with: helm-autorecover locks %s -n %s",
+			rel, ns, o.session, st.HolderIdentity, holderText(st.Record, st.HolderIdentity), stamp(st.LockedTill), rel, ns)
+	}
+	if st.State == lock.Live && !o.force {
+		return exitError(guard.ExitLocked, "release %q in namespace %q: the lock of session %s is live: its holder (%s) renewed it at %s, LOCKED TILL %s (%s left); it may still be running. Wait for it to finish or expire; if you know it is dead (process killed, CI job cancelled), run again with --force",
+			rel, ns, o.session, holderText(st.Record, o.session), stamp(st.Record.RenewedAt), stamp(st.LockedTill), left(st))
+	}
+	return nil
+}
+
+// confirm asks the person on the terminal before a live lock is broken.
+func (c *lockCmds) confirm(st *lock.Status, rel, ns string) error {
+	if !c.isTerminal() {
+		return exitError(ExitDeclined, "release %q in namespace %q: --force on a live lock needs confirmation, and stdin is not a terminal; nothing was written. Pass --yes to confirm in scripts", rel, ns)
+	}
+	fmt.Fprintf(c.errOut, "The lock of release %q in namespace %q is live: its holder (session %s, %s) renewed it at %s, LOCKED TILL %s (%s left).\n"+
+		"If that process is still running, it stops at its next renewal, and the revision it is writing is marked failed.\n"+
+		"Release it? Type yes to confirm: ", rel, ns, st.HolderIdentity, holderText(st.Record, st.HolderIdentity), stamp(st.Record.RenewedAt), stamp(st.LockedTill), left(st))
+	line, _ := bufio.NewReader(c.in).ReadString('\n')
+	switch strings.ToLower(strings.TrimSpace(line)) {
+	case "y", "yes":
+		return nil
+	}
+	return exitError(ExitDeclined, "release %q in namespace %q: not confirmed; nothing was written", rel, ns)
+}
+
+func unlockDescription(a recovery.Abandonment, forced bool, by string, at time.Time) string {
+	h := "an unknown holder"
+	if a.Lock != nil {
+		h = lockHolder(*a.Lock)
+	}
+	if forced {
+		till := time.Time{}
+		if a.Lock != nil {
+			till = a.Lock.LockedTill
+		}
+		return fmt.Sprintf(DescriptionForceUnlocked, a.Release.Status, h, stamp(till), by, stamp(at))
+	}
+	return fmt.Sprintf(DescriptionUnlocked, a.Release.Status, h, by, stamp(at))
+}
+
+func (c *lockCmds) unlockEvent(ctx context.Context, cn *conn, hist []helmx.Summary, writes []*corev1.Secret, rec *lock.Record, session string, forced bool, by string, marked []recovery.Abandonment) {
+	var regarding *corev1.Secret
+	if len(writes) > 0 {
+		regarding = writes[0]
+	} else if len(hist) > 0 {
+		s, err := events.ReleaseSecret(ctx, cn.client, hist[len(hist)-1])
+		if err != nil {
+			fmt.Fprintf(c.errOut, "Warning: %v\n", err)
+			return
+		}
+		regarding = s
+	}
+	if regarding == nil {
+		return
+	}
+	reason, typ, verb := events.ReasonUnlocked, corev1.EventTypeNormal, "released"
+	if forced {
+		reason, typ, verb = events.ReasonForceUnlocked, corev1.EventTypeWarning, "force-released (it was live)"
+	}
+	note := fmt.Sprintf("Lock of session %s (%s) %s by %s with helm-autorecover unlock", session, holderText(rec, session), verb, by)
+	for _, a := range marked {
+		note += fmt.Sprintf("; revision %d (%s) marked failed", a.Release.Revision, a.Release.Status)
+	}
+	now, _ := cn.serverNow(ctx)
+	err := events.Emit(ctx, cn.client, events.Event{
+		Regarding: events.SecretRef(regarding),
+		Type:      typ,
+		Reason:    reason,
+		Action:    "Unlock",
+		Note:      note,
+		At:        now.Latest,
+		Instance:  by,
+	})
+	if err != nil {
+		fmt.Fprintf(c.errOut, "Warning: %v\n", err)
+	}
+}
+
+func markedNote(marked []recovery.Abandonment) string {
+	if len(marked) == 0 {
+		return "; nothing was written"
+	}
+	revs := make([]string, len(marked))
+	for i, a := range marked {
+		revs[i] = fmt.Sprint(a.Release.Revision)
+	}
+	return "; revision(s) " + strings.Join(revs, ", ") + " had already been marked failed"
+}
+
+// holderText describes the holder of session: who, pid, operation,
+// revision and CI job.
+func holderText(rec *lock.Record, session string) string {
+	if rec == nil || rec.Session != session {
+		return "lock record unreadable"
+	}
+	who := rec.Who
+	if who == "" {
+		who = "unknown"
+	}
+	s := who
+	if rec.PID != 0 {
+		s += fmt.Sprintf(" pid %d", rec.PID)
+	}
+	s += fmt.Sprintf(", operation %s", rec.Operation)
+	if rec.Revision > 0 {
+		s += fmt.Sprintf(" of revision %d", rec.Revision)
+	}
+	if rec.CIJobURL != "" {
+		s += ", job " + rec.CIJobURL
+	}
+	return s
+}
+
+// lockHolder names the holder of an abandoned revision as recovery does:
+// "who (session S, operation O)".
+func lockHolder(l recovery.LockInfo) string {
+	who := l.Who
+	if who == "" {
+		who = "an unknown holder"
+	}
+	var parts []string
+	if l.Session != "" {
+		parts = append(parts, "session "+l.Session)
+	}
+	if l.Operation != "" {
+		parts = append(parts, "operation "+l.Operation)
+	}
+	if len(parts) == 0 {
+		return who
+	}
+	return who + " (" + strings.Join(parts, ", ") + ")"
+}
+
+func releasedBy(rec *lock.Record) string {
+	if rec.ReleasedBy == "" {
+		return " by its holder"
+	}
+	return " by " + rec.ReleasedBy
+}
+
+func left(st *lock.Status) string {
+	if st.LockedTill.IsZero() || st.Now.IsZero() {
+		return "unknown time"
+	}
+	return max(0, st.LockedTill.Add(lock.DefaultMargin).Sub(st.Now.Earliest)).Round(time.Second).String()
+}
+
+func stamp(t time.Time) string {
+	if t.IsZero() {
+		return "an unknown time"
+	}
+	return t.UTC().Format(time.RFC3339)
+}

@@ -1,0 +1,92 @@
+package inspect
+
+import (
+	"fmt"
+	"io"
+	"strings"
+
+	"helm.sh/helm/v4/pkg/release/common"
+
+	"github.com/helm-autorecover/helm-autorecover/internal/lock"
+	"github.com/helm-autorecover/helm-autorecover/internal/recovery"
+)
+
+// Write is one revision a recovery marks (or would mark) failed.
+type Write struct {
+	Revision    int
+	SecretName  string
+	From        common.Status
+	Description string
+}
+
+// Report is what the recover command says about one release.
+type Report struct {
+	Release   string
+	Namespace string
+	Decision  recovery.Decision
+	// DryRun: nothing was written; Writes are what a real run would write.
+	DryRun bool
+	// Writes are the revisions marked failed (or to be).
+	Writes []Write
+	// RolledBack is set when the release was (or would be) rolled back to
+	// Decision.RollbackTo after the recovery.
+	RolledBack bool
+	// Event is the reason of the Event recorded (or to be).
+	Event string
+}
+
+// Verdict says the decision's verdict in plain words.
+func Verdict(dec recovery.Decision, dryRun bool) string {
+	switch dec.Verdict {
+	case recovery.NoRelease:
+		return "unknown release: nothing is stored for it"
+	case recovery.Proceed:
+		return "nothing to recover"
+	case recovery.Recover:
+		if dryRun {
+			return "recoverable"
+		}
+		return "recovered"
+	case recovery.RecoverThenRollback:
+		if dryRun {
+			return fmt.Sprintf("recoverable, then rolled back to revision %d", dec.RollbackTo)
+		}
+		return fmt.Sprintf("recovered and rolled back to revision %d", dec.RollbackTo)
+	case recovery.Blocked:
+		if dec.RetryAfter > 0 {
+			return "not recoverable now (recoverable in " + roundDuration(dec.RetryAfter) + ")"
+		}
+		return "not recoverable now"
+	}
+	return dec.Verdict.String()
+}
+
+// WriteReport prints r in plain words: the verdict, why, and what was (or
+// would be) written.
+func WriteReport(out io.Writer, r Report) error {
+	var b strings.Builder
+	fmt.Fprintf(&b, "Release %q in namespace %q: %s.\n", r.Release, r.Namespace, Verdict(r.Decision, r.DryRun))
+	fmt.Fprintf(&b, "Why: %s.\n", strings.TrimSuffix(r.Decision.Reason, "."))
+	recovers := r.Decision.Verdict == recovery.Recover || r.Decision.Verdict == recovery.RecoverThenRollback
+	if recovers {
+		if r.DryRun {
+			b.WriteString("Would write (dry run: nothing was written):\n")
+			fmt.Fprintf(&b, "  - Lease %s: taken for the recovery, then released\n", lock.LeaseName(r.Release))
+		} else {
+			b.WriteString("Wrote:\n")
+		}
+		for _, w := range r.Writes {
+			fmt.Fprintf(&b, "  - Secret %s: revision %d %s -> %s, description:\n      %s\n", w.SecretName, w.Revision, w.From, common.StatusFailed, w.Description)
+		}
+		if r.RolledBack || (r.DryRun && r.Decision.Verdict == recovery.RecoverThenRollback) {
+			fmt.Fprintf(&b, "  - a rollback of release %q to revision %d (--recover-strategy=rollback), a new revision\n", r.Release, r.Decision.RollbackTo)
+		}
+		if r.Event != "" && len(r.Writes) > 0 {
+			fmt.Fprintf(&b, "  - Event %s regarding Secret %s\n", r.Event, r.Writes[0].SecretName)
+		}
+	} else if r.DryRun {
+		b.WriteString("Dry run: nothing was written.\n")
+	}
+	_, err := io.WriteString(out, b.String())
+	return err
+}

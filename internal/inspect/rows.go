@@ -1,0 +1,235 @@
+package inspect
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/helm-autorecover/helm-autorecover/internal/helmx"
+	"github.com/helm-autorecover/helm-autorecover/internal/lock"
+	"github.com/helm-autorecover/helm-autorecover/internal/recovery"
+	"github.com/helm-autorecover/helm-autorecover/internal/servertime"
+)
+
+// State is a release's lock as the locks command shows it.
+type State string
+
+const (
+	// StateLive: a holder has the lock and may still be renewing it.
+	StateLive State = "live"
+	// StateExpired: a holder had the lock and let it expire; the next
+	// operation takes it over and recovers what it abandoned.
+	StateExpired State = "expired"
+	// StateLegacyPending: the latest revision is pending and no held lock
+	// covers it; it is recovered only after --recover-legacy-after.
+	StateLegacyPending State = "legacy-pending"
+	// StateNone: nobody holds the lock and nothing is pending.
+	StateNone State = "none"
+)
+
+// Release is what was read of a release's stored history.
+type Release struct {
+	Name      string
+	Namespace string
+	// Latest is the latest stored revision; nil when the release has none.
+	Latest *helmx.Summary
+	// Err is set when the latest revision could not be read.
+	Err error
+}
+
+// Input is everything one row is built from.
+type Input struct {
+	// Lock is the release's lock; nil when there is no Lease.
+	Lock *lock.Status
+	// Release is the release's history; Release.Latest nil when it has none.
+	Release Release
+	// Now is the API server's clock at the moment the lock was judged.
+	Now servertime.Bounds
+	// Margin is the lock backend's margin: a lock may be taken over at
+	// LOCKED TILL + Margin.
+	Margin time.Duration
+	// LegacyAfter is --recover-legacy-after, to say when a legacy pending
+	// revision becomes recoverable (0: never).
+	LegacyAfter time.Duration
+}
+
+// Row is one release's lock, as locks prints it. Times are API-server time.
+type Row struct {
+	Namespace string `json:"namespace"`
+	Release   string `json:"release"`
+	State     State  `json:"state"`
+	// Revision and Status are the release's latest stored revision.
+	Revision int    `json:"revision,omitempty"`
+	Status   string `json:"status,omitempty"`
+
+	// The holder, while the lock is held (live or expired).
+	Session      string    `json:"session,omitempty"`
+	Who          string    `json:"who,omitempty"`
+	PID          int       `json:"pid,omitempty"`
+	Operation    string    `json:"operation,omitempty"`
+	LockRevision int       `json:"lockRevision,omitempty"`
+	CIJobURL     string    `json:"ciJobURL,omitempty"`
+	ToolVersion  string    `json:"toolVersion,omitempty"`
+	AcquiredAt   time.Time `json:"acquiredAt,omitzero"`
+	RenewedAt    time.Time `json:"renewedAt,omitzero"`
+	LockedTill   time.Time `json:"lockedTill,omitzero"`
+	// TimeLeft is, for a live lock, how long until another client may take
+	// it over unless the holder renews it (LOCKED TILL + margin - now).
+	TimeLeft string `json:"timeLeft,omitempty"`
+	// ExpiredFor is, for an expired lock, how long ago it could first be
+	// taken over.
+	ExpiredFor string        `json:"expiredFor,omitempty"`
+	Waiters    []lock.Waiter `json:"waiters,omitempty"`
+
+	// PendingSince and PendingFor describe a pending latest revision, from
+	// its last server-side write; RecoverableIn says, for a legacy pending
+	// one, how long until automatic recovery may take it (--recover-legacy-after).
+	PendingSince  time.Time `json:"pendingSince,omitzero"`
+	PendingFor    string    `json:"pendingFor,omitempty"`
+	RecoverableIn string    `json:"recoverableIn,omitempty"`
+
+	// The last holder, once the lock was released.
+	LastSession string    `json:"lastSession,omitempty"`
+	ReleasedAt  time.Time `json:"releasedAt,omitzero"`
+	ReleasedBy  string    `json:"releasedBy,omitempty"`
+
+	// Problem says what is wrong with the Lease or the release's records
+	// (unreadable, foreign, edited by hand) and what to do.
+	Problem string `json:"problem,omitempty"`
+}
+
+// Classify returns the state of a release whose lock is st (nil: no Lease)
+// and whose latest revision is latest (nil: none).
+func Classify(st *lock.Status, latest *helmx.Summary) State {
+	if st != nil && st.Exists && st.HolderIdentity != "" {
+		if st.State == lock.Expired {
+			return StateExpired
+		}
+		return StateLive
+	}
+	if latest != nil && recovery.IsPending(latest.Status) {
+		return StateLegacyPending
+	}
+	return StateNone
+}
+
+// Problem describes what is wrong with a lock, or returns "" when its
+// Lease and record agree. Anything it reports means the Lease was written by
+// a newer or foreign tool, or edited by hand.
+func Problem(st *lock.Status) string {
+	if st == nil || !st.Exists {
+		return ""
+	}
+	rec := st.Record
+	switch {
+	case st.RecordErr != nil:
+		return fmt.Sprintf("its lock record (annotation %s) cannot be read: %v", lock.AnnotationRecord, st.RecordErr)
+	case rec == nil && st.HolderIdentity != "":
+		return fmt.Sprintf("it is held by session %s but carries no lock record (annotation %s): it was created or edited by hand", st.HolderIdentity, lock.AnnotationRecord)
+	case rec == nil:
+		return ""
+	case st.HolderIdentity != "" && rec.Session != st.HolderIdentity:
+		return fmt.Sprintf("its holderIdentity %q does not match the session %q of its lock record: it was edited by hand", st.HolderIdentity, rec.Session)
+	case rec.Release != "" && st.Release != "" && rec.Release != st.Release:
+		return fmt.Sprintf("its lock record names release %q, not %q: it was copied or edited by hand", rec.Release, st.Release)
+	case rec.Namespace != "" && rec.Namespace != st.Namespace:
+		return fmt.Sprintf("its lock record names namespace %q, not %q: it was copied or edited by hand", rec.Namespace, st.Namespace)
+	}
+	return ""
+}
+
+// NewRow builds the row of one release.
+func NewRow(in Input) Row {
+	st := in.Lock
+	r := Row{Namespace: in.Release.Namespace, Release: in.Release.Name}
+	if st != nil {
+		r.Namespace = cmp.Or(r.Namespace, st.Namespace)
+		r.Release = cmp.Or(r.Release, st.Release)
+	}
+	latest := in.Release.Latest
+	r.State = Classify(st, latest)
+	if latest != nil {
+		r.Revision = latest.Revision
+		r.Status = string(latest.Status)
+	}
+	var problems []string
+	if p := Problem(st); p != "" {
+		problems = append(problems, fmt.Sprintf("Lease %s: %s. Inspect it with: kubectl get lease -n %s %s -o yaml. If no helm-autorecover process is working on the release, delete it (kubectl delete lease -n %s %s) and run: helm-autorecover recover %s -n %s --recover-legacy-after=1s",
+			lock.LeaseName(r.Release), p, r.Namespace, lock.LeaseName(r.Release), r.Namespace, lock.LeaseName(r.Release), r.Release, r.Namespace))
+	}
+	if in.Release.Err != nil {
+		problems = append(problems, fmt.Sprintf("the latest revision cannot be read: %v", in.Release.Err))
+	}
+
+	if st != nil && st.Exists {
+		rec := st.Record
+		if st.RecordErr != nil {
+			rec = nil
+		}
+		switch {
+		case st.HolderIdentity != "":
+			r.Session = st.HolderIdentity
+			r.LockedTill = st.LockedTill
+			if rec != nil && rec.Session == st.HolderIdentity {
+				r.Who, r.PID, r.Operation = rec.Who, rec.PID, string(rec.Operation)
+				r.LockRevision, r.CIJobURL, r.ToolVersion = rec.Revision, rec.CIJobURL, rec.ToolVersion
+				r.AcquiredAt, r.RenewedAt = rec.AcquiredAt, rec.RenewedAt
+			}
+			if !st.LockedTill.IsZero() && !in.Now.IsZero() {
+				takeover := st.LockedTill.Add(in.Margin)
+				if r.State == StateLive {
+					r.TimeLeft = roundDuration(max(0, takeover.Sub(in.Now.Earliest)))
+				} else {
+					r.ExpiredFor = roundDuration(max(0, in.Now.Earliest.Sub(takeover)))
+				}
+			}
+			r.Waiters = st.Waiters
+		case rec != nil:
+			r.LastSession, r.ReleasedAt, r.ReleasedBy = rec.Session, rec.ReleasedAt, rec.ReleasedBy
+		}
+	}
+
+	if latest != nil && recovery.IsPending(latest.Status) {
+		// The decision's own arithmetic gives the pending revision's age in
+		// server time and, for a legacy one, when it becomes recoverable.
+		dec := recovery.Decide(recovery.Input{
+			Release:   r.Release,
+			Namespace: r.Namespace,
+			History:   []helmx.Summary{*latest},
+			Lock:      recovery.LockInfo{State: recovery.LockNone},
+			Now:       recovery.ServerTime{Earliest: in.Now.Earliest, Latest: in.Now.Latest},
+			Policy:    recovery.Policy{Autorecover: true, LegacyAfter: in.LegacyAfter},
+		})
+		r.PendingSince = dec.Target.PendingSince
+		if !r.PendingSince.IsZero() && !in.Now.IsZero() {
+			r.PendingFor = roundDuration(dec.Target.Age)
+		}
+		if r.State == StateLegacyPending {
+			switch {
+			case dec.Verdict == recovery.Recover:
+				r.RecoverableIn = "0s"
+			case dec.RetryAfter > 0:
+				r.RecoverableIn = roundDuration(dec.RetryAfter)
+			default:
+				r.RecoverableIn = "never"
+			}
+		}
+	}
+	r.Problem = strings.Join(problems, "; ")
+	return r
+}
+
+// roundDuration prints d in whole seconds (a minute and more without the
+// seconds' fraction), the resolution of every server timestamp.
+func roundDuration(d time.Duration) string {
+	return d.Round(time.Second).String()
+}
+
+// SortRows orders rows by namespace, then release.
+func SortRows(rows []Row) {
+	slices.SortFunc(rows, func(a, b Row) int {
+		return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Release, b.Release))
+	})
+}

@@ -1,0 +1,260 @@
+package inspect
+
+import (
+	"bytes"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"helm.sh/helm/v4/pkg/cli/output"
+	"helm.sh/helm/v4/pkg/release/common"
+
+	"github.com/helm-autorecover/helm-autorecover/internal/helmx"
+	"github.com/helm-autorecover/helm-autorecover/internal/lock"
+	"github.com/helm-autorecover/helm-autorecover/internal/recovery"
+)
+
+func TestClassify(t *testing.T) {
+	pending := summary("r", "ns", 2, common.StatusPendingUpgrade, at(-time.Minute))
+	uninstalling := summary("r", "ns", 2, common.StatusUninstalling, at(-time.Minute))
+	deployed := summary("r", "ns", 2, common.StatusDeployed, at(-time.Minute))
+	rec := record("r", "ns", "s1", lock.OpUpgrade, 2, at(-time.Minute), at(-time.Minute))
+	free := &lock.Status{Release: "r", Namespace: "ns", Exists: true, State: lock.Free, Record: rec}
+	for _, tc := range []struct {
+		name   string
+		st     *lock.Status
+		latest *helmx.Summary
+		want   State
+	}{
+		{"no lease, no history", nil, nil, StateNone},
+		{"no lease, deployed", nil, deployed, StateNone},
+		{"no lease, pending", nil, pending, StateLegacyPending},
+		{"no lease, uninstalling", nil, uninstalling, StateLegacyPending},
+		{"missing lease status", &lock.Status{}, pending, StateLegacyPending},
+		{"released, pending", free, pending, StateLegacyPending},
+		{"released, deployed", free, deployed, StateNone},
+		{"live, pending", held(rec, lock.Live), pending, StateLive},
+		{"live, no history", held(rec, lock.Live), nil, StateLive},
+		{"expired, pending", held(rec, lock.Expired), pending, StateExpired},
+		{"expired, deployed", held(rec, lock.Expired), deployed, StateExpired},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := Classify(tc.st, tc.latest); got != tc.want {
+				t.Errorf("Classify = %s; want %s", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestProblem(t *testing.T) {
+	good := record("r", "ns", "s1", lock.OpUpgrade, 2, at(-time.Minute), at(-time.Minute))
+	withRec := func(mut func(*lock.Status)) *lock.Status {
+		r := *good
+		st := held(&r, lock.Live)
+		mut(st)
+		return st
+	}
+	for _, tc := range []struct {
+		name string
+		st   *lock.Status
+		want string
+	}{
+		{"no lease", nil, ""},
+		{"absent", &lock.Status{Release: "r", Namespace: "ns"}, ""},
+		{"held and consistent", held(good, lock.Live), ""},
+		{"released without record", &lock.Status{Release: "r", Namespace: "ns", Exists: true}, ""},
+		{
+			"unreadable", withRec(func(st *lock.Status) {
+				st.Record, st.RecordErr = nil, errors.New("decode lock record: unexpected end of JSON input")
+			}),
+			"its lock record (annotation helm-autorecover.io/lock) cannot be read: decode lock record: unexpected end of JSON input",
+		},
+		{
+			"held without record", withRec(func(st *lock.Status) { st.Record = nil }),
+			"it is held by session s1 but carries no lock record (annotation helm-autorecover.io/lock): it was created or edited by hand",
+		},
+		{
+			"holder edited", withRec(func(st *lock.Status) { st.HolderIdentity = "me" }),
+			`its holderIdentity "me" does not match the session "s1" of its lock record: it was edited by hand`,
+		},
+		{
+			"foreign release", withRec(func(st *lock.Status) { st.Record.Release = "other" }),
+			`its lock record names release "other", not "r": it was copied or edited by hand`,
+		},
+		{
+			"foreign namespace", withRec(func(st *lock.Status) { st.Record.Namespace = "elsewhere" }),
+			`its lock record names namespace "elsewhere", not "ns": it was copied or edited by hand`,
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := Problem(tc.st); got != tc.want {
+				t.Errorf("Problem =\n  %s\nwant\n  %s", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestNewRowTimes(t *testing.T) {
+	rows := fixtureRows()
+	byName := map[string]Row{}
+	for _, r := range rows {
+		byName[r.Release] = r
+	}
+	// LOCKED TILL is 10 s ahead; the margin adds 1 s.
+	if got := byName["web"].TimeLeft; got != "11s" {
+		t.Errorf("web: TimeLeft = %q; want 11s", got)
+	}
+	// LOCKED TILL was 8m45s ago; takeover allowed 1 s later.
+	if got := byName["api"].ExpiredFor; got != "8m44s" {
+		t.Errorf("api: ExpiredFor = %q; want 8m44s", got)
+	}
+	// Pending for 4 minutes of the default 15: recoverable 11 min (plus the
+	// timestamps' 1 s resolution) later.
+	if r := byName["legacy"]; r.PendingFor != "4m0s" || r.RecoverableIn != "11m1s" {
+		t.Errorf("legacy: PendingFor %q, RecoverableIn %q; want 4m0s, 11m1s", r.PendingFor, r.RecoverableIn)
+	}
+	if r := byName["old"]; r.RecoverableIn != "0s" {
+		t.Errorf("old: RecoverableIn %q; want 0s", r.RecoverableIn)
+	}
+	if r := byName["cache"]; !strings.Contains(r.Problem, "kubectl delete lease -n prod helm-autorecover.v1.cache") {
+		t.Errorf("cache: Problem %q does not say how to fix it", r.Problem)
+	}
+}
+
+func TestNewRowLegacyNever(t *testing.T) {
+	r := NewRow(Input{Release: Release{Name: "x", Namespace: "ns", Latest: summary("x", "ns", 1, common.StatusPendingInstall, at(-time.Hour))}, Now: now})
+	if r.State != StateLegacyPending || r.RecoverableIn != "never" {
+		t.Errorf("state %s, recoverableIn %q; want legacy-pending, never", r.State, r.RecoverableIn)
+	}
+}
+
+func TestLocksGolden(t *testing.T) {
+	for _, f := range []output.Format{output.Table, output.JSON, output.YAML} {
+		t.Run(string(f), func(t *testing.T) {
+			var b bytes.Buffer
+			if err := WriteLocks(&b, f, fixtureRows(), false); err != nil {
+				t.Fatal(err)
+			}
+			golden(t, "locks."+string(f), b.Bytes())
+		})
+	}
+	t.Run("empty", func(t *testing.T) {
+		for _, f := range []output.Format{output.Table, output.JSON, output.YAML} {
+			var b bytes.Buffer
+			if err := WriteLocks(&b, f, nil, false); err != nil {
+				t.Fatal(err)
+			}
+			golden(t, "locks-empty."+string(f), b.Bytes())
+		}
+	})
+	t.Run("no-headers", func(t *testing.T) {
+		var b bytes.Buffer
+		if err := WriteLocks(&b, output.Table, fixtureRows()[:1], true); err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(b.String(), "SESSION ID") {
+			t.Errorf("--no-headers printed the header:\n%s", b.String())
+		}
+	})
+	t.Run("bad format", func(t *testing.T) {
+		if err := WriteLocks(&bytes.Buffer{}, "xml", nil, false); !errors.Is(err, output.ErrInvalidFormatType) {
+			t.Errorf("err = %v; want ErrInvalidFormatType", err)
+		}
+	})
+}
+
+func listFixture() []ListElement {
+	var elems []ListElement
+	for _, r := range fixtureRows() {
+		if r.Revision == 0 {
+			continue
+		}
+		e := ListElement{
+			Name: r.Release, Namespace: r.Namespace, Revision: "1", Updated: "2026-12-02 13:09:00.123456789 +0000 UTC",
+			Status: r.Status, Chart: "app-0.1.0", AppVersion: "1.0",
+		}
+		e.LockFields(r)
+		elems = append(elems, e)
+	}
+	return elems
+}
+
+func TestListGolden(t *testing.T) {
+	for _, f := range []output.Format{output.Table, output.JSON, output.YAML} {
+		t.Run(string(f), func(t *testing.T) {
+			var b bytes.Buffer
+			if err := WriteList(&b, f, listFixture(), false, true); err != nil {
+				t.Fatal(err)
+			}
+			golden(t, "list-locks."+string(f), b.Bytes())
+		})
+	}
+}
+
+func TestReportGolden(t *testing.T) {
+	rec := record("api", "prod", "7a9b0000-3333-4a5b-9c8d-000000000003", lock.OpUpgrade, 3, at(-10*time.Minute), at(-9*time.Minute))
+	hist := []helmx.Summary{
+		*summary("api", "prod", 1, common.StatusPendingInstall, at(-time.Hour)),
+		*summary("api", "prod", 2, common.StatusDeployed, at(-30*time.Minute)),
+		*summary("api", "prod", 3, common.StatusPendingUpgrade, at(-9*time.Minute-30*time.Second)),
+	}
+	expired := recovery.LockInfo{State: recovery.LockExpired, Session: rec.Session, Who: rec.Who, Operation: string(rec.Operation), Revision: 3, LockedTill: rec.LockedTill}
+	live := expired
+	live.State = recovery.LockLive
+	live.LockedTill = at(10 * time.Second)
+	st := recovery.ServerTime{Earliest: now.Earliest, Latest: now.Latest}
+	decide := func(lk recovery.LockInfo, h []helmx.Summary, p recovery.Policy) recovery.Decision {
+		return recovery.Decide(recovery.Input{Release: "api", Namespace: "prod", History: h, Lock: lk, Now: st, Policy: p})
+	}
+	writes := func(dec recovery.Decision, session string) []Write {
+		var ws []Write
+		for _, a := range append([]recovery.Abandonment{dec.Target}, dec.Stray...) {
+			desc := recovery.DescribeAbandoned(a, recovery.Recoverer{Session: session, At: now.Latest})
+			ws = append(ws, Write{Revision: a.Release.Revision, SecretName: a.Release.SecretName, From: a.Release.Status, Description: desc})
+		}
+		return ws
+	}
+	fail := recovery.Policy{Autorecover: true, LegacyAfter: 15 * time.Minute}
+	rollback := fail
+	rollback.Strategy = recovery.StrategyRollback
+
+	var b bytes.Buffer
+	add := func(title string, r Report) {
+		b.WriteString("=== " + title + "\n")
+		if err := WriteReport(&b, r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dec := decide(expired, hist, fail)
+	add("dry run, expired holder", Report{Release: "api", Namespace: "prod", Decision: dec, DryRun: true, Writes: writes(dec, "<new session>"), Event: "Recovered"})
+	add("recovered, expired holder", Report{Release: "api", Namespace: "prod", Decision: dec, Writes: writes(dec, "9e8d0000-7777-4a5b-9c8d-000000000007"), Event: "Recovered"})
+	dec = decide(expired, hist, rollback)
+	add("dry run, rollback strategy", Report{Release: "api", Namespace: "prod", Decision: dec, DryRun: true, Writes: writes(dec, "<new session>"), Event: "Recovered"})
+	add("live holder", Report{Release: "api", Namespace: "prod", Decision: decide(live, hist, fail)})
+	add("legacy, too young", Report{Release: "api", Namespace: "prod", DryRun: true, Decision: decide(recovery.LockInfo{}, hist, fail)})
+	add("legacy, never", Report{Release: "api", Namespace: "prod", Decision: decide(recovery.LockInfo{}, hist, recovery.Policy{Autorecover: true})})
+	add("nothing pending", Report{Release: "api", Namespace: "prod", DryRun: true, Decision: decide(recovery.LockInfo{}, hist[:2], fail)})
+	golden(t, "report.txt", b.Bytes())
+}
+
+func TestVerdict(t *testing.T) {
+	for _, tc := range []struct {
+		dec    recovery.Decision
+		dryRun bool
+		want   string
+	}{
+		{recovery.Decision{Verdict: recovery.NoRelease}, false, "unknown release: nothing is stored for it"},
+		{recovery.Decision{Verdict: recovery.Proceed}, true, "nothing to recover"},
+		{recovery.Decision{Verdict: recovery.Recover}, true, "recoverable"},
+		{recovery.Decision{Verdict: recovery.Recover}, false, "recovered"},
+		{recovery.Decision{Verdict: recovery.RecoverThenRollback, RollbackTo: 4}, true, "recoverable, then rolled back to revision 4"},
+		{recovery.Decision{Verdict: recovery.RecoverThenRollback, RollbackTo: 4}, false, "recovered and rolled back to revision 4"},
+		{recovery.Decision{Verdict: recovery.Blocked}, false, "not recoverable now"},
+		{recovery.Decision{Verdict: recovery.Blocked, RetryAfter: 90*time.Second + 300*time.Millisecond}, false, "not recoverable now (recoverable in 1m30s)"},
+	} {
+		if got := Verdict(tc.dec, tc.dryRun); got != tc.want {
+			t.Errorf("Verdict(%s, dryRun %v) = %q; want %q", tc.dec.Verdict, tc.dryRun, got, tc.want)
+		}
+	}
+}

@@ -1,0 +1,166 @@
+package e2e
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/helm-autorecover/helm-autorecover/internal/testenv"
+)
+
+// killLease is the lease of the operations these tests kill; the recovering
+// operation must succeed within killLease + killSlack of the SIGKILL.
+const (
+	killLease = 3 * time.Second
+	killSlack = 2 * time.Second
+)
+
+// killCase is one mutating operation killed with SIGKILL while it waits, and
+// the operation that must then recover the release by itself.
+type killCase struct {
+	name string
+	// setup brings the release to the state the killed operation starts from.
+	setup func(t *testing.T, env *testenv.Env, ha, ns, rel string)
+	// killed is the operation to kill; it ends up writing revision rev as
+	// status and then waits for ever.
+	killed []string
+	rev    int
+	status string
+	// recover is the next operation, run at once with --lock-timeout so it
+	// waits for the dead holder's lock to expire instead of failing.
+	recover []string
+	// history is the expected history afterwards ("" when none is kept).
+	history string
+}
+
+// TestKillRecovers is invariant S2: after the holder of each of the four
+// mutating operations dies by SIGKILL while helm waits, the next operation
+// succeeds with no human step as soon as the dead holder's lock has expired
+// (at most lease + 2 s after the kill), history keeps every revision, and
+// the abandoned one reads failed with a description naming the dead
+// holder's session (after upgrade --install from a failed first revision,
+// helm itself then marks it superseded; the description stays).
+func TestKillRecovers(t *testing.T) {
+	env := testenv.Get(t)
+	ha := env.Bin(t)
+	cases := opCases(env.Chart("app"))
+	// Sequential on purpose: the figure is a latency bound, and the machine
+	// is small.
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			ns := env.Namespace(t)
+			const rel = "killed"
+			sub := func(a []string) []string { return withRelease(a, rel, ns) }
+			if c.setup != nil {
+				c.setup(t, env, ha, ns, rel)
+			}
+
+			p := env.Start(t, ha, sub(c.killed)...)
+			env.WaitForStatus(t, ns, rel, c.rev, c.status, 60*time.Second)
+			holder := waitForWriter(t, env, ns, rel, c.rev, 10*time.Second)
+			// Let it renew at least once, so the lock it leaves behind is a
+			// renewed one, as in real life.
+			time.Sleep(killLease / 2)
+			killAt := time.Now()
+			p.Kill(t)
+
+			res := env.Run(t, ha, sub(c.recover)...)
+			took := time.Since(killAt)
+			if res.ExitCode != 0 {
+				t.Fatalf("%s after the kill: exit %d\nstderr:\n%s\nhistory: %v", c.recover[0], res.ExitCode, res.Stderr, env.Summary(t, ns, rel))
+			}
+			figure(t, "kill-to-success %s: %s (lease %s)", c.name, secs(took), killLease)
+			if !strings.Contains(res.Stderr, "recovered") || !strings.Contains(res.Stderr, holder.Session) {
+				t.Errorf("stderr of the recovering %s does not report the recovery of session %s:\n%s", c.recover[0], holder.Session, res.Stderr)
+			}
+			if took > killLease+killSlack {
+				t.Errorf("kill to success took %s; want at most lease + %s = %s", took.Round(time.Millisecond), killSlack, killLease+killSlack)
+			}
+
+			revs := wantHistory(t, env, ns, rel, c.history)
+			if c.history != "" {
+				abandoned(t, revs[c.rev-1], c.status, holder.Session)
+				t.Logf("abandoned revision %d: %s", c.rev, revs[c.rev-1].Description)
+				waitLockFree(t, env, ns, rel, 5*time.Second)
+				return
+			}
+			// A complete uninstall keeps nothing, its lock included.
+			if l, _ := lease(t, env, ns, rel); l != nil {
+				t.Errorf("lease %s still exists after the uninstall: holder %q", l.Name, holderOf(l))
+			}
+		})
+	}
+}
+
+// opCases are the four mutating operations, each held open for ever by
+// pods or a hook that never schedule, with the operation that follows it.
+func opCases(chart string) []killCase {
+	leaseFlag := []string{"--lease-duration", killLease.String()}
+	return []killCase{
+		{
+			name: "upgrade",
+			setup: func(t *testing.T, env *testenv.Env, ha, ns, rel string) {
+				mustRun(t, env, ha, "install", rel, chart, "-n", ns, "--wait", "--timeout", "60s")
+			},
+			killed:  args([]string{"upgrade", "REL", chart, "--wait", "--timeout", "5m", "--set", "message=v2"}, unschedulable, leaseFlag),
+			rev:     2,
+			status:  "pending-upgrade",
+			recover: []string{"upgrade", "REL", chart, "--lock-timeout", "30s", "--set", "message=v3"},
+			history: "1:superseded 2:failed 3:deployed",
+		},
+		{
+			name:    "install",
+			killed:  args([]string{"install", "REL", chart, "--wait", "--timeout", "5m"}, unschedulable, leaseFlag),
+			rev:     1,
+			status:  "pending-install",
+			recover: []string{"upgrade", "--install", "REL", chart, "--lock-timeout", "30s", "--set", "message=v2"},
+			// Helm's upgrade supersedes the failed revision it upgrades
+			// from when none is deployed; the description stays.
+			history: "1:superseded 2:deployed",
+		},
+		{
+			name: "rollback",
+			setup: func(t *testing.T, env *testenv.Env, ha, ns, rel string) {
+				// Revision 1 deploys (no --wait) pods that never schedule;
+				// revision 2 is good. Rolling back to 1 with --wait hangs.
+				mustRun(t, env, ha, args([]string{"install", rel, chart, "-n", ns}, unschedulable)...)
+				// (A value is set so that helm does not reuse revision 1's.)
+				mustRun(t, env, ha, "upgrade", rel, chart, "-n", ns, "--wait", "--timeout", "60s", "--set", "message=v2")
+			},
+			killed:  args([]string{"rollback", "REL", "1", "--wait", "--timeout", "5m"}, leaseFlag),
+			rev:     3,
+			status:  "pending-rollback",
+			recover: []string{"rollback", "REL", "2", "--lock-timeout", "30s"},
+			history: "1:superseded 2:superseded 3:failed 4:deployed",
+		},
+		{
+			name: "uninstall",
+			setup: func(t *testing.T, env *testenv.Env, ha, ns, rel string) {
+				// A pre-delete hook whose pod never schedules holds the
+				// uninstall open in "uninstalling".
+				mustRun(t, env, ha, args([]string{"install", rel, chart, "-n", ns, "--wait", "--timeout", "60s"}, hookUnschedulable)...)
+				// The uninstalling write must fall in a later server second
+				// than the install: recovery reads an uninstall's start from
+				// managedFields time and treats one equal to the
+				// creationTimestamp as unknown (reported to the recovery
+				// package's owner).
+				time.Sleep(1100 * time.Millisecond)
+			},
+			killed: args([]string{"uninstall", "REL", "--timeout", "5m"}, leaseFlag),
+			rev:    1,
+			status: "uninstalling",
+			// The hook would hang again: the user skips it this time.
+			recover: []string{"uninstall", "REL", "--no-hooks", "--lock-timeout", "30s"},
+			history: "",
+		},
+	}
+}
+
+// withRelease puts the release name in place of REL and adds the namespace.
+func withRelease(a []string, rel, ns string) []string {
+	out := make([]string, 0, len(a)+2)
+	for _, s := range a {
+		out = append(out, strings.ReplaceAll(s, "REL", rel))
+	}
+	return append(out, "-n", ns)
+}

@@ -1,0 +1,101 @@
+package e2e
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/helm-autorecover/helm-autorecover/internal/guard"
+	"github.com/helm-autorecover/helm-autorecover/internal/testenv"
+)
+
+// TestTwoLiveClients is invariant S1: while one upgrade holds the lock, a
+// second fails within a second with the locked exit code and names the
+// holder; with --lock-timeout it waits instead and starts within a second
+// of the holder's release.
+func TestTwoLiveClients(t *testing.T) {
+	env := testenv.Get(t)
+	ha := env.Bin(t)
+	chart := env.Chart("app")
+	ns := env.Namespace(t)
+	const rel = "mutex"
+	mustRun(t, env, ha, "install", rel, chart, "-n", ns, "--wait", "--timeout", "60s")
+
+	// The holder waits for pods that never schedule and gives up by itself
+	// after its --timeout: its revision ends failed and it releases the lock.
+	const holderTimeout = 15 * time.Second
+	holder := env.Start(t, ha, args([]string{"upgrade", rel, chart, "-n", ns, "--wait", "--timeout", holderTimeout.String(), "--set", "message=holder"}, unschedulable)...)
+	env.WaitForStatus(t, ns, rel, 2, "pending-upgrade", 60*time.Second)
+	rec := waitForWriter(t, env, ns, rel, 2, 10*time.Second)
+	watch := watchLease(t, env, ns, rel)
+
+	// A second live client fails at once, naming the holder.
+	res := env.Run(t, ha, "upgrade", rel, chart, "-n", ns, "--set", "message=second")
+	figure(t, "locked-failure latency: %s (exit %d)", res.Elapsed.Round(time.Millisecond), res.ExitCode)
+	if res.ExitCode != guard.ExitLocked {
+		t.Fatalf("second upgrade: exit %d; want %d (locked)\nstderr:\n%s", res.ExitCode, guard.ExitLocked, res.Stderr)
+	}
+	if res.Elapsed > time.Second {
+		t.Errorf("second upgrade took %s to fail; want at most 1s", res.Elapsed.Round(time.Millisecond))
+	}
+	for _, want := range []string{rec.Session, rec.Who, "upgrade", "LOCKED TILL", "--lock-timeout"} {
+		if !strings.Contains(res.Stderr, want) {
+			t.Errorf("second upgrade's stderr does not contain %q:\n%s", want, res.Stderr)
+		}
+	}
+	if got := env.Summary(t, ns, rel); strings.Join(got, " ") != "1:deployed 2:pending-upgrade" {
+		t.Fatalf("history after the refused upgrade = %v; want it untouched", got)
+	}
+
+	// A waiter queues and runs as soon as the holder is done.
+	waiter := env.Start(t, ha, "upgrade", rel, chart, "-n", ns, "--lock-timeout", "60s", "--set", "message=waiter")
+	if code := holder.Wait(t, 2*time.Minute); code != 1 {
+		t.Fatalf("holder: exit %d; want 1 (its wait timed out)\nstderr:\n%s", code, holder.Stderr.String())
+	}
+	if code := waiter.Wait(t, time.Minute); code != 0 {
+		t.Fatalf("waiter: exit %d\nstderr:\n%s", code, waiter.Stderr.String())
+	}
+	if !strings.Contains(waiter.Stderr.String(), "waiting for the lock held by") || !strings.Contains(waiter.Stderr.String(), rec.Session) {
+		t.Errorf("waiter's stderr shows no progress naming the holder %s:\n%s", rec.Session, waiter.Stderr.String())
+	}
+	time.Sleep(500 * time.Millisecond)
+	events := watch.snapshot()
+	released, ok := firstEvent(events, func(e leaseEvent) bool { return e.holder == "" && e.rec != nil && e.rec.Session == rec.Session })
+	if !ok {
+		t.Fatalf("never saw the holder (session %s) release the lock; events: %v", rec.Session, holders(events))
+	}
+	taken, ok := firstEvent(events, func(e leaseEvent) bool {
+		return e.holder != "" && e.holder != rec.Session && !e.at.Before(released.at)
+	})
+	if !ok {
+		t.Fatalf("never saw the waiter take the lock after the release; events: %v", holders(events))
+	}
+	delay := taken.at.Sub(released.at)
+	figure(t, "waiter start after release: %s (holder session %s, waiter session %s)", delay.Round(time.Millisecond), rec.Session, taken.holder)
+	if delay > time.Second {
+		t.Errorf("the waiter took the lock %s after the holder released it; want at most 1s", delay.Round(time.Millisecond))
+	}
+	revs := wantHistory(t, env, ns, rel, "1:superseded 2:failed 3:deployed")
+	if strings.Contains(revs[1].Description, "Abandoned") {
+		t.Errorf("the holder's own failed revision was recovered by someone else: %q", revs[1].Description)
+	}
+}
+
+// firstEvent returns the first event that satisfies pred.
+func firstEvent(events []leaseEvent, pred func(leaseEvent) bool) (leaseEvent, bool) {
+	for _, e := range events {
+		if pred(e) {
+			return e, true
+		}
+	}
+	return leaseEvent{}, false
+}
+
+// holders lists the holder of each event, for failure messages.
+func holders(events []leaseEvent) []string {
+	out := make([]string, len(events))
+	for i, e := range events {
+		out[i] = string(e.typ) + ":" + e.holder
+	}
+	return out
+}
