@@ -468,28 +468,6 @@ func errIsLocked(err error) (*lock.LockedError, bool) {
 
 func isPending(s *helmx.Summary) bool { return recovery.IsPending(s.Status) }
 
-// lockInfo maps a lock record onto the recovery decision's input, as the
-// guard does for the record it took over. A record that names its revision
-// needs no acquisition time: its holder recorded the revision only after
-// finding nothing pending under the lock (see guard.run.previousLock).
-func lockInfo(rec *lock.Record, state recovery.LockState) recovery.LockInfo {
-	if rec == nil {
-		return recovery.LockInfo{State: recovery.LockNone}
-	}
-	info := recovery.LockInfo{
-		State:      state,
-		Session:    rec.Session,
-		Who:        rec.Who,
-		Operation:  string(rec.Operation),
-		Revision:   rec.Revision,
-		AcquiredAt: rec.AcquiredAt,
-		LockedTill: rec.LockedTill,
-	}
-	if rec.Revision > 0 {
-		info.AcquiredAt = time.Time{}
-	}
-	return info
-}
 
 // observedLock maps a lock as read (not taken) onto the decision's input.
 func observedLock(st *lock.Status) recovery.LockInfo {
@@ -502,7 +480,7 @@ func observedLock(st *lock.Status) recovery.LockInfo {
 	}
 	switch {
 	case st.HolderIdentity == "" && rec != nil:
-		return lockInfo(rec, recovery.LockReleased)
+		return guard.LockInfo(rec, recovery.LockReleased)
 	case st.HolderIdentity == "":
 		return recovery.LockInfo{State: recovery.LockNone}
 	case rec == nil || rec.Session != st.HolderIdentity:
@@ -512,11 +490,11 @@ func observedLock(st *lock.Status) recovery.LockInfo {
 		}
 		return recovery.LockInfo{State: state, Session: st.HolderIdentity, LockedTill: st.LockedTill}
 	case st.State == lock.Expired:
-		info := lockInfo(rec, recovery.LockExpired)
+		info := guard.LockInfo(rec, recovery.LockExpired)
 		info.LockedTill = st.LockedTill
 		return info
 	}
-	info := lockInfo(rec, recovery.LockLive)
+	info := guard.LockInfo(rec, recovery.LockLive)
 	info.LockedTill = st.LockedTill
 	return info
 }

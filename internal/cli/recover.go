@@ -204,7 +204,7 @@ func (c *lockCmds) runRecover(ctx context.Context, o *recoverOptions, rel string
 		if held.PreviousState == lock.Expired {
 			state = recovery.LockExpired
 		}
-		prev = lockInfo(held.Previous, state)
+		prev = guard.LockInfo(held.Previous, state)
 	}
 
 	for attempt := 0; attempt < 5; attempt++ {
@@ -314,7 +314,7 @@ func verdictError(dec recovery.Decision, live bool) error {
 func (c *lockCmds) decideLive(ctx context.Context, cn *conn, o *recoverOptions, le *lock.LockedError, hist []helmx.Summary, rel, ns string) recovery.Decision {
 	info := recovery.LockInfo{State: recovery.LockLive, Session: le.HolderIdentity, LockedTill: le.LockedTill}
 	if le.Holder != nil {
-		info = lockInfo(le.Holder, recovery.LockLive)
+		info = guard.LockInfo(le.Holder, recovery.LockLive)
 		info.LockedTill = le.LockedTill
 	}
 	now, _ := cn.serverNow(ctx)

@@ -127,7 +127,7 @@ func (c *lockCmds) runUnlock(ctx context.Context, o *unlockOptions, rel string) 
 		if err != nil {
 			return fmt.Errorf("release %q in namespace %q: %w", rel, ns, err)
 		}
-		info := lockInfo(rec, recovery.LockExpired)
+		info := guard.LockInfo(rec, recovery.LockExpired)
 		info.LockedTill = st.LockedTill
 		// The person asserts the holder is dead: its revision is abandoned
 		// now. Legacy revisions are not its, and stay (LegacyAfter 0).

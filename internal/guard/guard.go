@@ -239,23 +239,30 @@ func (r *run) serverNow(ctx context.Context) (recovery.ServerTime, error) {
 // previousLock maps the record found when the lock was taken onto the
 // recovery decision's input.
 func (r *run) previousLock() recovery.LockInfo {
-	prev := r.held.Previous
-	if prev == nil {
+	state := recovery.LockReleased
+	if r.held.PreviousState == lock.Expired {
+		state = recovery.LockExpired
+	}
+	return LockInfo(r.held.Previous, state)
+}
+
+// LockInfo maps a lock record found in state onto the recovery decision's
+// input; a nil record means no lock record at all. The guard, and the recover
+// and unlock commands, all map through here so they judge alike.
+func LockInfo(rec *lock.Record, state recovery.LockState) recovery.LockInfo {
+	if rec == nil {
 		return recovery.LockInfo{State: recovery.LockNone}
 	}
 	info := recovery.LockInfo{
-		State:      recovery.LockReleased,
-		Session:    prev.Session,
-		Who:        prev.Who,
-		Operation:  string(prev.Operation),
-		Revision:   prev.Revision,
-		AcquiredAt: prev.AcquiredAt,
-		LockedTill: prev.LockedTill,
+		State:      state,
+		Session:    rec.Session,
+		Who:        rec.Who,
+		Operation:  string(rec.Operation),
+		Revision:   rec.Revision,
+		AcquiredAt: rec.AcquiredAt,
+		LockedTill: rec.LockedTill,
 	}
-	if r.held.PreviousState == lock.Expired {
-		info.State = recovery.LockExpired
-	}
-	if prev.Revision > 0 {
+	if rec.Revision > 0 {
 		// The record's AcquiredAt is an upper bound of server time (up to
 		// the Date header's second plus a round trip late), while the rule
 		// that uses it needs a lower bound: a revision created in the same
