@@ -239,7 +239,7 @@ func (c *lockCmds) confirm(st *lock.Status, rel, ns string) error {
 func unlockDescription(a recovery.Abandonment, forced bool, by string, at time.Time) string {
 	h := "an unknown holder"
 	if a.Lock != nil {
-		h = lockHolder(*a.Lock)
+		h = a.Lock.Holder()
 	}
 	if forced {
 		till := time.Time{}
@@ -324,25 +324,6 @@ func holderText(rec *lock.Record, session string) string {
 	return s
 }
 
-// lockHolder names the holder of an abandoned revision as recovery does:
-// "who (session S, operation O)".
-func lockHolder(l recovery.LockInfo) string {
-	who := l.Who
-	if who == "" {
-		who = "an unknown holder"
-	}
-	var parts []string
-	if l.Session != "" {
-		parts = append(parts, "session "+l.Session)
-	}
-	if l.Operation != "" {
-		parts = append(parts, "operation "+l.Operation)
-	}
-	if len(parts) == 0 {
-		return who
-	}
-	return who + " (" + strings.Join(parts, ", ") + ")"
-}
 
 func releasedBy(rec *lock.Record) string {
 	if rec.ReleasedBy == "" {

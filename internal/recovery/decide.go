@@ -438,6 +438,10 @@ func lastDeployed(older []helmx.Summary) (int, bool) {
 	return 0, false
 }
 
+// Holder names the lock's holder as recovery's messages do:
+// "who (session S, operation O)".
+func (l LockInfo) Holder() string { return holder(l) }
+
 func holder(l LockInfo) string {
 	who := l.Who
 	if who == "" {
