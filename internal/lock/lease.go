@@ -271,8 +271,16 @@ func (b *LeaseBackend) lockedError(req *Request, v view, now servertime.Bounds, 
 
 // stamp fills the time fields of a record written now. All of them come from
 // the upper bound of server time, so LockedTill is never early.
+// The upper bound can shrink as the estimate narrows; a renewal never stamps
+// a time before the record's previous ones (a later LockedTill only makes
+// others wait longer, never shorter).
 func stamp(rec *Record, now servertime.Bounds) {
 	t := ceilMilli(now.Latest)
+	for _, prev := range []time.Time{rec.RenewedAt, rec.AcquiredAt} {
+		if t.Before(prev) {
+			t = prev
+		}
+	}
 	rec.RenewedAt = t
 	rec.LockedTill = t.Add(rec.LeaseDuration.Duration)
 }
