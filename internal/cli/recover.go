@@ -160,7 +160,7 @@ func (c *lockCmds) runRecover(ctx context.Context, o *recoverOptions, rel string
 	req := lock.Request{
 		Release:       rel,
 		Namespace:     ns,
-		Operation:     lock.OpRollback, // the lock package knows helm's four operations; recovery is closest to rollback
+		Operation:     lock.OpRecover,
 		LeaseDuration: o.opts.LeaseDuration,
 		Session:       c.newSession(),
 		Who:           c.who(),

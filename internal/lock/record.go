@@ -37,11 +37,14 @@ const (
 	OpUpgrade   Operation = "upgrade"
 	OpRollback  Operation = "rollback"
 	OpUninstall Operation = "uninstall"
+	// OpRecover is a recovery on its own (the recover command, embedders):
+	// it writes no new revision, so nothing pending is ever attributed to it.
+	OpRecover Operation = "recover"
 )
 
 func (o Operation) valid() bool {
 	switch o {
-	case OpInstall, OpUpgrade, OpRollback, OpUninstall:
+	case OpInstall, OpUpgrade, OpRollback, OpUninstall, OpRecover:
 		return true
 	}
 	return false

@@ -50,6 +50,9 @@ const (
 	OpUpgrade   Operation = "upgrade"
 	OpRollback  Operation = "rollback"
 	OpUninstall Operation = "uninstall"
+	// OpRecover is a recovery on its own (Client.Recover): it writes no
+	// revision, so nothing pending is ever attributed to it.
+	OpRecover Operation = "recover"
 )
 
 // Client locks, inspects and recovers Helm releases of one cluster. It is

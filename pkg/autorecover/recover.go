@@ -171,7 +171,7 @@ func (c *Client) Recover(ctx context.Context, namespace, release string, p Polic
 	l, err := c.Acquire(ctx, LockRequest{
 		Release:   release,
 		Namespace: namespace,
-		Operation: OpUpgrade,
+		Operation: OpRecover,
 		Revision:  revisionNone,
 		Wait:      p.LockWait,
 	})
