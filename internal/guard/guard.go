@@ -111,12 +111,19 @@ func (g *Guard) acquire(ctx context.Context, backend *lock.LeaseBackend, req loc
 	if !errors.Is(err, lock.ErrLocked) || g.Options.LockTimeout <= 0 {
 		return nil, lockError(err)
 	}
-	wctx, cancel := context.WithTimeout(ctx, g.Options.LockTimeout)
+	// A signal while waiting leaves the queue at once (rather than holding a
+	// place in it until the entry's lease runs out) and ends the command.
+	sctx, stopSignals := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+	defer stopSignals()
+	wctx, cancel := context.WithTimeout(sctx, g.Options.LockTimeout)
 	defer cancel()
 	p := newProgress(g.Stderr, g.Clock, g.Options.LockTimeout)
 	held, err = backend.Wait(wctx, req, p.update)
 	p.done()
 	if err != nil {
+		if sctx.Err() != nil && ctx.Err() == nil {
+			return nil, &ExitError{Code: ExitInterrupted, Err: fmt.Errorf("release %q in namespace %q: interrupted while waiting for the lock; nothing was written: %w", req.Release, req.Namespace, err)}
+		}
 		return nil, lockError(err)
 	}
 	return held, nil
