@@ -115,6 +115,8 @@ func guardedReleases(c *cobra.Command, op lock.Operation, args []string) []strin
 		return args[:1]
 	case lock.OpUninstall:
 		return args
+	case lock.OpRecover:
+		// Not a helm command: the recover command takes its own lock.
 	}
 	return nil
 }

@@ -468,7 +468,6 @@ func errIsLocked(err error) (*lock.LockedError, bool) {
 
 func isPending(s *helmx.Summary) bool { return recovery.IsPending(s.Status) }
 
-
 // observedLock maps a lock as read (not taken) onto the decision's input.
 func observedLock(st *lock.Status) recovery.LockInfo {
 	if st == nil || !st.Exists {

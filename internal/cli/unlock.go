@@ -324,7 +324,6 @@ func holderText(rec *lock.Record, session string) string {
 	return s
 }
 
-
 func releasedBy(rec *lock.Record) string {
 	if rec.ReleasedBy == "" {
 		return " by its holder"
