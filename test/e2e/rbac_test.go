@@ -1,0 +1,129 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	authenticationv1 "k8s.io/api/authentication/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/helm-autorecover/helm-autorecover/internal/testenv"
+)
+
+// leaseBackendRules is the minimal Role of docs/rbac.md for the lease
+// backend, without the chart's own resources.
+var leaseBackendRules = []rbacv1.PolicyRule{
+	{APIGroups: []string{""}, Resources: []string{"secrets"}, Verbs: []string{"get", "list", "create", "update", "delete"}},
+	{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"get", "list", "watch", "create", "update", "delete"}},
+	{APIGroups: []string{"events.k8s.io"}, Resources: []string{"events"}, Verbs: []string{"create"}},
+}
+
+// chartRules are what the test chart itself needs (helm's own requirement).
+var chartRules = []rbacv1.PolicyRule{
+	{APIGroups: []string{"apps"}, Resources: []string{"deployments"}, Verbs: []string{"get", "list", "watch", "create", "update", "patch", "delete"}},
+	{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"get", "list", "watch", "create", "update", "patch", "delete"}},
+	{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get", "list", "watch"}},
+	{APIGroups: []string{"apps"}, Resources: []string{"replicasets"}, Verbs: []string{"get", "list", "watch"}},
+}
+
+// TestLeaseBackendLeastPrivilege runs the guarded commands as a
+// ServiceAccount bound to exactly the documented Role: install, an upgrade
+// killed mid-way and the recovering upgrade all work. Without the right to
+// update Leases, the command fails with a message naming the verb and the
+// resource, and writes no revision.
+func TestLeaseBackendLeastPrivilege(t *testing.T) {
+	env := testenv.Get(t)
+	bin := env.Bin(t)
+	ns := env.Namespace(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+
+	full := restrictedKubeconfig(ctx, t, env, ns, "deployer", append(append([]rbacv1.PolicyRule{}, leaseBackendRules...), chartRules...))
+	run := func(kubeconfig string, a ...string) testenv.Result {
+		return env.RunEnv(t, []string{"KUBECONFIG=" + kubeconfig}, bin, a...)
+	}
+	chart := env.Chart("app")
+	const rel = "least"
+	if res := run(full, "install", rel, chart, "-n", ns, "--wait", "--timeout", "60s"); res.ExitCode != 0 {
+		t.Fatalf("install with the documented Role: exit %d: %s", res.ExitCode, res.Stderr)
+	}
+	p := env.Start(t, bin, "upgrade", rel, chart, "-n", ns, "--wait", "--timeout", "5m", "--lease-duration", "3s",
+		"--set", "nodeSelector.never=matches", "--kubeconfig", full)
+	env.WaitForStatus(t, ns, rel, 2, "pending-upgrade", 60*time.Second)
+	p.Kill(t)
+	res := run(full, "upgrade", rel, chart, "-n", ns, "--set", "message=v3", "--lock-timeout", "30s", "--lease-duration", "3s")
+	if res.ExitCode != 0 {
+		t.Fatalf("recovering upgrade with the documented Role: exit %d: %s", res.ExitCode, res.Stderr)
+	}
+	if got := strings.Join(env.Summary(t, ns, rel), " "); got != "1:superseded 2:failed 3:deployed" {
+		t.Fatalf("history after recovery = %s", got)
+	}
+
+	// One verb fewer: no update on leases.
+	fewer := append([]rbacv1.PolicyRule{}, chartRules...)
+	fewer = append(fewer, leaseBackendRules[0], leaseBackendRules[2], rbacv1.PolicyRule{
+		APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"get", "list", "watch", "create", "delete"},
+	})
+	short := restrictedKubeconfig(ctx, t, env, ns, "short", fewer)
+	res = run(short, "upgrade", rel, chart, "-n", ns, "--set", "message=v4")
+	if res.ExitCode == 0 {
+		t.Fatalf("upgrade without update on leases succeeded")
+	}
+	for _, want := range []string{`cannot update resource "leases"`, `API group "coordination.k8s.io"`, rel, ns} {
+		if !strings.Contains(res.Stderr, want) {
+			t.Errorf("stderr lacks %q:\n%s", want, res.Stderr)
+		}
+	}
+	if got := strings.Join(env.Summary(t, ns, rel), " "); got != "1:superseded 2:failed 3:deployed" {
+		t.Fatalf("history after the refused upgrade = %s; nothing may be written", got)
+	}
+}
+
+// restrictedKubeconfig creates a ServiceAccount bound to a Role with rules in
+// ns and writes a kubeconfig that authenticates with its token.
+func restrictedKubeconfig(ctx context.Context, t *testing.T, env *testenv.Env, ns, name string, rules []rbacv1.PolicyRule) string {
+	t.Helper()
+	c := env.Client
+	if _, err := c.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("service account: %v", err)
+	}
+	if _, err := c.RbacV1().Roles(ns).Create(ctx, &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: name}, Rules: rules}, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("role: %v", err)
+	}
+	rb := &rbacv1.RoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "Role", Name: name},
+		Subjects:   []rbacv1.Subject{{Kind: "ServiceAccount", Name: name, Namespace: ns}},
+	}
+	if _, err := c.RbacV1().RoleBindings(ns).Create(ctx, rb, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("role binding: %v", err)
+	}
+	tr, err := c.CoreV1().ServiceAccounts(ns).CreateToken(ctx, name, &authenticationv1.TokenRequest{
+		Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptrTo(int64(3600))},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("token for %s: %v", name, err)
+	}
+	admin, err := clientcmd.LoadFromFile(env.Kubeconfig)
+	if err != nil {
+		t.Fatalf("admin kubeconfig: %v", err)
+	}
+	cluster := admin.Clusters[admin.Contexts[admin.CurrentContext].Cluster]
+	cfg := fmt.Sprintf("apiVersion: v1\nkind: Config\nclusters:\n- name: local\n  cluster:\n    server: %s\n    certificate-authority: %s\nusers:\n- name: %s\n  user:\n    token: %s\ncontexts:\n- name: local\n  context: {cluster: local, user: %s, namespace: %s}\ncurrent-context: local\n",
+		cluster.Server, cluster.CertificateAuthority, name, tr.Status.Token, name, ns)
+	path := filepath.Join(t.TempDir(), name+".kubeconfig")
+	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+func ptrTo[T any](v T) *T { return &v }
