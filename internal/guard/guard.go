@@ -133,6 +133,9 @@ func lockError(err error) error {
 	if errors.Is(err, lock.ErrLocked) {
 		return &ExitError{Code: ExitLocked, Err: err}
 	}
+	if apierrors.IsForbidden(err) {
+		return fmt.Errorf("%w; the lease backend needs get, list, watch, create, update and delete on leases (coordination.k8s.io) in the release's namespace: see docs/rbac.md for the minimal Role", err)
+	}
 	return err
 }
 

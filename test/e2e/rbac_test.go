@@ -77,7 +77,7 @@ func TestLeaseBackendLeastPrivilege(t *testing.T) {
 	if res.ExitCode == 0 {
 		t.Fatalf("upgrade without update on leases succeeded")
 	}
-	for _, want := range []string{`cannot update resource "leases"`, `API group "coordination.k8s.io"`, rel, ns} {
+	for _, want := range []string{`cannot update resource "leases"`, `API group "coordination.k8s.io"`, `lock release "least"`, ns, "docs/rbac.md"} {
 		if !strings.Contains(res.Stderr, want) {
 			t.Errorf("stderr lacks %q:\n%s", want, res.Stderr)
 		}
