@@ -24,17 +24,8 @@ var LocksHeader = []any{
 // WriteLocks writes rows in format (table, json or yaml). An empty list is
 // a header alone in a table, and [] in json and yaml.
 func WriteLocks(out io.Writer, format output.Format, rows []Row, noHeaders bool) error {
-	if rows == nil {
-		rows = []Row{}
-	}
-	switch format {
-	case output.JSON:
-		return output.EncodeJSON(out, rows)
-	case output.YAML:
-		return output.EncodeYAML(out, rows)
-	case output.Table:
-	default:
-		return fmt.Errorf("output format %q: %w", format, output.ErrInvalidFormatType)
+	if done, err := writeStructured(out, format, rows); done {
+		return err
 	}
 	t := uitable.New()
 	if !noHeaders {
@@ -137,17 +128,8 @@ var ListHeader = []string{"NAME", "NAMESPACE", "REVISION", "UPDATED", "STATUS", 
 // byte for byte (colors included), with LOCKED TILL, SESSION ID and HOLDER
 // appended.
 func WriteList(out io.Writer, format output.Format, elems []ListElement, noHeaders, noColor bool) error {
-	if elems == nil {
-		elems = []ListElement{}
-	}
-	switch format {
-	case output.JSON:
-		return output.EncodeJSON(out, elems)
-	case output.YAML:
-		return output.EncodeYAML(out, elems)
-	case output.Table:
-	default:
-		return fmt.Errorf("output format %q: %w", format, output.ErrInvalidFormatType)
+	if done, err := writeStructured(out, format, elems); done {
+		return err
 	}
 	t := uitable.New()
 	if !noHeaders {
@@ -192,4 +174,23 @@ func colorize(s string, noColor bool, attr color.Attribute) string {
 		return s
 	}
 	return color.New(attr).Sprint(s)
+}
+
+// writeStructured writes items as json or yaml (an empty list as []) and
+// reports that it did; for a table it writes nothing and returns false, so
+// the caller renders its own table.
+func writeStructured[T any](out io.Writer, format output.Format, items []T) (bool, error) {
+	if items == nil {
+		items = []T{}
+	}
+	switch format {
+	case output.JSON:
+		return true, output.EncodeJSON(out, items)
+	case output.YAML:
+		return true, output.EncodeYAML(out, items)
+	case output.Table:
+		return false, nil
+	default:
+		return true, fmt.Errorf("output format %q: %w", format, output.ErrInvalidFormatType)
+	}
 }
