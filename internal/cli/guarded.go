@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/pflag"
 	"helm.sh/helm/v4/pkg/action"
 	helmcli "helm.sh/helm/v4/pkg/cli"
+	"helm.sh/helm/v4/pkg/kube"
 	"k8s.io/utils/clock"
 
 	"github.com/helm-autorecover/helm-autorecover/internal/guard"
@@ -146,6 +147,9 @@ func rollbackFunc(settings *helmcli.EnvSettings) func(string, int) error {
 		rb := action.NewRollback(cfg)
 		rb.Version = revision
 		rb.Timeout = 5 * time.Minute
+		// As helm's rollback without --wait: wait for hooks only; the
+		// requested operation that follows does its own waiting.
+		rb.WaitStrategy = kube.HookOnlyStrategy
 		return rb.Run(release)
 	}
 }

@@ -1,0 +1,64 @@
+package e2e
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/helm-autorecover/helm-autorecover/internal/guard"
+	"github.com/helm-autorecover/helm-autorecover/internal/testenv"
+)
+
+// TestRecoverStrategyRollback: with --recover-strategy=rollback, recovery
+// marks the abandoned revision failed, rolls back to the last deployed
+// revision, then runs the requested upgrade; history tells all three steps.
+func TestRecoverStrategyRollback(t *testing.T) {
+	env := testenv.Get(t)
+	bin := env.Bin(t)
+	ns := env.Namespace(t)
+	const rel = "strategy"
+	chart := env.Chart("app")
+	lease := []string{"--lease-duration", "3s"}
+	mustRun(t, env, bin, args([]string{"install", rel, chart, "-n", ns, "--wait", "--timeout", "60s"}, lease)...)
+	p := env.Start(t, bin, args([]string{"upgrade", rel, chart, "-n", ns, "--wait", "--timeout", "5m", "--set", "nodeSelector.never=matches"}, lease)...)
+	env.WaitForStatus(t, ns, rel, 2, "pending-upgrade", 60*time.Second)
+	p.Kill(t)
+
+	res := mustRun(t, env, bin, args([]string{"upgrade", rel, chart, "-n", ns, "--set", "message=v3", "--wait", "--timeout", "60s",
+		"--lock-timeout", "30s", "--recover-strategy", "rollback"}, lease)...)
+	if !strings.Contains(res.Stderr, "rolling release \"strategy\" back to revision 1") {
+		t.Fatalf("no rollback announced on stderr:\n%s", res.Stderr)
+	}
+	revs := wantHistory(t, env, ns, rel, "1:superseded 2:failed 3:superseded 4:deployed")
+	if !strings.Contains(revs[2].Description, "Rollback to 1") {
+		t.Fatalf("revision 3 description = %q, want helm's rollback to 1", revs[2].Description)
+	}
+}
+
+// TestLockMaxHold: an operation that holds its lock longer than
+// --lock-max-hold is aborted with exit code 6; its revision ends failed and
+// the lock is free, so the next operation runs at once.
+func TestLockMaxHold(t *testing.T) {
+	env := testenv.Get(t)
+	bin := env.Bin(t)
+	ns := env.Namespace(t)
+	const rel = "maxhold"
+	chart := env.Chart("app")
+	mustRun(t, env, bin, "install", rel, chart, "-n", ns, "--wait", "--timeout", "60s")
+	start := time.Now()
+	p := env.Start(t, bin, "upgrade", rel, chart, "-n", ns, "--wait", "--timeout", "5m",
+		"--set", "nodeSelector.never=matches", "--lease-duration", "3s", "--lock-max-hold", "6s")
+	if code := p.Wait(t, 60*time.Second); code != guard.ExitMaxHold {
+		t.Fatalf("exit code = %d, want %d; stderr:\n%s", code, guard.ExitMaxHold, p.Stderr.String())
+	}
+	figure(t, "max-hold 6s: aborted after %s", secs(time.Since(start)))
+	if !strings.Contains(p.Stderr.String(), "--lock-max-hold") {
+		t.Fatalf("stderr does not name --lock-max-hold:\n%s", p.Stderr.String())
+	}
+	wantHistory(t, env, ns, rel, "1:deployed 2:failed")
+	if l, _ := lease(t, env, ns, rel); holderOf(l) != "" {
+		t.Fatalf("lock still held by %q after the abort", holderOf(l))
+	}
+	mustRun(t, env, bin, "upgrade", rel, chart, "-n", ns, "--set", "message=after", "--wait", "--timeout", "60s")
+	wantHistory(t, env, ns, rel, "1:superseded 2:failed 3:deployed")
+}
