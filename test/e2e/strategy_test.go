@@ -24,8 +24,10 @@ func TestRecoverStrategyRollback(t *testing.T) {
 	env.WaitForStatus(t, ns, rel, 2, "pending-upgrade", 60*time.Second)
 	p.Kill(t)
 
-	res := mustRun(t, env, bin, args([]string{"upgrade", rel, chart, "-n", ns, "--set", "message=v3", "--wait", "--timeout", "60s",
-		"--lock-timeout", "30s", "--recover-strategy", "rollback"}, lease)...)
+	res := mustRun(t, env, bin, args([]string{
+		"upgrade", rel, chart, "-n", ns, "--set", "message=v3", "--wait", "--timeout", "60s",
+		"--lock-timeout", "30s", "--recover-strategy", "rollback",
+	}, lease)...)
 	if !strings.Contains(res.Stderr, "rolling release \"strategy\" back to revision 1") {
 		t.Fatalf("no rollback announced on stderr:\n%s", res.Stderr)
 	}
