@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"sort"
 	"strconv"
 	"time"
 
@@ -425,25 +424,6 @@ func latestRevisions(ctx context.Context, client kubernetes.Interface, ns, relea
 func secretVersion(s *corev1.Secret) int {
 	v, _ := strconv.Atoi(s.Labels[helmx.LabelVersion])
 	return v
-}
-
-// history reads every stored revision of release, oldest first, with their
-// resourceVersions, as the guard does before deciding.
-func history(ctx context.Context, client kubernetes.Interface, ns, release string) ([]helmx.Summary, error) {
-	list, err := client.CoreV1().Secrets(ns).List(ctx, metav1.ListOptions{LabelSelector: helmx.HistorySelector(release)})
-	if err != nil {
-		return nil, fmt.Errorf("release %q in namespace %q: reading its history: %w", release, ns, err)
-	}
-	out := make([]helmx.Summary, 0, len(list.Items))
-	for i := range list.Items {
-		s, err := helmx.Summarize(&list.Items[i])
-		if err != nil {
-			return nil, fmt.Errorf("release %q in namespace %q: %w; inspect it with: kubectl get secret -n %s %s -o yaml", release, ns, err, ns, list.Items[i].Name)
-		}
-		out = append(out, s)
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Revision < out[j].Revision })
-	return out, nil
 }
 
 // badLock refuses to write under a lock that cannot be trusted.

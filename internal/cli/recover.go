@@ -111,7 +111,7 @@ func (c *lockCmds) runRecover(ctx context.Context, o *recoverOptions, rel string
 		return err
 	}
 	st.Release = rel
-	hist, err := history(ctx, cn.client, ns, rel)
+	hist, err := helmx.ReadHistory(ctx, cn.client, ns, rel)
 	if err != nil {
 		return err
 	}
@@ -208,7 +208,7 @@ func (c *lockCmds) runRecover(ctx context.Context, o *recoverOptions, rel string
 	}
 
 	for attempt := 0; attempt < 5; attempt++ {
-		if hist, err = history(ctx, cn.client, ns, rel); err != nil {
+		if hist, err = helmx.ReadHistory(ctx, cn.client, ns, rel); err != nil {
 			return err
 		}
 		now, err := cn.serverNow(ctx)

@@ -95,7 +95,7 @@ func (c *lockCmds) runUnlock(ctx context.Context, o *unlockOptions, rel string) 
 		return err
 	}
 	st.Release = rel
-	hist, err := history(ctx, cn.client, ns, rel)
+	hist, err := helmx.ReadHistory(ctx, cn.client, ns, rel)
 	if err != nil {
 		return err
 	}
@@ -119,7 +119,7 @@ func (c *lockCmds) runUnlock(ctx context.Context, o *unlockOptions, rel string) 
 			return fmt.Errorf("release %q in namespace %q: other writers kept changing the release; nothing more was written. Try again", rel, ns)
 		}
 		if attempt > 0 {
-			if hist, err = history(ctx, cn.client, ns, rel); err != nil {
+			if hist, err = helmx.ReadHistory(ctx, cn.client, ns, rel); err != nil {
 				return err
 			}
 		}

@@ -7,7 +7,6 @@ import (
 	"io"
 	"os"
 	"os/signal"
-	"sort"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -214,25 +213,10 @@ func (r *run) do(ctx context.Context, op func() error) (err error) {
 	return err
 }
 
-// history reads every stored revision of the release, straight from the
-// Secrets helm writes, with their resourceVersions.
+// history reads every stored revision of the release, with their
+// resourceVersions.
 func (r *run) history(ctx context.Context) ([]helmx.Summary, error) {
-	list, err := r.client.CoreV1().Secrets(r.t.Namespace).List(ctx, metav1.ListOptions{
-		LabelSelector: helmx.HistorySelector(r.t.Release),
-	})
-	if err != nil {
-		return nil, fmt.Errorf("release %q in namespace %q: reading history: %w", r.t.Release, r.t.Namespace, err)
-	}
-	out := make([]helmx.Summary, 0, len(list.Items))
-	for i := range list.Items {
-		s, err := helmx.Summarize(&list.Items[i])
-		if err != nil {
-			return nil, fmt.Errorf("release %q in namespace %q: %w", r.t.Release, r.t.Namespace, err)
-		}
-		out = append(out, s)
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Revision < out[j].Revision })
-	return out, nil
+	return helmx.ReadHistory(ctx, r.client, r.t.Namespace, r.t.Release)
 }
 
 func (r *run) serverNow(ctx context.Context) (recovery.ServerTime, error) {

@@ -3,16 +3,20 @@ package helmx
 import (
 	"bytes"
 	"compress/gzip"
+	"context"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"time"
 
 	"helm.sh/helm/v4/pkg/release/common"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 )
 
 // The layout of Helm's "secret" storage driver, which Helm 3 and Helm 4 share.
@@ -272,4 +276,26 @@ func parseHelmTime(v string) (time.Time, error) {
 		return time.Time{}, nil
 	}
 	return time.Parse(time.RFC3339Nano, v)
+}
+
+// ReadHistory reads every stored revision of release in namespace ns straight
+// from helm's Secrets, oldest first, each with its resourceVersion. Errors
+// name the release, the namespace and, for an unreadable revision, the Secret
+// to inspect.
+func ReadHistory(ctx context.Context, client kubernetes.Interface, ns, release string) ([]Summary, error) {
+	list, err := client.CoreV1().Secrets(ns).List(ctx, metav1.ListOptions{LabelSelector: HistorySelector(release)})
+	if err != nil {
+		return nil, fmt.Errorf("release %q in namespace %q: reading its history: %w", release, ns, err)
+	}
+	out := make([]Summary, 0, len(list.Items))
+	for i := range list.Items {
+		s, err := Summarize(&list.Items[i])
+		if err != nil {
+			return nil, fmt.Errorf("release %q in namespace %q: %w; inspect it with: kubectl get secret -n %s %s -o yaml",
+				release, ns, err, ns, list.Items[i].Name)
+		}
+		out = append(out, s)
+	}
+	slices.SortFunc(out, func(a, b Summary) int { return a.Revision - b.Revision })
+	return out, nil
 }

@@ -3,10 +3,7 @@ package autorecover
 import (
 	"context"
 	"fmt"
-	"slices"
 	"time"
-
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/helm-autorecover/helm-autorecover/internal/helmx"
 	"github.com/helm-autorecover/helm-autorecover/internal/lock"
@@ -116,23 +113,12 @@ func (c *Client) Inspect(ctx context.Context, namespace, release string) (*LockS
 	return out, nil
 }
 
-// history reads every stored revision of the release straight from helm's
-// Secrets, oldest first, with their resourceVersions.
+// history reads every stored revision of the release, oldest first, with
+// their resourceVersions.
 func (c *Client) history(ctx context.Context, namespace, release string) ([]helmx.Summary, error) {
-	list, err := c.kube.CoreV1().Secrets(namespace).List(ctx, metav1.ListOptions{
-		LabelSelector: helmx.HistorySelector(release),
-	})
+	h, err := helmx.ReadHistory(ctx, c.kube, namespace, release)
 	if err != nil {
-		return nil, fmt.Errorf("autorecover: release %q in namespace %q: reading history: %w", release, namespace, err)
+		return nil, fmt.Errorf("autorecover: %w", err)
 	}
-	out := make([]helmx.Summary, 0, len(list.Items))
-	for i := range list.Items {
-		s, err := helmx.Summarize(&list.Items[i])
-		if err != nil {
-			return nil, fmt.Errorf("autorecover: release %q in namespace %q: %w", release, namespace, err)
-		}
-		out = append(out, s)
-	}
-	slices.SortFunc(out, func(a, b helmx.Summary) int { return a.Revision - b.Revision })
-	return out, nil
+	return h, nil
 }
