@@ -78,7 +78,7 @@ func (c *lockCmds) completeSessions(_ *cobra.Command, args []string, _ string) (
 	if err != nil {
 		return nil, cobra.ShellCompDirectiveError
 	}
-	st, err := cn.backend.Inspect(ctx, c.settings.Namespace(), args[0])
+	st, err := cn.inspect(ctx, c.settings.Namespace(), args[0])
 	if err != nil || st.HolderIdentity == "" {
 		return nil, cobra.ShellCompDirectiveNoFileComp
 	}

@@ -15,6 +15,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/helm-autorecover/helm-autorecover/internal/guard"
+	"github.com/helm-autorecover/helm-autorecover/internal/helmx"
 	"github.com/helm-autorecover/helm-autorecover/internal/lock"
 )
 
@@ -78,12 +79,14 @@ func runGuarded(c *cobra.Command, args []string, op lock.Operation, opts *guard.
 	createNS, _ := c.Flags().GetBool("create-namespace")
 	keepHistory, _ := c.Flags().GetBool("keep-history")
 	g := &guard.Guard{
-		Options:  *opts,
-		Config:   cfg,
-		Stderr:   errOut,
-		Clock:    clock.RealClock{},
-		Exit:     os.Exit,
-		Rollback: rollbackFunc(settings),
+		Options:    *opts,
+		Config:     cfg,
+		Stderr:     errOut,
+		Clock:      clock.RealClock{},
+		Exit:       os.Exit,
+		Rollback:   rollbackFunc(settings),
+		HelmDriver: os.Getenv("HELM_DRIVER"),
+		Fence:      helmx.DefaultWriteFence,
 	}
 	ctx := context.Background()
 	if op != lock.OpUninstall {
@@ -141,7 +144,9 @@ func isDryRun(c *cobra.Command) bool {
 func rollbackFunc(settings *helmcli.EnvSettings) func(string, int) error {
 	return func(release string, revision int) error {
 		cfg := action.NewConfiguration()
-		if err := cfg.Init(settings.RESTClientGetter(), settings.Namespace(), os.Getenv("HELM_DRIVER")); err != nil {
+		// helm's own getter: its writes are fenced and carry the lock, as
+		// those of the command being guarded.
+		if err := cfg.Init(helmx.HelmRESTClientGetter(), settings.Namespace(), os.Getenv("HELM_DRIVER")); err != nil {
 			return fmt.Errorf("helm configuration: %w", err)
 		}
 		rb := action.NewRollback(cfg)

@@ -84,7 +84,7 @@ func (c *lockCmds) runListLocks(cmd *cobra.Command) error {
 		return err
 	}
 	ctx := cmd.Context()
-	sts, err := cn.backend.List(ctx, ns)
+	sts, err := cn.list(ctx, ns)
 	if err != nil {
 		return err
 	}

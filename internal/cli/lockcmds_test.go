@@ -84,7 +84,7 @@ func newFakeEnv(t *testing.T, objs ...runtime.Object) *fakeEnv {
 		in:         e.in,
 		isTerminal: func() bool { return e.tty },
 		connect: func() (*conn, error) {
-			return &conn{client: client, est: est, backend: lock.NewLeaseBackend(client, est, clk)}, nil
+			return newConn(client, est, clk), nil
 		},
 		who: func() string { return "bob@laptop" },
 		newSession: func() string {

@@ -66,6 +66,101 @@ type conn struct {
 	client  kubernetes.Interface
 	est     *servertime.Estimator
 	backend *lock.LeaseBackend
+	// records is the lock on the release records (nil when the driver has
+	// none, as with sql): every client takes it, whichever backend it chose.
+	records *lock.LeaseBackend
+}
+
+func newConn(client kubernetes.Interface, est *servertime.Estimator, clk clock.Clock) *conn {
+	cn := &conn{client: client, est: est, backend: lock.NewLeaseBackend(client, est, clk)}
+	if d, err := lock.ParseDriver(os.Getenv("HELM_DRIVER")); err == nil {
+		cn.records = lock.NewReleaseBackend(client, est, clk, d)
+	}
+	return cn
+}
+
+// stores are the locks an operation of this process takes, in order.
+func (cn *conn) stores() []*lock.LeaseBackend {
+	if cn.records == nil {
+		return []*lock.LeaseBackend{cn.backend}
+	}
+	return []*lock.LeaseBackend{cn.records, cn.backend}
+}
+
+// inspect reads the lock of rel in both stores and returns the one that
+// matters: a live one first (the record's before the Lease's), then an
+// expired one, then one that names a last holder, else the Lease's.
+func (cn *conn) inspect(ctx context.Context, ns, rel string) (*lock.Status, error) {
+	var sts []*lock.Status
+	for _, b := range cn.stores() {
+		st, err := b.Inspect(ctx, ns, rel)
+		if err != nil {
+			return nil, err
+		}
+		sts = append(sts, st)
+	}
+	return pickStatus(sts), nil
+}
+
+func pickStatus(sts []*lock.Status) *lock.Status {
+	for _, want := range []func(*lock.Status) bool{
+		func(s *lock.Status) bool { return s.State == lock.Live },
+		func(s *lock.Status) bool { return s.State == lock.Expired },
+		func(s *lock.Status) bool { return s.Record != nil || s.RecordErr != nil },
+	} {
+		for _, s := range sts {
+			if want(s) {
+				return s
+			}
+		}
+	}
+	return sts[len(sts)-1]
+}
+
+// list reports the lock of every release in ns in either store, one status
+// per release, chosen as inspect does.
+func (cn *conn) list(ctx context.Context, ns string) ([]lock.Status, error) {
+	byRelease := map[string][]*lock.Status{}
+	var order []string
+	for _, b := range cn.stores() {
+		sts, err := b.List(ctx, ns)
+		if err != nil {
+			return nil, err
+		}
+		for i := range sts {
+			k := sts[i].Namespace + "/" + sts[i].Release
+			if _, ok := byRelease[k]; !ok {
+				order = append(order, k)
+			}
+			byRelease[k] = append(byRelease[k], &sts[i])
+		}
+	}
+	out := make([]lock.Status, 0, len(order))
+	for _, k := range order {
+		out = append(out, *pickStatus(byRelease[k]))
+	}
+	return out, nil
+}
+
+// forceRelease releases session's lock in every store it holds one in.
+func (cn *conn) forceRelease(ctx context.Context, ns, rel, session, by string) (*lock.Record, error) {
+	var rec *lock.Record
+	var firstErr error
+	for _, b := range cn.stores() {
+		r, err := b.ForceRelease(ctx, ns, rel, session, by)
+		switch {
+		case err == nil:
+			if rec == nil {
+				rec = r
+			}
+		case firstErr == nil:
+			firstErr = err
+		}
+	}
+	if rec != nil {
+		return rec, nil
+	}
+	return nil, firstErr
 }
 
 // addLockCommands adds locks, unlock and recover to root and --locks to
@@ -96,7 +191,7 @@ func (c *lockCmds) realConnect() (*conn, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes client: %w", err)
 	}
-	return &conn{client: client, est: est, backend: lock.NewLeaseBackend(client, est, clk)}, nil
+	return newConn(client, est, clk), nil
 }
 
 // serverNow returns bounds on the API server's clock, asking the server
@@ -298,7 +393,7 @@ func (c *lockCmds) warnProblems(rows []inspect.Row) {
 // releaseRow inspects one release. An unknown release (no stored revision
 // and no Lease) is an error with exit code 7.
 func (c *lockCmds) releaseRow(ctx context.Context, cn *conn, ns, rel string, legacyAfter time.Duration) (inspect.Row, error) {
-	st, err := cn.backend.Inspect(ctx, ns, rel)
+	st, err := cn.inspect(ctx, ns, rel)
 	if err != nil {
 		return inspect.Row{}, err
 	}
@@ -326,7 +421,7 @@ func unknownRelease(ns, rel string) error {
 // namespaceRows inspects every release with a Lease or a stored revision
 // in ns ("" for all namespaces).
 func (c *lockCmds) namespaceRows(ctx context.Context, cn *conn, ns string, legacyAfter time.Duration) ([]inspect.Row, error) {
-	sts, err := cn.backend.List(ctx, ns)
+	sts, err := cn.list(ctx, ns)
 	if err != nil {
 		return nil, err
 	}
@@ -349,7 +444,7 @@ func (c *lockCmds) namespaceRows(ctx context.Context, cn *conn, ns string, legac
 		if _, ok := locks[k]; ok || r.Latest == nil || !isPending(r.Latest) {
 			continue
 		}
-		st, err := cn.backend.Inspect(ctx, k.namespace, k.name)
+		st, err := cn.inspect(ctx, k.namespace, k.name)
 		if err != nil {
 			return nil, err
 		}

@@ -106,7 +106,7 @@ func (c *lockCmds) runRecover(ctx context.Context, o *recoverOptions, rel string
 	if err != nil {
 		return err
 	}
-	st, err := cn.backend.Inspect(ctx, ns, rel)
+	st, err := cn.inspect(ctx, ns, rel)
 	if err != nil {
 		return err
 	}
@@ -166,11 +166,11 @@ func (c *lockCmds) runRecover(ctx context.Context, o *recoverOptions, rel string
 		Who:           c.who(),
 		ToolVersion:   version.Version,
 	}
-	held, _, err := cn.backend.TryAcquire(ctx, req)
+	held, err := lock.AcquireJoint(ctx, req, false, nil, cn.stores()...)
 	if le, ok := errIsLocked(err); ok && o.opts.LockTimeout > 0 {
 		fmt.Fprintf(c.errOut, "helm-autorecover: %v; waiting up to %s\n", le, o.opts.LockTimeout)
 		wctx, cancel := context.WithTimeout(ctx, o.opts.LockTimeout)
-		held, err = cn.backend.Wait(wctx, req, nil)
+		held, err = lock.AcquireJoint(wctx, req, true, nil, cn.stores()...)
 		cancel()
 	}
 	if err != nil {
@@ -199,12 +199,12 @@ func (c *lockCmds) runRecover(ctx context.Context, o *recoverOptions, rel string
 		}
 	}()
 	prev := recovery.LockInfo{State: recovery.LockNone}
-	if held.Previous != nil {
+	if prevRec, prevState := held.Previous(); prevRec != nil {
 		state := recovery.LockReleased
-		if held.PreviousState == lock.Expired {
+		if prevState == lock.Expired {
 			state = recovery.LockExpired
 		}
-		prev = guard.LockInfo(held.Previous, state)
+		prev = guard.LockInfo(prevRec, state)
 	}
 
 	for attempt := 0; attempt < 5; attempt++ {

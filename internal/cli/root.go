@@ -25,6 +25,10 @@ func Run(out, errOut io.Writer, args []string) int {
 		fmt.Fprintf(errOut, "Error: %v\n", err)
 		return ExitError
 	}
+	if err := helmx.InstallOnHelm(); err != nil {
+		fmt.Fprintf(errOut, "Error: %v\n", err)
+		return ExitError
+	}
 	root.SetArgs(args)
 	root.SetOut(out)
 	root.SetErr(errOut)

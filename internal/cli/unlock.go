@@ -90,7 +90,7 @@ func (c *lockCmds) runUnlock(ctx context.Context, o *unlockOptions, rel string) 
 	if err != nil {
 		return err
 	}
-	st, err := cn.backend.Inspect(ctx, ns, rel)
+	st, err := cn.inspect(ctx, ns, rel)
 	if err != nil {
 		return err
 	}
@@ -163,8 +163,8 @@ func (c *lockCmds) runUnlock(ctx context.Context, o *unlockOptions, rel string) 
 		}
 	}
 
-	if _, err := cn.backend.ForceRelease(ctx, ns, rel, o.session, by); err != nil {
-		cur, ierr := cn.backend.Inspect(ctx, ns, rel)
+	if _, err := cn.forceRelease(ctx, ns, rel, o.session, by); err != nil {
+		cur, ierr := cn.inspect(ctx, ns, rel)
 		if ierr == nil && cur.HolderIdentity != o.session {
 			return exitError(ExitWrongSession, "release %q in namespace %q: session %s no longer holds the lock (now held by %q); it was released or taken over meanwhile%s",
 				rel, ns, o.session, cur.HolderIdentity, markedNote(marked))

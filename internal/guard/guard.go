@@ -57,6 +57,12 @@ type Guard struct {
 	// Rollback rolls the release back to a revision, for
 	// --recover-strategy=rollback. nil disables the strategy.
 	Rollback func(release string, revision int) error
+	// HelmDriver is helm's HELM_DRIVER ("" is secret).
+	HelmDriver string
+	// Fence, when set, fences the writes of helm's own clients and puts the
+	// lock into the revision records they create (helmx.DefaultWriteFence
+	// for the CLI).
+	Fence *helmx.WriteFence
 }
 
 // Run takes the lock for t, recovers the release when the recovery decision
@@ -80,7 +86,10 @@ func (g *Guard) Run(ctx context.Context, t Target, op func() error) error {
 		return op()
 	}
 
-	backend := lock.NewLeaseBackend(client, est, g.Clock)
+	backend, backends, err := g.backends(ctx, client, est, g.Clock, t.Namespace)
+	if err != nil {
+		return &ExitError{Code: ExitUsage, Err: fmt.Errorf("release %q in namespace %q: %w", t.Release, t.Namespace, err)}
+	}
 	maxHold := g.Options.LockMaxHold
 	if maxHold == 0 {
 		maxHold = DefaultMaxHold(t.Timeout)
@@ -93,8 +102,10 @@ func (g *Guard) Run(ctx context.Context, t Target, op func() error) error {
 		LeaseDuration: g.Options.LeaseDuration,
 		MaxHold:       maxHold,
 		ToolVersion:   version.Version,
+		Backend:       backend,
+		Session:       lock.NewSession(),
 	}
-	held, err := g.acquire(ctx, backend, req)
+	held, err := g.acquire(ctx, backends, req)
 	if err != nil {
 		return err
 	}
@@ -102,13 +113,13 @@ func (g *Guard) Run(ctx context.Context, t Target, op func() error) error {
 	return r.do(ctx, op)
 }
 
-func (g *Guard) acquire(ctx context.Context, backend *lock.LeaseBackend, req lock.Request) (*lock.Held, error) {
-	held, _, err := backend.TryAcquire(ctx, req)
+func (g *Guard) acquire(ctx context.Context, backends []*lock.LeaseBackend, req lock.Request) (*lock.Joint, error) {
+	held, err := lock.AcquireJoint(ctx, req, false, nil, backends...)
 	if err == nil {
 		return held, nil
 	}
 	if !errors.Is(err, lock.ErrLocked) || g.Options.LockTimeout <= 0 {
-		return nil, lockError(err)
+		return nil, lockError(err, req)
 	}
 	// A signal while waiting leaves the queue at once (rather than holding a
 	// place in it until the entry's lease runs out) and ends the command.
@@ -117,23 +128,32 @@ func (g *Guard) acquire(ctx context.Context, backend *lock.LeaseBackend, req loc
 	wctx, cancel := context.WithTimeout(sctx, g.Options.LockTimeout)
 	defer cancel()
 	p := newProgress(g.Stderr, g.Clock, g.Options.LockTimeout)
-	held, err = backend.Wait(wctx, req, p.update)
+	held, err = lock.AcquireJoint(wctx, req, true, p.update, backends...)
 	p.done()
 	if err != nil {
 		if sctx.Err() != nil && ctx.Err() == nil {
 			return nil, &ExitError{Code: ExitInterrupted, Err: fmt.Errorf("release %q in namespace %q: interrupted while waiting for the lock; nothing was written: %w", req.Release, req.Namespace, err)}
 		}
-		return nil, lockError(err)
+		return nil, lockError(err, req)
 	}
 	return held, nil
 }
 
-func lockError(err error) error {
+func lockError(err error, req lock.Request) error {
 	if errors.Is(err, lock.ErrLocked) {
 		return &ExitError{Code: ExitLocked, Err: err}
 	}
 	if apierrors.IsForbidden(err) {
-		return fmt.Errorf("%w; the lease backend needs get, list, watch, create, update and delete on leases (coordination.k8s.io) in the release's namespace: see docs/rbac.md for the minimal Role", err)
+		var se apierrors.APIStatus
+		what := "its lock"
+		if errors.As(err, &se) && se.Status().Details != nil {
+			what = se.Status().Details.Kind
+		}
+		need := "get, list, watch and update on secrets (or configmaps with HELM_DRIVER=configmap)"
+		if req.Backend == BackendLease {
+			need = "get, list, watch, create, update and delete on leases (coordination.k8s.io), and " + need + ","
+		}
+		return fmt.Errorf("%w; --lock-backend=%s needs %s in the release's namespace (denied: %s): see docs/rbac.md for the minimal Role, or use --lock-backend=auto", err, req.Backend, need, what)
 	}
 	return err
 }
@@ -167,7 +187,7 @@ type run struct {
 	t      Target
 	client kubernetes.Interface
 	est    *servertime.Estimator
-	held   *lock.Held
+	held   *lock.Joint
 
 	// exitOnce makes sure only one path ends the process.
 	exitOnce sync.Once
@@ -188,6 +208,13 @@ func (r *run) do(ctx context.Context, op func() error) (err error) {
 	keepCtx, stopKeep := context.WithCancel(context.Background())
 	defer stopKeep()
 	go r.held.Keep(keepCtx, r.onLost)
+	if r.g.Fence != nil {
+		stopFence := r.g.Fence.Guard(helmx.GuardedWrites{
+			Namespace: r.t.Namespace, Release: r.t.Release,
+			Resource: helmx.RecordResource(r.g.HelmDriver), Lock: r.held,
+		})
+		defer stopFence()
+	}
 
 	if err := r.recover(ctx); err != nil {
 		return err
@@ -201,6 +228,11 @@ func (r *run) do(ctx context.Context, op func() error) (err error) {
 
 	err = op()
 	close(r.opDone)
+	if err != nil && r.g.Fence != nil && r.g.Fence.CreateConflict() {
+		// Another client created the revision this operation was about to
+		// write: it holds the release (a first install raced with ours).
+		err = &ExitError{Code: ExitLocked, Err: fmt.Errorf("release %q in namespace %q is locked: another client wrote its next revision first (%w); wait for it with --lock-timeout=DURATION, or list locks with \"helm-autorecover locks\": %w", r.t.Release, r.t.Namespace, lock.ErrLocked, err)}
+	}
 	stopKeep()
 	r.release(err == nil)
 	released = true
@@ -233,11 +265,12 @@ func (r *run) serverNow(ctx context.Context) (recovery.ServerTime, error) {
 // previousLock maps the record found when the lock was taken onto the
 // recovery decision's input.
 func (r *run) previousLock() recovery.LockInfo {
+	prev, prevState := r.held.Previous()
 	state := recovery.LockReleased
-	if r.held.PreviousState == lock.Expired {
+	if prevState == lock.Expired {
 		state = recovery.LockExpired
 	}
-	return LockInfo(r.held.Previous, state)
+	return LockInfo(prev, state)
 }
 
 // LockInfo maps a lock record found in state onto the recovery decision's

@@ -37,7 +37,7 @@ const (
 
 // Defaults.
 const (
-	DefaultLockBackend        = "lease"
+	DefaultLockBackend        = BackendAuto
 	DefaultRecoverLegacyAfter = 15 * time.Minute
 	// maxHoldFactor and maxHoldSlack give the default --lock-max-hold:
 	// 5 x --timeout + 1m. Helm applies --timeout per hook and per wait, so an
@@ -85,7 +85,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) error {
 		}
 	}
 	fs.StringVar(&o.LockBackend, "lock-backend", str(EnvLockBackend, DefaultLockBackend),
-		"where the release lock lives: lease (a coordination.k8s.io Lease per release) ["+EnvLockBackend+"]")
+		"where the release lock lives: release (on the release's newest storage record), lease (there and in a coordination.k8s.io Lease per release), or auto (lease when the caller may get, create and update Leases, release otherwise) ["+EnvLockBackend+"]")
 	fs.DurationVar(&o.LeaseDuration, "lease-duration", dur(EnvLeaseDuration, lock.DefaultLeaseDuration),
 		"how long the lock stays valid without renewal; it is renewed every third of it ["+EnvLeaseDuration+"]")
 	fs.DurationVar(&o.LockTimeout, "lock-timeout", dur(EnvLockTimeout, 0),
@@ -107,9 +107,9 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) error {
 // Validate checks the options; the error names the flag.
 func (o *Options) Validate() error {
 	switch o.LockBackend {
-	case "lease":
+	case BackendAuto, BackendLease, BackendRelease:
 	default:
-		return fmt.Errorf("--lock-backend=%q: the only backend in this version is \"lease\"", o.LockBackend)
+		return fmt.Errorf("--lock-backend=%q: must be auto, lease or release", o.LockBackend)
 	}
 	if o.LeaseDuration < 3*time.Second {
 		return fmt.Errorf("--lease-duration=%s: must be at least 3s (renewals happen every third of it, with a 1s safety margin)", o.LeaseDuration)

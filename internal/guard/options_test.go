@@ -25,7 +25,7 @@ func TestValidate(t *testing.T) {
 		"defaults":           {func(*Options) {}, ""},
 		"rollback strategy":  {func(o *Options) { o.RecoverStrategy = "rollback" }, ""},
 		"legacy never":       {func(o *Options) { o.RecoverLegacyAfter = 0 }, ""},
-		"unknown backend":    {func(o *Options) { o.LockBackend = "etcd" }, `--lock-backend="etcd": the only backend in this version is "lease"`},
+		"unknown backend":    {func(o *Options) { o.LockBackend = "etcd" }, `--lock-backend="etcd": must be auto, lease or release`},
 		"short lease":        {func(o *Options) { o.LeaseDuration = 2 * time.Second }, "--lease-duration=2s: must be at least 3s (renewals happen every third of it, with a 1s safety margin)"},
 		"negative wait":      {func(o *Options) { o.LockTimeout = -time.Second }, "--lock-timeout=-1s: must not be negative"},
 		"negative max hold":  {func(o *Options) { o.LockMaxHold = -time.Second }, "--lock-max-hold=-1s: must not be negative"},

@@ -17,6 +17,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+
+	"github.com/helm-autorecover/helm-autorecover/internal/lock"
 )
 
 // The layout of Helm's "secret" storage driver, which Helm 3 and Helm 4 share.
@@ -264,6 +266,9 @@ func Summarize(secret *corev1.Secret) (Summary, error) {
 		s.ChartVersion = h.Chart.Metadata.Version
 	}
 	for _, mf := range secret.ManagedFields {
+		if mf.Manager == lock.FieldManager {
+			continue // a lock write, not a change of the release
+		}
 		if mf.Time != nil && mf.Time.After(s.LastWriteTime) {
 			s.LastWriteTime = mf.Time.Time
 		}

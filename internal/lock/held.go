@@ -281,7 +281,7 @@ func (h *Held) writeLocked(ctx context.Context, release bool, mutate func(*Recor
 		}
 		mutate(&rec)
 		if release {
-			rec.ReleasedAt = ceilMilli(now.Latest)
+			rec.ReleasedAt = later(ceilMilli(now.Latest), rec.RenewedAt)
 		} else {
 			stamp(&rec, now)
 		}

@@ -12,8 +12,8 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
-	coordclient "k8s.io/client-go/kubernetes/typed/coordination/v1"
 	"k8s.io/utils/clock"
 
 	"github.com/helm-autorecover/helm-autorecover/internal/servertime"
@@ -53,15 +53,47 @@ type Request struct {
 	PID         int
 	ToolVersion string
 	CIJobURL    string
+	// Backend is the --lock-backend the holder chose, recorded for humans.
+	Backend string
 }
 
-// LeaseBackend keeps release locks in coordination.k8s.io/v1 Leases.
+// LeaseBackend runs the lock protocol (acquire, renew, wait in arrival order,
+// release, inspect) over one store: coordination.k8s.io/v1 Leases
+// (NewLeaseBackend), or the release's own latest storage record, shown to the
+// protocol as a virtual Lease (NewReleaseBackend, see release.go). The
+// protocol, its time rules and its conditional writes are the same for both.
 type LeaseBackend struct {
 	client kubernetes.Interface
 	time   *servertime.Estimator
 	clock  clock.Clock
+	// store is StoreLease or StoreRelease; api opens it in a namespace.
+	store Store
+	api   func(ns string) leaseAPI
 	// Margin is DefaultMargin unless set before first use.
 	Margin time.Duration
+}
+
+// Store names where a backend keeps its locks.
+type Store string
+
+// The stores.
+const (
+	// StoreLease: a coordination.k8s.io/v1 Lease per release.
+	StoreLease Store = "lease"
+	// StoreRelease: an annotation on the release's latest storage record
+	// (helm's Secret or ConfigMap of the newest revision).
+	StoreRelease Store = "release"
+)
+
+// leaseAPI is the part of the typed Lease client the protocol uses; the
+// release store implements it over helm's storage records.
+type leaseAPI interface {
+	Get(ctx context.Context, name string, opts metav1.GetOptions) (*coordinationv1.Lease, error)
+	Create(ctx context.Context, l *coordinationv1.Lease, opts metav1.CreateOptions) (*coordinationv1.Lease, error)
+	Update(ctx context.Context, l *coordinationv1.Lease, opts metav1.UpdateOptions) (*coordinationv1.Lease, error)
+	Delete(ctx context.Context, name string, opts metav1.DeleteOptions) error
+	List(ctx context.Context, opts metav1.ListOptions) (*coordinationv1.LeaseList, error)
+	Watch(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error)
 }
 
 // NewLeaseBackend returns a backend. client must be built from a
@@ -69,8 +101,14 @@ type LeaseBackend struct {
 // WrapTransport) so that its responses feed est; clk must be the clock est
 // reads (clock.RealClock{} in production).
 func NewLeaseBackend(client kubernetes.Interface, est *servertime.Estimator, clk clock.Clock) *LeaseBackend {
-	return &LeaseBackend{client: client, time: est, clock: clk, Margin: DefaultMargin}
+	return &LeaseBackend{
+		client: client, time: est, clock: clk, Margin: DefaultMargin, store: StoreLease,
+		api: func(ns string) leaseAPI { return client.CoordinationV1().Leases(ns) },
+	}
 }
+
+// Store tells where this backend keeps its locks.
+func (b *LeaseBackend) Store() Store { return b.store }
 
 func (b *LeaseBackend) margin() time.Duration {
 	if b.Margin <= 0 {
@@ -79,8 +117,8 @@ func (b *LeaseBackend) margin() time.Duration {
 	return b.Margin
 }
 
-func (b *LeaseBackend) leases(ns string) coordclient.LeaseInterface {
-	return b.client.CoordinationV1().Leases(ns)
+func (b *LeaseBackend) leases(ns string) leaseAPI {
+	return b.api(ns)
 }
 
 // serverNow returns the server-time bounds, syncing once if nothing has been
@@ -305,6 +343,7 @@ func newRecord(req *Request, now servertime.Bounds) Record {
 		PID:           req.PID,
 		ToolVersion:   req.ToolVersion,
 		CIJobURL:      req.CIJobURL,
+		Backend:       req.Backend,
 		Timeout:       metav1.Duration{Duration: req.Timeout},
 		LeaseDuration: metav1.Duration{Duration: req.LeaseDuration},
 	}
@@ -500,6 +539,8 @@ func (b *LeaseBackend) dequeue(ctx context.Context, req *Request) error {
 type Status struct {
 	Release   string
 	Namespace string
+	// Store is where this lock lives (a Lease or the release record).
+	Store Store
 	// Exists is false when there is no Lease; State is then Free.
 	Exists bool
 	State  State
@@ -521,7 +562,7 @@ func (b *LeaseBackend) Inspect(ctx context.Context, namespace, release string) (
 	l, err := b.leases(namespace).Get(ctx, LeaseName(release), metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		now, _ := b.time.Now()
-		return &Status{Release: release, Namespace: namespace, State: Free, Now: now}, nil
+		return &Status{Release: release, Namespace: namespace, Store: b.store, State: Free, Now: now}, nil
 	}
 	if err != nil {
 		return nil, fmt.Errorf("inspect lock of release %q in namespace %q: %w", release, namespace, err)
@@ -555,6 +596,7 @@ func (b *LeaseBackend) status(l *coordinationv1.Lease, now servertime.Bounds) *S
 	st := &Status{
 		Release:        l.Labels[LabelRelease],
 		Namespace:      l.Namespace,
+		Store:          b.store,
 		Exists:         true,
 		State:          v.state,
 		Record:         v.rec,

@@ -69,6 +69,9 @@ type Record struct {
 	ToolVersion string `json:"toolVersion,omitempty"`
 	// CIJobURL links the CI job that runs the holder, when one is detected.
 	CIJobURL string `json:"ciJobURL,omitempty"`
+	// Backend is the --lock-backend the holder chose (lease or release);
+	// where this copy of the record lives is the store's business.
+	Backend string `json:"backend,omitempty"`
 	// Timeout is the operation's --timeout (informational: helm applies it
 	// per wait and per hook, so an operation can last longer).
 	Timeout       metav1.Duration `json:"timeout"`

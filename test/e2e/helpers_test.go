@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -81,21 +82,103 @@ func holderOf(l *coordinationv1.Lease) string {
 	return *l.Spec.HolderIdentity
 }
 
-// waitForWriter waits until a session holds the release's lock and has
+// lockReader reads the holder and record of a release's lock from one
+// store; leaseLock and recordLock are the two.
+type lockReader func(t *testing.T, env *testenv.Env, ns, rel string) (holder string, rec *lock.Record)
+
+// leaseLock reads the lock from the release's Lease.
+func leaseLock(t *testing.T, env *testenv.Env, ns, rel string) (string, *lock.Record) {
+	l, rec := lease(t, env, ns, rel)
+	return holderOf(l), rec
+}
+
+// recordLock reads the lock from the annotation of the release's newest
+// stored revision (the release backend's store): the holder is the record's
+// session unless it was released.
+func recordLock(t *testing.T, env *testenv.Env, ns, rel string) (string, *lock.Record) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	list, err := env.Client.CoreV1().Secrets(ns).List(ctx, metav1.ListOptions{LabelSelector: helmx.HistorySelector(rel)})
+	if err != nil {
+		t.Fatalf("reading the revisions of %s/%s: %v", ns, rel, err)
+	}
+	var newest *corev1.Secret
+	for i := range list.Items {
+		s := &list.Items[i]
+		if newest == nil || revOf(s) > revOf(newest) {
+			newest = s
+		}
+	}
+	if newest == nil {
+		return "", nil
+	}
+	v, ok := newest.Annotations[lock.AnnotationRecord]
+	if !ok {
+		return "", nil
+	}
+	rec, err := lock.DecodeRecord(v)
+	if err != nil {
+		t.Fatalf("lock record on %s/%s: %v", ns, newest.Name, err)
+	}
+	if !rec.ReleasedAt.IsZero() {
+		return "", rec
+	}
+	return rec.Session, rec
+}
+
+// queues returns the waiter queues of the release's lock, on its newest
+// record and on its Lease, as stored.
+func queues(t *testing.T, env *testenv.Env, ns, rel string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	list, err := env.Client.CoreV1().Secrets(ns).List(ctx, metav1.ListOptions{LabelSelector: helmx.HistorySelector(rel)})
+	if err != nil {
+		t.Fatalf("reading the revisions of %s/%s: %v", ns, rel, err)
+	}
+	var out string
+	var newest *corev1.Secret
+	for i := range list.Items {
+		if newest == nil || revOf(&list.Items[i]) > revOf(newest) {
+			newest = &list.Items[i]
+		}
+	}
+	if newest != nil {
+		out = newest.Annotations[lock.AnnotationQueue]
+	}
+	if l, _ := lease(t, env, ns, rel); l != nil {
+		out += l.Annotations[lock.AnnotationQueue]
+	}
+	return out
+}
+
+func revOf(s *corev1.Secret) int {
+	n, _ := strconv.Atoi(s.Labels[helmx.LabelVersion])
+	return n
+}
+
+// waitForWriter waits until a session holds the release's Lease and has
 // recorded the revision it writes (so it is past recovery and inside helm's
 // operation), and returns its record.
 func waitForWriter(t *testing.T, env *testenv.Env, ns, rel string, rev int, timeout time.Duration) *lock.Record {
 	t.Helper()
+	return waitForWriterIn(t, env, leaseLock, ns, rel, rev, timeout)
+}
+
+// waitForWriterIn is waitForWriter for the lock read by read.
+func waitForWriterIn(t *testing.T, env *testenv.Env, read lockReader, ns, rel string, rev int, timeout time.Duration) *lock.Record {
+	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for time.Now().Before(deadline) {
-		l, rec := lease(t, env, ns, rel)
-		if h := holderOf(l); h != "" && rec != nil && rec.Session == h && rec.Revision == rev {
+		h, rec := read(t, env, ns, rel)
+		if h != "" && rec != nil && rec.Session == h && rec.Revision == rev {
 			return rec
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	l, rec := lease(t, env, ns, rel)
-	t.Fatalf("no session recorded revision %d of %s/%s within %s; lease holder %q, record %+v", rev, ns, rel, timeout, holderOf(l), rec)
+	h, rec := read(t, env, ns, rel)
+	t.Fatalf("no session recorded revision %d of %s/%s within %s; lock holder %q, record %+v", rev, ns, rel, timeout, h, rec)
 	return nil
 }
 
@@ -103,15 +186,21 @@ func waitForWriter(t *testing.T, env *testenv.Env, ns, rel string, rev int, time
 // how long that took from the call.
 func waitLockFree(t *testing.T, env *testenv.Env, ns, rel string, timeout time.Duration) time.Duration {
 	t.Helper()
+	return waitLockFreeIn(t, env, leaseLock, ns, rel, timeout)
+}
+
+// waitLockFreeIn is waitLockFree for the lock read by read.
+func waitLockFreeIn(t *testing.T, env *testenv.Env, read lockReader, ns, rel string, timeout time.Duration) time.Duration {
+	t.Helper()
 	start := time.Now()
 	for time.Since(start) < timeout {
-		if l, _ := lease(t, env, ns, rel); holderOf(l) == "" {
+		if h, _ := read(t, env, ns, rel); h == "" {
 			return time.Since(start)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	l, rec := lease(t, env, ns, rel)
-	t.Fatalf("lock of %s/%s still held by %q after %s; record %+v", ns, rel, holderOf(l), timeout, rec)
+	h, rec := read(t, env, ns, rel)
+	t.Fatalf("lock of %s/%s still held by %q after %s; record %+v", ns, rel, h, timeout, rec)
 	return 0
 }
 

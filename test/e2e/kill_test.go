@@ -41,23 +41,34 @@ type killCase struct {
 // holder's session (after upgrade --install from a failed first revision,
 // helm itself then marks it superseded; the description stays).
 func TestKillRecovers(t *testing.T) {
+	killRecovers(t, "lease", leaseLock)
+}
+
+// TestKillRecoversReleaseBackend is TestKillRecovers with the lock on the
+// release's own records (--lock-backend=release): no Lease is ever written.
+func TestKillRecoversReleaseBackend(t *testing.T) {
+	killRecovers(t, "release", recordLock)
+}
+
+func killRecovers(t *testing.T, backend string, read lockReader) {
 	env := testenv.Get(t)
 	ha := env.Bin(t)
 	cases := opCases(env.Chart("app"))
+	flag := []string{"--lock-backend", backend}
 	// Sequential on purpose: the figure is a latency bound, and the machine
 	// is small.
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			ns := env.Namespace(t)
 			const rel = "killed"
-			sub := func(a []string) []string { return withRelease(a, rel, ns) }
+			sub := func(a []string) []string { return withRelease(args(a, flag), rel, ns) }
 			if c.setup != nil {
 				c.setup(t, env, ha, ns, rel)
 			}
 
 			p := env.Start(t, ha, sub(c.killed)...)
 			env.WaitForStatus(t, ns, rel, c.rev, c.status, 60*time.Second)
-			holder := waitForWriter(t, env, ns, rel, c.rev, 10*time.Second)
+			holder := waitForWriterIn(t, env, read, ns, rel, c.rev, 10*time.Second)
 			// Let it renew at least once, so the lock it leaves behind is a
 			// renewed one, as in real life.
 			time.Sleep(killLease / 2)
@@ -69,7 +80,7 @@ func TestKillRecovers(t *testing.T) {
 			if res.ExitCode != 0 {
 				t.Fatalf("%s after the kill: exit %d\nstderr:\n%s\nhistory: %v", c.recover[0], res.ExitCode, res.Stderr, env.Summary(t, ns, rel))
 			}
-			figure(t, "kill-to-success %s: %s (lease %s)", c.name, secs(took), killLease)
+			figure(t, "kill-to-success %s (--lock-backend=%s): %s (lease %s)", c.name, backend, secs(took), killLease)
 			if !strings.Contains(res.Stderr, "recovered") || !strings.Contains(res.Stderr, holder.Session) {
 				t.Errorf("stderr of the recovering %s does not report the recovery of session %s:\n%s", c.recover[0], holder.Session, res.Stderr)
 			}
@@ -81,11 +92,22 @@ func TestKillRecovers(t *testing.T) {
 			if c.history != "" {
 				abandoned(t, revs[c.rev-1], c.status, holder.Session)
 				t.Logf("abandoned revision %d: %s", c.rev, revs[c.rev-1].Description)
-				waitLockFree(t, env, ns, rel, 5*time.Second)
+				waitLockFreeIn(t, env, read, ns, rel, 5*time.Second)
+				if backend == "release" {
+					// (setup ran with the default backend and may have.)
+					if l, lr := lease(t, env, ns, rel); l != nil && lr != nil && lr.Session == holder.Session {
+						t.Errorf("--lock-backend=release wrote lease %s (session %s)", l.Name, lr.Session)
+					}
+				}
 				return
 			}
-			// A complete uninstall keeps nothing, its lock included.
-			if l, _ := lease(t, env, ns, rel); l != nil {
+			// A complete uninstall keeps nothing, its lock included (with
+			// the release backend the lock went with the records; a Lease
+			// the setup's default-backend install left is not its to delete).
+			if h, rec := recordLock(t, env, ns, rel); h != "" || rec != nil {
+				t.Errorf("a release record with a lock is left after the uninstall: holder %q, record %+v", h, rec)
+			}
+			if l, lr := lease(t, env, ns, rel); l != nil && (backend == "lease" || (lr != nil && lr.Session == holder.Session)) {
 				t.Errorf("lease %s still exists after the uninstall: holder %q", l.Name, holderOf(l))
 			}
 		})

@@ -56,10 +56,10 @@ func TestLeaseBackendLeastPrivilege(t *testing.T) {
 		t.Fatalf("install with the documented Role: exit %d: %s", res.ExitCode, res.Stderr)
 	}
 	p := env.Start(t, bin, "upgrade", rel, chart, "-n", ns, "--wait", "--timeout", "5m", "--lease-duration", "3s",
-		"--set", "nodeSelector.never=matches", "--kubeconfig", full)
+		"--set", "nodeSelector.never=matches", "--kubeconfig", full, "--lock-backend", "lease")
 	env.WaitForStatus(t, ns, rel, 2, "pending-upgrade", 60*time.Second)
 	p.Kill(t)
-	res := run(full, "upgrade", rel, chart, "-n", ns, "--set", "message=v3", "--lock-timeout", "30s", "--lease-duration", "3s")
+	res := run(full, "upgrade", rel, chart, "-n", ns, "--set", "message=v3", "--lock-timeout", "30s", "--lease-duration", "3s", "--lock-backend", "lease")
 	if res.ExitCode != 0 {
 		t.Fatalf("recovering upgrade with the documented Role: exit %d: %s", res.ExitCode, res.Stderr)
 	}
@@ -73,11 +73,82 @@ func TestLeaseBackendLeastPrivilege(t *testing.T) {
 		APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"get", "list", "watch", "create", "delete"},
 	})
 	short := restrictedKubeconfig(ctx, t, env, ns, "short", fewer)
-	res = run(short, "upgrade", rel, chart, "-n", ns, "--set", "message=v4")
+	// (With the default --lock-backend=auto this user would get the release
+	// backend; TestReleaseBackendLeastPrivilege covers that.)
+	res = run(short, "upgrade", rel, chart, "-n", ns, "--set", "message=v4", "--lock-backend", "lease")
 	if res.ExitCode == 0 {
 		t.Fatalf("upgrade without update on leases succeeded")
 	}
 	for _, want := range []string{`cannot update resource "leases"`, `API group "coordination.k8s.io"`, `lock release "least"`, ns, "docs/rbac.md"} {
+		if !strings.Contains(res.Stderr, want) {
+			t.Errorf("stderr lacks %q:\n%s", want, res.Stderr)
+		}
+	}
+	if got := strings.Join(env.Summary(t, ns, rel), " "); got != "1:superseded 2:failed 3:deployed" {
+		t.Fatalf("history after the refused upgrade = %s; nothing may be written", got)
+	}
+}
+
+// releaseBackendRules is the minimal Role of docs/rbac.md for the release
+// backend: helm's own rights on its records, plus watch to wait for a lock.
+var releaseBackendRules = []rbacv1.PolicyRule{
+	{APIGroups: []string{""}, Resources: []string{"secrets"}, Verbs: []string{"get", "list", "watch", "create", "update", "delete"}},
+	{APIGroups: []string{"events.k8s.io"}, Resources: []string{"events"}, Verbs: []string{"create"}},
+}
+
+// TestReleaseBackendLeastPrivilege runs the guarded commands as a
+// ServiceAccount with no right on Leases at all: --lock-backend=auto (the
+// default) picks the release backend, and install, an upgrade killed
+// mid-way and the recovering upgrade all work without any Lease. Without
+// update on secrets the command fails naming the verb and the resource.
+func TestReleaseBackendLeastPrivilege(t *testing.T) {
+	env := testenv.Get(t)
+	bin := env.Bin(t)
+	ns := env.Namespace(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+
+	full := restrictedKubeconfig(ctx, t, env, ns, "deployer", append(append([]rbacv1.PolicyRule{}, releaseBackendRules...), chartRules...))
+	run := func(kubeconfig string, a ...string) testenv.Result {
+		return env.RunEnv(t, []string{"KUBECONFIG=" + kubeconfig}, bin, a...)
+	}
+	chart := env.Chart("app")
+	const rel = "noleases"
+	if res := run(full, "install", rel, chart, "-n", ns, "--wait", "--timeout", "60s", "--debug"); res.ExitCode != 0 {
+		t.Fatalf("install with the documented Role: exit %d: %s", res.ExitCode, res.Stderr)
+	} else if !strings.Contains(res.Stderr, "--lock-backend=auto chose release") {
+		t.Errorf("--debug does not report auto's choice of the release backend:\n%s", res.Stderr)
+	}
+	p := env.Start(t, bin, "upgrade", rel, chart, "-n", ns, "--wait", "--timeout", "5m", "--lease-duration", "3s",
+		"--set", "nodeSelector.never=matches", "--kubeconfig", full)
+	env.WaitForStatus(t, ns, rel, 2, "pending-upgrade", 60*time.Second)
+	holder := waitForWriterIn(t, env, recordLock, ns, rel, 2, 10*time.Second)
+	p.Kill(t)
+	res := run(full, "upgrade", rel, chart, "-n", ns, "--set", "message=v3", "--lock-timeout", "30s", "--lease-duration", "3s")
+	if res.ExitCode != 0 {
+		t.Fatalf("recovering upgrade with the documented Role: exit %d: %s", res.ExitCode, res.Stderr)
+	}
+	if !strings.Contains(res.Stderr, holder.Session) {
+		t.Errorf("the recovery does not name the dead holder's session %s:\n%s", holder.Session, res.Stderr)
+	}
+	if got := strings.Join(env.Summary(t, ns, rel), " "); got != "1:superseded 2:failed 3:deployed" {
+		t.Fatalf("history after recovery = %s", got)
+	}
+	if l, _ := lease(t, env, ns, rel); l != nil {
+		t.Errorf("a Lease %s exists for a user without rights on Leases", l.Name)
+	}
+
+	// One verb fewer: no update on secrets.
+	fewer := append([]rbacv1.PolicyRule{}, chartRules...)
+	fewer = append(fewer, releaseBackendRules[1], rbacv1.PolicyRule{
+		APIGroups: []string{""}, Resources: []string{"secrets"}, Verbs: []string{"get", "list", "watch", "create", "delete"},
+	})
+	short := restrictedKubeconfig(ctx, t, env, ns, "short", fewer)
+	res = run(short, "upgrade", rel, chart, "-n", ns, "--set", "message=v4")
+	if res.ExitCode == 0 {
+		t.Fatalf("upgrade without update on secrets succeeded")
+	}
+	for _, want := range []string{`cannot update resource "secrets"`, `"noleases"`, ns, "docs/rbac.md", "--lock-backend=release needs"} {
 		if !strings.Contains(res.Stderr, want) {
 			t.Errorf("stderr lacks %q:\n%s", want, res.Stderr)
 		}

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/helm-autorecover/helm-autorecover/internal/guard"
-	"github.com/helm-autorecover/helm-autorecover/internal/lock"
 	"github.com/helm-autorecover/helm-autorecover/internal/testenv"
 )
 
@@ -29,13 +28,9 @@ func TestSignalWhileWaiting(t *testing.T) {
 
 	waiter := env.Start(t, bin, "upgrade", rel, chart, "-n", ns, "--set", "message=waiter", "--lock-timeout", "2m")
 	deadline := time.Now().Add(30 * time.Second)
-	for {
-		l, _ := lease(t, env, ns, rel)
-		if l != nil && strings.Contains(l.Annotations[lock.AnnotationQueue], "session") {
-			break
-		}
+	for !strings.Contains(queues(t, env, ns, rel), "session") {
 		if time.Now().After(deadline) {
-			t.Fatalf("the waiter never queued on the lease; stderr:\n%s", waiter.Stderr.String())
+			t.Fatalf("the waiter never queued (on the release record or the Lease); stderr:\n%s", waiter.Stderr.String())
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
@@ -47,7 +42,7 @@ func TestSignalWhileWaiting(t *testing.T) {
 	}
 	figure(t, "interrupted waiter exit: %s", time.Since(sent).Round(time.Millisecond))
 	l, now := lease(t, env, ns, rel)
-	if q := l.Annotations[lock.AnnotationQueue]; q != "" && q != "[]" {
+	if q := queues(t, env, ns, rel); strings.Contains(q, "session") {
 		t.Fatalf("the interrupted waiter is still queued: %s", q)
 	}
 	if holderOf(l) != rec.Session {

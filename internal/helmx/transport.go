@@ -1,0 +1,406 @@
+package helmx
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	_ "unsafe" // go:linkname reaches helm's command settings; see helmSettings.
+
+	helmcli "helm.sh/helm/v4/pkg/cli"
+	helmcmd "helm.sh/helm/v4/pkg/cmd"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/cli-runtime/pkg/genericclioptions"
+	"k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+
+	"github.com/helm-autorecover/helm-autorecover/internal/lock"
+)
+
+// helmSettings is the settings object of helm's command tree. Helm keeps it
+// in an unexported package variable and builds every Kubernetes client of its
+// commands from it; reaching it is the only way to see helm's own requests
+// without forking helm. If helm renames it, the link fails at build time, not
+// at run time.
+//
+//go:linkname helmSettings helm.sh/helm/v4/pkg/cmd.settings
+var helmSettings *helmcli.EnvSettings
+
+var _ = helmcmd.NewRootCmd // the variable above lives in this package
+
+// HelmLock is the lock a guarded operation holds, as the transport needs it.
+// *lock.Joint implements it.
+type HelmLock interface {
+	Valid() error
+	Session() string
+	Record() lock.Record
+}
+
+// GuardedWrites describes one guarded operation for the transport.
+type GuardedWrites struct {
+	Namespace string
+	Release   string
+	// Resource is "secrets" or "configmaps": where helm keeps the records.
+	Resource string
+	Lock     HelmLock
+}
+
+// WriteFence sits between helm's clients and the API server while a
+// guarded operation runs:
+//
+//   - Every write (POST, PUT, PATCH, DELETE) first asks the lock; when it is
+//     no longer valid the request is not sent and fails with an error
+//     wrapping lock.ErrLost. helm cannot write after its lock was lost.
+//   - helm's create of the release's next revision record carries the lock
+//     record (annotation lock.AnnotationRecord): the pending revision and its
+//     lock are one atomic write.
+//   - helm's update of a release record (a blind overwrite in helm's driver,
+//     which also drops annotations) becomes conditional: the record is read,
+//     refused if another session's live lock is on it, and written with the
+//     resourceVersion read and the lock annotations kept (ours refreshed).
+type WriteFence struct {
+	cur atomic.Pointer[GuardedWrites]
+	// createConflict is set when helm's create of a revision record failed
+	// because another client had created it: the lock was never ours.
+	createConflict atomic.Bool
+}
+
+// DefaultWriteFence is the fence on helm's command tree (InstallOnHelm).
+var DefaultWriteFence = &WriteFence{}
+
+// Guard makes w fence the writes of g until the returned function is called.
+func (w *WriteFence) Guard(g GuardedWrites) (stop func()) {
+	w.createConflict.Store(false)
+	w.cur.Store(&g)
+	return func() { w.cur.CompareAndSwap(&g, nil) }
+}
+
+// CreateConflict reports whether helm's create of a revision record was
+// refused with AlreadyExists since Guard was called.
+func (w *WriteFence) CreateConflict() bool { return w.createConflict.Load() }
+
+var installOnce sync.Once
+
+// InstallOnHelm wraps every Kubernetes client helm's command tree builds
+// with DefaultWriteFence. Call it once, after helmx.NewHelmRootCmd.
+func InstallOnHelm() error {
+	var err error
+	installOnce.Do(func() {
+		if helmSettings == nil {
+			err = errors.New("helm's command settings are not initialised")
+			return
+		}
+		err = WrapGetter(helmSettings.RESTClientGetter(), DefaultWriteFence)
+	})
+	return err
+}
+
+// WrapGetter makes every REST configuration getter hands out go through w.
+// getter must be helm's (a *genericclioptions.ConfigFlags).
+func WrapGetter(getter genericclioptions.RESTClientGetter, w *WriteFence) error {
+	cf, ok := getter.(*genericclioptions.ConfigFlags)
+	if !ok {
+		return fmt.Errorf("helm's REST client getter is a %T, not *genericclioptions.ConfigFlags; this helm version is not supported", getter)
+	}
+	inner := cf.WrapConfigFn
+	cf.WrapConfigFn = func(c *rest.Config) *rest.Config {
+		if inner != nil {
+			c = inner(c)
+		}
+		c.Wrap(func(rt http.RoundTripper) http.RoundTripper { return &fenceRT{next: rt, w: w} })
+		return c
+	}
+	return nil
+}
+
+type fenceRT struct {
+	next http.RoundTripper
+	w    *WriteFence
+}
+
+// recordPath matches a namespaced core collection or object path.
+var recordPath = regexp.MustCompile(`^/api/v1/namespaces/([^/]+)/(secrets|configmaps)(?:/([^/]+))?$`)
+
+func isWrite(method string) bool {
+	switch method {
+	case http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete:
+		return true
+	}
+	return false
+}
+
+// maxPutRetries bounds how often an update of a record is read and sent
+// again because the lock's own renewal changed the record in between.
+const maxPutRetries = 8
+
+func (f *fenceRT) RoundTrip(req *http.Request) (*http.Response, error) {
+	g := f.w.cur.Load()
+	if g == nil || !isWrite(req.Method) {
+		return f.next.RoundTrip(req)
+	}
+	if err := g.Lock.Valid(); err != nil {
+		closeBody(req)
+		return nil, fmt.Errorf("helm-autorecover: refused helm's %s %s for release %q in namespace %q: %w", req.Method, req.URL.Path, g.Release, g.Namespace, err)
+	}
+	m := recordPath.FindStringSubmatch(req.URL.Path)
+	if m == nil || m[1] != g.Namespace || m[2] != g.Resource {
+		return f.next.RoundTrip(req)
+	}
+	switch {
+	case req.Method == http.MethodPost && m[3] == "":
+		return f.create(req, g)
+	case req.Method == http.MethodPut && revisionOf(m[3], g.Release) > 0:
+		return f.update(req, g, m[3])
+	}
+	return f.next.RoundTrip(req)
+}
+
+// revisionOf returns N when name is the record of revision N of release.
+func revisionOf(name, release string) int {
+	rest, ok := strings.CutPrefix(name, "sh.helm.release.v1."+release+".v")
+	if !ok {
+		return 0
+	}
+	n, err := strconv.Atoi(rest)
+	if err != nil || n <= 0 {
+		return 0
+	}
+	return n
+}
+
+func closeBody(req *http.Request) {
+	if req.Body != nil {
+		_ = req.Body.Close()
+	}
+}
+
+// decoded is a request or response body as an object.
+type decoded struct {
+	obj  runtime.Object
+	meta *metav1.ObjectMeta
+}
+
+func decode(body []byte) (decoded, error) {
+	obj, _, err := scheme.Codecs.UniversalDeserializer().Decode(body, nil, nil)
+	if err != nil {
+		return decoded{}, err
+	}
+	switch o := obj.(type) {
+	case *corev1.Secret:
+		return decoded{obj: o, meta: &o.ObjectMeta}, nil
+	case *corev1.ConfigMap:
+		return decoded{obj: o, meta: &o.ObjectMeta}, nil
+	}
+	return decoded{}, fmt.Errorf("unexpected %T", obj)
+}
+
+// encodeJSON turns obj into the JSON body of a request to the API server.
+func encodeJSON(d decoded) ([]byte, error) {
+	var gvk string
+	switch d.obj.(type) {
+	case *corev1.Secret:
+		gvk = "Secret"
+	default:
+		gvk = "ConfigMap"
+	}
+	var buf bytes.Buffer
+	d.obj.GetObjectKind().SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind(gvk))
+	if err := json.NewEncoder(&buf).Encode(d.obj); err != nil {
+		return nil, err
+	}
+	return buf.Bytes(), nil
+}
+
+func readBody(req *http.Request) ([]byte, error) {
+	if req.Body == nil {
+		return nil, nil
+	}
+	defer req.Body.Close()
+	return io.ReadAll(req.Body)
+}
+
+func withBody(req *http.Request, body []byte) *http.Request {
+	r := req.Clone(req.Context())
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	r.ContentLength = int64(len(body))
+	r.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
+	r.Header.Set("Content-Type", "application/json")
+	return r
+}
+
+func (g *GuardedWrites) recordFor(rev int) (string, error) {
+	rec := g.Lock.Record()
+	rec.Revision = rev
+	return rec.Encode()
+}
+
+// create adds the lock record to helm's create of a revision record of the
+// guarded release.
+func (f *fenceRT) create(req *http.Request, g *GuardedWrites) (*http.Response, error) {
+	body, err := readBody(req)
+	if err != nil {
+		return nil, fmt.Errorf("helm-autorecover: reading helm's request body: %w", err)
+	}
+	d, err := decode(body)
+	rev := 0
+	if err == nil {
+		rev = revisionOf(d.meta.Name, g.Release)
+	}
+	if rev == 0 {
+		return f.next.RoundTrip(withRawBody(req, body))
+	}
+	s, err := g.recordFor(rev)
+	if err != nil {
+		return nil, err
+	}
+	if d.meta.Annotations == nil {
+		d.meta.Annotations = map[string]string{}
+	}
+	d.meta.Annotations[lock.AnnotationRecord] = s
+	out, err := encodeJSON(d)
+	if err != nil {
+		return nil, fmt.Errorf("helm-autorecover: encoding revision %d of release %q: %w", rev, g.Release, err)
+	}
+	resp, err := f.next.RoundTrip(withBody(req, out))
+	if err == nil && resp.StatusCode == http.StatusConflict {
+		f.w.createConflict.Store(true)
+	}
+	return resp, err
+}
+
+func withRawBody(req *http.Request, body []byte) *http.Request {
+	r := req.Clone(req.Context())
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	r.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
+	return r
+}
+
+// update makes helm's overwrite of a release record conditional and keeps
+// the lock on it.
+func (f *fenceRT) update(req *http.Request, g *GuardedWrites, name string) (*http.Response, error) {
+	body, err := readBody(req)
+	if err != nil {
+		return nil, fmt.Errorf("helm-autorecover: reading helm's request body: %w", err)
+	}
+	d, err := decode(body)
+	if err != nil {
+		return f.next.RoundTrip(withRawBody(req, body))
+	}
+	rev := revisionOf(name, g.Release)
+	for attempt := 0; ; attempt++ {
+		cur, resp, err := f.get(req)
+		if err != nil || resp != nil {
+			return resp, err // the read failed: helm sees why
+		}
+		own, err := checkLock(cur.meta, g)
+		if err != nil {
+			return nil, err
+		}
+		if err := g.Lock.Valid(); err != nil {
+			return nil, fmt.Errorf("helm-autorecover: refused helm's update of revision %d of release %q in namespace %q: %w", rev, g.Release, g.Namespace, err)
+		}
+		d.meta.ResourceVersion = cur.meta.ResourceVersion
+		d.meta.Annotations = map[string]string{}
+		for _, k := range []string{lock.AnnotationRecord, lock.AnnotationQueue} {
+			if v, ok := cur.meta.Annotations[k]; ok {
+				d.meta.Annotations[k] = v
+			}
+		}
+		if own {
+			s, err := g.recordFor(rev)
+			if err != nil {
+				return nil, err
+			}
+			d.meta.Annotations[lock.AnnotationRecord] = s
+		}
+		out, err := encodeJSON(d)
+		if err != nil {
+			return nil, fmt.Errorf("helm-autorecover: encoding revision %d of release %q: %w", rev, g.Release, err)
+		}
+		resp, err = f.next.RoundTrip(withBody(req, out))
+		if err != nil || resp.StatusCode != http.StatusConflict || attempt >= maxPutRetries {
+			return resp, err
+		}
+		// Our own renewal (or a waiter queueing) changed the record since
+		// it was read: read it and check the lock again.
+		_, _ = io.Copy(io.Discard, resp.Body)
+		_ = resp.Body.Close()
+	}
+}
+
+// checkLock tells whether the record carries our lock (own), and refuses the
+// write when another session took the lock after we did (an unreleased lock
+// acquired later than ours): ours was taken over, so helm must not write. An
+// older revision may still carry the unreleased lock of a holder that died
+// before us; that one is stale and does not stop the write.
+func checkLock(m *metav1.ObjectMeta, g *GuardedWrites) (own bool, err error) {
+	s, ok := m.Annotations[lock.AnnotationRecord]
+	if !ok {
+		return false, nil
+	}
+	rec, _ := lock.DecodeRecord(s)
+	switch {
+	case rec == nil:
+		return false, fmt.Errorf("helm-autorecover: refused helm's update of %s: its lock record is unreadable: %w", m.Name, lock.ErrLost)
+	case rec.Session == g.Lock.Session():
+		return true, nil
+	case rec.ReleasedAt.IsZero() && rec.AcquiredAt.After(g.Lock.Record().AcquiredAt):
+		return false, fmt.Errorf("helm-autorecover: refused helm's update of %s of release %q in namespace %q: session %s of %s holds its lock now: %w",
+			m.Name, g.Release, g.Namespace, rec.Session, rec.Who, lock.ErrLost)
+	}
+	return false, nil
+}
+
+// get reads the object req addresses. A non-2xx answer is returned as resp
+// for helm to see.
+func (f *fenceRT) get(req *http.Request) (decoded, *http.Response, error) {
+	r := req.Clone(req.Context())
+	r.Method = http.MethodGet
+	r.Body = nil
+	r.GetBody = nil
+	r.ContentLength = 0
+	r.Header.Del("Content-Type")
+	r.Header.Set("Accept", "application/json")
+	resp, err := f.next.RoundTrip(r)
+	if err != nil {
+		return decoded{}, nil, err
+	}
+	if resp.StatusCode/100 != 2 {
+		return decoded{}, resp, nil
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return decoded{}, nil, fmt.Errorf("helm-autorecover: reading %s: %w", req.URL.Path, err)
+	}
+	d, err := decode(b)
+	if err != nil {
+		return decoded{}, nil, fmt.Errorf("helm-autorecover: decoding %s: %w", req.URL.Path, err)
+	}
+	return d, nil, nil
+}
+
+// RecordResource is the API resource that holds helm's release records for
+// a HELM_DRIVER value.
+func RecordResource(helmDriver string) string {
+	switch helmDriver {
+	case "configmap", "configmaps":
+		return "configmaps"
+	}
+	return "secrets"
+}
+
+// HelmRESTClientGetter is the getter of helm's command tree, whose clients
+// InstallOnHelm fenced; use it for helm actions run on the guard's behalf.
+func HelmRESTClientGetter() genericclioptions.RESTClientGetter {
+	return helmSettings.RESTClientGetter()
+}

@@ -1,0 +1,210 @@
+package lock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// Joint is the set of locks one operation holds under one session: with
+// --lock-backend=release the release record's lock alone, with lease that
+// lock and then the release's Lease. The release record is what every
+// client, whichever backend it chose, takes first, so two clients never hold
+// a release at once even when one of them cannot read Leases; the Lease adds
+// a lock for a release that has no stored revision yet, a queue that kubectl
+// can show, and exclusion of clients that take only the Lease.
+type Joint struct {
+	parts []*Held
+}
+
+// maxJointRetries bounds how often an earlier part is taken again after a
+// later one was waited for (a release installed meanwhile turns a virtual
+// record lock into a real one held by someone else).
+const maxJointRetries = 5
+
+// AcquireJoint takes the lock of every backend in order, for one request and
+// one session. With wait false it fails at once when any part is held by a
+// live client (releasing the parts it took); with wait true it waits for
+// each in turn until ctx ends, keeping the parts it holds renewed. onProgress
+// is passed to LeaseBackend.Wait.
+func AcquireJoint(ctx context.Context, req Request, wait bool, onProgress func(*Record, time.Duration), backends ...*LeaseBackend) (*Joint, error) {
+	if len(backends) == 0 {
+		return nil, errors.New("acquire lock: no backend")
+	}
+	if req.Session == "" {
+		req.Session = NewSession()
+	}
+	held := make([]*Held, len(backends))
+	keepCtx, stopKeep := context.WithCancel(context.Background())
+	var keeping sync.WaitGroup
+	keep := func(h *Held) {
+		keeping.Add(1)
+		go func() {
+			defer keeping.Done()
+			h.Keep(keepCtx, nil)
+		}()
+	}
+	stop := func() {
+		stopKeep()
+		keeping.Wait()
+	}
+	fail := func(err error) (*Joint, error) {
+		stop()
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		for i := len(held) - 1; i >= 0; i-- {
+			if held[i] != nil {
+				_ = held[i].Release(rctx)
+			}
+		}
+		return nil, err
+	}
+	take := func(i int) error {
+		var h *Held
+		var err error
+		if wait {
+			h, err = backends[i].Wait(ctx, req, onProgress)
+		} else {
+			h, _, err = backends[i].TryAcquire(ctx, req)
+		}
+		if err != nil {
+			return err
+		}
+		held[i] = h
+		if i < len(backends)-1 {
+			keep(h) // renewed while the next part is taken
+		}
+		return nil
+	}
+	for i := range backends {
+		if err := take(i); err != nil {
+			return fail(err)
+		}
+	}
+	// A part taken while a later one was awaited may have been lost meanwhile
+	// (a virtual record lock whose release was installed by another client):
+	// confirm each with a renewal, and take a lost one again.
+	for range maxJointRetries {
+		lost := -1
+		for i, h := range held[:len(held)-1] {
+			if err := h.Renew(ctx); err != nil {
+				if !errors.Is(err, ErrLost) {
+					return fail(err)
+				}
+				lost = i
+				break
+			}
+		}
+		if lost < 0 {
+			stop()
+			return &Joint{parts: held}, nil
+		}
+		held[lost] = nil
+		if err := take(lost); err != nil {
+			return fail(err)
+		}
+	}
+	return fail(fmt.Errorf("lock release %q in namespace %q: its lock kept moving while it was being taken; retry", req.Release, req.Namespace))
+}
+
+// Parts returns the locks held, in the order they were taken.
+func (j *Joint) Parts() []*Held { return j.parts }
+
+// Session is the session ID all parts share.
+func (j *Joint) Session() string { return j.parts[0].Session() }
+
+// Record returns the record of the first part (the release record's lock),
+// the one written into new revisions.
+func (j *Joint) Record() Record { return j.parts[0].Record() }
+
+// Valid is nil while every part may still be written under.
+func (j *Joint) Valid() error {
+	for _, h := range j.parts {
+		if err := h.Valid(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Previous returns what was found before the lock was taken, for recovery:
+// the record of a part that was Expired (its holder died) if any, the one
+// naming the highest revision when several were; otherwise the first part's
+// (Free).
+func (j *Joint) Previous() (*Record, State) {
+	var best *Held
+	for _, h := range j.parts {
+		if h.PreviousState != Expired {
+			continue
+		}
+		if best == nil || best.Previous == nil || (h.Previous != nil && h.Previous.Revision > best.Previous.Revision) {
+			best = h
+		}
+	}
+	if best == nil {
+		best = j.parts[0]
+		for _, h := range j.parts {
+			if best.Previous == nil && h.Previous != nil {
+				best = h
+			}
+		}
+	}
+	return best.Previous, best.PreviousState
+}
+
+// SetRevision records the revision being written in every part.
+func (j *Joint) SetRevision(ctx context.Context, rev int) error {
+	for _, h := range j.parts {
+		if err := h.SetRevision(ctx, rev); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Release gives every part back, the last taken first.
+func (j *Joint) Release(ctx context.Context) error {
+	var errs []error
+	for i := len(j.parts) - 1; i >= 0; i-- {
+		errs = append(errs, j.parts[i].Release(ctx))
+	}
+	return errors.Join(errs...)
+}
+
+// ReleaseAndDelete gives every part back and removes what is left of it
+// (after an uninstall that kept no history).
+func (j *Joint) ReleaseAndDelete(ctx context.Context) error {
+	var errs []error
+	for i := len(j.parts) - 1; i >= 0; i-- {
+		err := j.parts[i].ReleaseAndDelete(ctx)
+		if errors.Is(err, ErrLost) && j.parts[i].b.store == StoreRelease {
+			// helm deleted the records, and the lock with them.
+			err = nil
+		}
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// Keep renews every part until ctx ends or the locks are released; onLost is
+// called once, for the first part lost.
+func (j *Joint) Keep(ctx context.Context, onLost func(error)) {
+	var once sync.Once
+	var wg sync.WaitGroup
+	for _, h := range j.parts {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			h.Keep(ctx, func(err error) {
+				once.Do(func() {
+					if onLost != nil {
+						onLost(err)
+					}
+				})
+			})
+		}()
+	}
+	wg.Wait()
+}
