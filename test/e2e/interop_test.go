@@ -15,6 +15,18 @@ import (
 // write the release as usual.
 func TestStockHelmInterop(t *testing.T) {
 	t.Parallel()
+	stockHelmInterop(t, "lease", leaseLock)
+}
+
+// TestStockHelmInteropReleaseBackend is TestStockHelmInterop with the lock
+// in the release records: stock helm reads records that carry our lock
+// annotation, and drops it when it rewrites them.
+func TestStockHelmInteropReleaseBackend(t *testing.T) {
+	t.Parallel()
+	stockHelmInterop(t, "release", recordLock)
+}
+
+func stockHelmInterop(t *testing.T, backend string, read lockReader) {
 	env := testenv.Get(t)
 	ha := env.Bin(t)
 	chart := env.Chart("app")
@@ -22,10 +34,11 @@ func TestStockHelmInterop(t *testing.T) {
 	const rel = "interop"
 	stock := []struct{ name, bin string }{{"helm4", env.Helm4}, {"helm3", env.Helm3}}
 
-	mustRun(t, env, ha, "install", rel, chart, "-n", ns, "--wait", "--timeout", "60s")
-	ours := env.Start(t, ha, args([]string{"upgrade", rel, chart, "-n", ns, "--wait", "--timeout", "20s", "--set", "message=ours"}, unschedulable)...)
+	flag := []string{"--lock-backend", backend}
+	mustRun(t, env, ha, args([]string{"install", rel, chart, "-n", ns, "--wait", "--timeout", "60s"}, flag)...)
+	ours := env.Start(t, ha, args([]string{"upgrade", rel, chart, "-n", ns, "--wait", "--timeout", "20s", "--set", "message=ours"}, unschedulable, flag)...)
 	env.WaitForStatus(t, ns, rel, 2, "pending-upgrade", 60*time.Second)
-	waitForWriter(t, env, ns, rel, 2, 10*time.Second)
+	waitForWriterIn(t, env, read, ns, rel, 2, 10*time.Second)
 
 	for _, h := range stock {
 		res := env.Run(t, h.bin, "upgrade", rel, chart, "-n", ns, "--set", "message="+h.name)
@@ -40,7 +53,7 @@ func TestStockHelmInterop(t *testing.T) {
 		t.Fatalf("our upgrade: exit %d; want 1 (its wait timed out)\nstderr:\n%s", code, ours.Stderr.String())
 	}
 	wantHistory(t, env, ns, rel, "1:deployed 2:failed")
-	waitLockFree(t, env, ns, rel, 5*time.Second)
+	waitLockFreeIn(t, env, read, ns, rel, 5*time.Second)
 
 	// Stock helm reads and writes everything we wrote.
 	rev := 2
@@ -65,7 +78,7 @@ func TestStockHelmInterop(t *testing.T) {
 		env.WaitForStatus(t, ns, rel, rev, "deployed", 5*time.Second)
 	}
 	// And we carry on after them.
-	mustRun(t, env, ha, "upgrade", rel, chart, "-n", ns, "--wait", "--timeout", "60s", "--set", "message=final")
+	mustRun(t, env, ha, args([]string{"upgrade", rel, chart, "-n", ns, "--wait", "--timeout", "60s", "--set", "message=final"}, flag)...)
 	wantHistory(t, env, ns, rel, "1:superseded 2:failed 3:superseded 4:superseded 5:superseded 6:superseded 7:deployed")
 }
 
@@ -74,13 +87,24 @@ func TestStockHelmInterop(t *testing.T) {
 // than --recover-legacy-after in server time, and refused before.
 func TestLegacyStuckRelease(t *testing.T) {
 	t.Parallel()
+	legacyStuckRelease(t, "lease")
+}
+
+// TestLegacyStuckReleaseReleaseBackend is TestLegacyStuckRelease with
+// --lock-backend=release.
+func TestLegacyStuckReleaseReleaseBackend(t *testing.T) {
+	t.Parallel()
+	legacyStuckRelease(t, "release")
+}
+
+func legacyStuckRelease(t *testing.T, backend string) {
 	env := testenv.Get(t)
 	ha := env.Bin(t)
 	chart := env.Chart("app")
 	ns := env.Namespace(t)
 	const rel = "legacy"
 	const legacyAfter = 20 * time.Second
-	legacy := []string{"--recover-legacy-after", legacyAfter.String()}
+	legacy := []string{"--recover-legacy-after", legacyAfter.String(), "--lock-backend", backend}
 
 	mustRun(t, env, env.Helm4, "install", rel, chart, "-n", ns, "--wait", "--timeout", "60s")
 	p := env.Start(t, env.Helm4, args([]string{"upgrade", rel, chart, "-n", ns, "--wait", "--timeout", "5m", "--set", "message=v2"}, unschedulable)...)

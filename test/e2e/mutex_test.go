@@ -99,3 +99,58 @@ func holders(events []leaseEvent) []string {
 	}
 	return out
 }
+
+// TestTwoLiveClientsReleaseBackend is the refusal and the wait of
+// TestTwoLiveClients with --lock-backend=release: the lock is on the pending
+// revision's own record.
+func TestTwoLiveClientsReleaseBackend(t *testing.T) {
+	env := testenv.Get(t)
+	ha := env.Bin(t)
+	chart := env.Chart("app")
+	ns := env.Namespace(t)
+	const rel = "mutex-release"
+	flag := []string{"--lock-backend", "release"}
+	mustRun(t, env, ha, args([]string{"install", rel, chart, "-n", ns, "--wait", "--timeout", "60s"}, flag)...)
+	holder := env.Start(t, ha, args([]string{"upgrade", rel, chart, "-n", ns, "--wait", "--timeout", "15s", "--set", "message=holder"}, unschedulable, flag)...)
+	env.WaitForStatus(t, ns, rel, 2, "pending-upgrade", 60*time.Second)
+	rec := waitForWriterIn(t, env, recordLock, ns, rel, 2, 10*time.Second)
+
+	res := env.Run(t, ha, args([]string{"upgrade", rel, chart, "-n", ns, "--set", "message=second"}, flag)...)
+	figure(t, "locked-failure latency (--lock-backend=release): %s (exit %d)", res.Elapsed.Round(time.Millisecond), res.ExitCode)
+	if res.ExitCode != guard.ExitLocked {
+		t.Fatalf("second upgrade: exit %d; want %d (locked)\nstderr:\n%s", res.ExitCode, guard.ExitLocked, res.Stderr)
+	}
+	if res.Elapsed > time.Second {
+		t.Errorf("second upgrade took %s to fail; want at most 1s", res.Elapsed.Round(time.Millisecond))
+	}
+	for _, want := range []string{rec.Session, rec.Who, "upgrade", "LOCKED TILL"} {
+		if !strings.Contains(res.Stderr, want) {
+			t.Errorf("second upgrade's stderr does not contain %q:\n%s", want, res.Stderr)
+		}
+	}
+	// A lease-backend client is refused by the same lock.
+	res = env.Run(t, ha, "upgrade", rel, chart, "-n", ns, "--set", "message=lease", "--lock-backend", "lease")
+	if res.ExitCode != guard.ExitLocked || !strings.Contains(res.Stderr, rec.Session) {
+		t.Fatalf("lease-backend upgrade while a release-backend client holds: exit %d; want %d naming %s\nstderr:\n%s", res.ExitCode, guard.ExitLocked, rec.Session, res.Stderr)
+	}
+	if got := env.Summary(t, ns, rel); strings.Join(got, " ") != "1:deployed 2:pending-upgrade" {
+		t.Fatalf("history after the refused upgrades = %v; want it untouched", got)
+	}
+
+	waiter := env.Start(t, ha, args([]string{"upgrade", rel, chart, "-n", ns, "--lock-timeout", "60s", "--set", "message=waiter"}, flag)...)
+	if code := holder.Wait(t, 2*time.Minute); code != 1 {
+		t.Fatalf("holder: exit %d; want 1 (its wait timed out)\nstderr:\n%s", code, holder.Stderr.String())
+	}
+	heldUntil := time.Now()
+	if code := waiter.Wait(t, time.Minute); code != 0 {
+		t.Fatalf("waiter: exit %d\nstderr:\n%s", code, waiter.Stderr.String())
+	}
+	figure(t, "waiter done after the holder exited (--lock-backend=release, includes the waiter's upgrade): %s", time.Since(heldUntil).Round(time.Millisecond))
+	if !strings.Contains(waiter.Stderr.String(), "waiting for the lock held by") {
+		t.Errorf("waiter's stderr shows no progress:\n%s", waiter.Stderr.String())
+	}
+	revs := wantHistory(t, env, ns, rel, "1:superseded 2:failed 3:deployed")
+	if strings.Contains(revs[1].Description, "Abandoned") {
+		t.Errorf("the holder's own failed revision was recovered by someone else: %q", revs[1].Description)
+	}
+}
