@@ -14,8 +14,6 @@ import (
 	"golang.org/x/term"
 	helmcli "helm.sh/helm/v4/pkg/cli"
 	"helm.sh/helm/v4/pkg/cli/output"
-	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/clock"
 
@@ -69,6 +67,10 @@ type conn struct {
 	// records is the lock on the release records (nil when the driver has
 	// none, as with sql): every client takes it, whichever backend it chose.
 	records *lock.LeaseBackend
+	// recs are helm's release records (Secrets, or ConfigMaps with
+	// HELM_DRIVER=configmap); recsErr is set when the driver keeps none.
+	recs    helmx.Records
+	recsErr error
 }
 
 func newConn(client kubernetes.Interface, est *servertime.Estimator, clk clock.Clock) *conn {
@@ -76,7 +78,16 @@ func newConn(client kubernetes.Interface, est *servertime.Estimator, clk clock.C
 	if d, err := lock.ParseDriver(os.Getenv("HELM_DRIVER")); err == nil {
 		cn.records = lock.NewReleaseBackend(client, est, clk, d)
 	}
+	cn.recs, cn.recsErr = helmx.NewRecords(client, os.Getenv("HELM_DRIVER"))
 	return cn
+}
+
+// history reads the stored revisions of rel in ns, oldest first.
+func (cn *conn) history(ctx context.Context, ns, rel string) ([]helmx.Summary, error) {
+	if cn.recsErr != nil {
+		return nil, exitError(guard.ExitUsage, "release %q in namespace %q: %v; reading and recovering the release history needs the secret or configmap driver", rel, ns, cn.recsErr)
+	}
+	return helmx.ReadHistory(ctx, cn.recs, ns, rel)
 }
 
 // stores are the locks an operation of this process takes, in order.
@@ -398,7 +409,7 @@ func (c *lockCmds) releaseRow(ctx context.Context, cn *conn, ns, rel string, leg
 		return inspect.Row{}, err
 	}
 	st.Release = rel
-	rels, err := latestRevisions(ctx, cn.client, ns, rel)
+	rels, err := cn.latestRevisions(ctx, ns, rel)
 	if err != nil {
 		return inspect.Row{}, err
 	}
@@ -425,7 +436,7 @@ func (c *lockCmds) namespaceRows(ctx context.Context, cn *conn, ns string, legac
 	if err != nil {
 		return nil, err
 	}
-	rels, err := latestRevisions(ctx, cn.client, ns, "")
+	rels, err := cn.latestRevisions(ctx, ns, "")
 	if err != nil {
 		return nil, err
 	}
@@ -479,33 +490,38 @@ type releaseKey struct{ namespace, name string }
 // latestRevisions reads the latest stored revision of every release in ns
 // ("" for all namespaces), or of release alone when it is not empty.
 // Only the latest revision of each release is decoded.
-func latestRevisions(ctx context.Context, client kubernetes.Interface, ns, release string) (map[releaseKey]inspect.Release, error) {
+// With a driver that keeps no Kubernetes record (sql) it finds none: only
+// the Leases are shown.
+func (cn *conn) latestRevisions(ctx context.Context, ns, release string) (map[releaseKey]inspect.Release, error) {
+	if cn.recsErr != nil {
+		return map[releaseKey]inspect.Release{}, nil
+	}
+	recs := cn.recs
 	selector := helmx.LabelOwner + "=" + helmx.OwnerHelm
 	if release != "" {
 		selector = helmx.HistorySelector(release)
 	}
-	list, err := client.CoreV1().Secrets(ns).List(ctx, metav1.ListOptions{LabelSelector: selector})
+	list, err := recs.List(ctx, ns, selector)
 	if err != nil {
 		if release != "" {
 			return nil, fmt.Errorf("release %q in namespace %q: reading its history: %w", release, ns, err)
 		}
-		return nil, fmt.Errorf("reading helm's release Secrets in namespace %q: %w", ns, err)
+		return nil, fmt.Errorf("reading helm's release %ss in namespace %q: %w", recs.Kind(), ns, err)
 	}
-	latest := map[releaseKey]*corev1.Secret{}
-	for i := range list.Items {
-		s := &list.Items[i]
-		k := releaseKey{s.Namespace, s.Labels[helmx.LabelName]}
+	latest := map[releaseKey]helmx.Record{}
+	for _, s := range list {
+		k := releaseKey{s.Meta.Namespace, s.Meta.Labels[helmx.LabelName]}
 		if k.name == "" {
 			continue
 		}
-		if cur, ok := latest[k]; !ok || secretVersion(s) > secretVersion(cur) {
+		if cur, ok := latest[k]; !ok || recordVersion(s) > recordVersion(cur) {
 			latest[k] = s
 		}
 	}
 	out := make(map[releaseKey]inspect.Release, len(latest))
 	for k, s := range latest {
 		r := inspect.Release{Name: k.name, Namespace: k.namespace}
-		sum, err := helmx.Summarize(s)
+		sum, err := helmx.SummarizeRecord(s)
 		if err != nil {
 			r.Err = err
 		} else {
@@ -516,8 +532,8 @@ func latestRevisions(ctx context.Context, client kubernetes.Interface, ns, relea
 	return out, nil
 }
 
-func secretVersion(s *corev1.Secret) int {
-	v, _ := strconv.Atoi(s.Labels[helmx.LabelVersion])
+func recordVersion(s helmx.Record) int {
+	v, _ := strconv.Atoi(s.Meta.Labels[helmx.LabelVersion])
 	return v
 }
 

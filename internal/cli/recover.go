@@ -111,7 +111,7 @@ func (c *lockCmds) runRecover(ctx context.Context, o *recoverOptions, rel string
 		return err
 	}
 	st.Release = rel
-	hist, err := helmx.ReadHistory(ctx, cn.client, ns, rel)
+	hist, err := cn.history(ctx, ns, rel)
 	if err != nil {
 		return err
 	}
@@ -208,7 +208,7 @@ func (c *lockCmds) runRecover(ctx context.Context, o *recoverOptions, rel string
 	}
 
 	for attempt := 0; attempt < 5; attempt++ {
-		if hist, err = helmx.ReadHistory(ctx, cn.client, ns, rel); err != nil {
+		if hist, err = cn.history(ctx, ns, rel); err != nil {
 			return err
 		}
 		now, err := cn.serverNow(ctx)
@@ -234,18 +234,18 @@ func (c *lockCmds) runRecover(ctx context.Context, o *recoverOptions, rel string
 		case recovery.Recover, recovery.RecoverThenRollback:
 		}
 		by := recovery.Recoverer{Session: held.Session(), At: now.Latest}
-		var written []*corev1.Secret
+		var written []helmx.Record
 		conflict := false
 		for _, a := range append([]recovery.Abandonment{dec.Target}, dec.Stray...) {
 			if err := held.Valid(); err != nil {
 				return &guard.ExitError{Code: guard.ExitLockLost, Err: fmt.Errorf("release %q in namespace %q: %w", rel, ns, err)}
 			}
 			desc := recovery.DescribeAbandoned(a, by)
-			s, err := recovery.MarkFailed(ctx, cn.client, ns, a.Release, desc, now.Latest)
+			s, err := recovery.MarkFailed(ctx, cn.recs, ns, a.Release, desc, now.Latest)
 			switch {
 			case err == nil:
 				written = append(written, s)
-				rep.Writes = append(rep.Writes, inspect.Write{Revision: a.Release.Revision, SecretName: a.Release.SecretName, From: a.Release.Status, Description: desc})
+				rep.Writes = append(rep.Writes, inspect.Write{Revision: a.Release.Revision, RecordKind: a.Release.RecordKind, RecordName: a.Release.RecordName, From: a.Release.Status, Description: desc})
 			case errors.Is(err, recovery.ErrNotPending):
 			case errors.Is(err, recovery.ErrConflict):
 				conflict = true
@@ -263,7 +263,7 @@ func (c *lockCmds) runRecover(ctx context.Context, o *recoverOptions, rel string
 			rep.Event = events.ReasonRecovered
 			note := fmt.Sprintf("Recovered by %s with helm-autorecover recover (session %s): %s", c.who(), held.Session(), dec.Reason)
 			if err := events.Emit(ctx, cn.client, events.Event{
-				Regarding: events.SecretRef(written[0]), Type: corev1.EventTypeNormal, Reason: events.ReasonRecovered,
+				Regarding: written[0].Ref(), Type: corev1.EventTypeNormal, Reason: events.ReasonRecovered,
 				Action: "Recover", Note: note, At: now.Latest, Instance: c.who(),
 			}); err != nil {
 				rep.Event = ""
@@ -291,7 +291,7 @@ func planReport(dec recovery.Decision, rel, ns string, at time.Time) inspect.Rep
 	if dec.Verdict == recovery.Recover || dec.Verdict == recovery.RecoverThenRollback {
 		by := recovery.Recoverer{Session: dryRunSession, At: at}
 		for _, a := range append([]recovery.Abandonment{dec.Target}, dec.Stray...) {
-			rep.Writes = append(rep.Writes, inspect.Write{Revision: a.Release.Revision, SecretName: a.Release.SecretName, From: a.Release.Status, Description: recovery.DescribeAbandoned(a, by)})
+			rep.Writes = append(rep.Writes, inspect.Write{Revision: a.Release.Revision, RecordKind: a.Release.RecordKind, RecordName: a.Release.RecordName, From: a.Release.Status, Description: recovery.DescribeAbandoned(a, by)})
 		}
 		rep.Event = events.ReasonRecovered
 	}

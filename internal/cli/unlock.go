@@ -95,7 +95,7 @@ func (c *lockCmds) runUnlock(ctx context.Context, o *unlockOptions, rel string) 
 		return err
 	}
 	st.Release = rel
-	hist, err := helmx.ReadHistory(ctx, cn.client, ns, rel)
+	hist, err := cn.history(ctx, ns, rel)
 	if err != nil {
 		return err
 	}
@@ -111,7 +111,7 @@ func (c *lockCmds) runUnlock(ctx context.Context, o *unlockOptions, rel string) 
 	}
 
 	by := c.who()
-	var writes []*corev1.Secret
+	var writes []helmx.Record
 	var marked []recovery.Abandonment
 	var dec recovery.Decision
 	for attempt := 0; ; attempt++ {
@@ -119,7 +119,7 @@ func (c *lockCmds) runUnlock(ctx context.Context, o *unlockOptions, rel string) 
 			return fmt.Errorf("release %q in namespace %q: other writers kept changing the release; nothing more was written. Try again", rel, ns)
 		}
 		if attempt > 0 {
-			if hist, err = helmx.ReadHistory(ctx, cn.client, ns, rel); err != nil {
+			if hist, err = cn.history(ctx, ns, rel); err != nil {
 				return err
 			}
 		}
@@ -143,7 +143,7 @@ func (c *lockCmds) runUnlock(ctx context.Context, o *unlockOptions, rel string) 
 		writes, marked = nil, nil
 		for _, a := range append([]recovery.Abandonment{dec.Target}, dec.Stray...) {
 			desc := unlockDescription(a, live, by, now.Latest)
-			s, err := recovery.MarkFailed(ctx, cn.client, ns, a.Release, desc, now.Latest)
+			s, err := recovery.MarkFailed(ctx, cn.recs, ns, a.Release, desc, now.Latest)
 			switch {
 			case err == nil:
 				writes = append(writes, s)
@@ -251,19 +251,19 @@ func unlockDescription(a recovery.Abandonment, forced bool, by string, at time.T
 	return fmt.Sprintf(DescriptionUnlocked, a.Release.Status, h, by, stamp(at))
 }
 
-func (c *lockCmds) unlockEvent(ctx context.Context, cn *conn, hist []helmx.Summary, writes []*corev1.Secret, rec *lock.Record, session string, forced bool, by string, marked []recovery.Abandonment) {
-	var regarding *corev1.Secret
-	if len(writes) > 0 {
+func (c *lockCmds) unlockEvent(ctx context.Context, cn *conn, hist []helmx.Summary, writes []helmx.Record, rec *lock.Record, session string, forced bool, by string, marked []recovery.Abandonment) {
+	var regarding helmx.Record
+	switch {
+	case len(writes) > 0:
 		regarding = writes[0]
-	} else if len(hist) > 0 {
-		s, err := events.ReleaseSecret(ctx, cn.client, hist[len(hist)-1])
+	case len(hist) > 0:
+		s, err := events.ReleaseRecord(ctx, cn.recs, hist[len(hist)-1])
 		if err != nil {
 			fmt.Fprintf(c.errOut, "Warning: %v\n", err)
 			return
 		}
 		regarding = s
-	}
-	if regarding == nil {
+	default:
 		return
 	}
 	reason, typ, verb := events.ReasonUnlocked, corev1.EventTypeNormal, "released"
@@ -276,7 +276,7 @@ func (c *lockCmds) unlockEvent(ctx context.Context, cn *conn, hist []helmx.Summa
 	}
 	now, _ := cn.serverNow(ctx)
 	err := events.Emit(ctx, cn.client, events.Event{
-		Regarding: events.SecretRef(regarding),
+		Regarding: regarding.Ref(),
 		Type:      typ,
 		Reason:    reason,
 		Action:    "Unlock",

@@ -42,7 +42,8 @@ const timeout = 5 * time.Second
 
 // Event is one thing that happened to a release.
 type Event struct {
-	// Regarding is the release's latest revision Secret (see SecretRef).
+	// Regarding is the release's latest revision record, a Secret or a
+	// ConfigMap (helmx.Record.Ref).
 	Regarding corev1.ObjectReference
 	// Type is corev1.EventTypeNormal or corev1.EventTypeWarning.
 	Type   string
@@ -55,18 +56,6 @@ type Event struct {
 	At time.Time
 	// Instance names the reporting process, user@host.
 	Instance string
-}
-
-// SecretRef refers to a release revision Secret.
-func SecretRef(s *corev1.Secret) corev1.ObjectReference {
-	return corev1.ObjectReference{
-		APIVersion:      "v1",
-		Kind:            "Secret",
-		Namespace:       s.Namespace,
-		Name:            s.Name,
-		UID:             s.UID,
-		ResourceVersion: s.ResourceVersion,
-	}
 }
 
 // Build returns the events.k8s.io/v1 object for ev, without writing it. It
@@ -96,43 +85,43 @@ func Build(ev Event) *eventsv1.Event {
 	}
 }
 
-// Emit writes ev. The error names the release's Secret and namespace.
+// Emit writes ev. The error names the release's record and namespace.
 func Emit(ctx context.Context, client kubernetes.Interface, ev Event) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	obj := Build(ev)
 	if _, err := client.EventsV1().Events(obj.Namespace).Create(ctx, obj, metav1.CreateOptions{}); err != nil {
-		return fmt.Errorf("recording Event %s about Secret %q in namespace %q: %w", ev.Reason, ev.Regarding.Name, ev.Regarding.Namespace, err)
+		return fmt.Errorf("recording Event %s about %s %q in namespace %q: %w", ev.Reason, ev.Regarding.Kind, ev.Regarding.Name, ev.Regarding.Namespace, err)
 	}
 	return nil
 }
 
-// ReleaseSecret reads the Secret of one revision, to refer to it.
-func ReleaseSecret(ctx context.Context, client kubernetes.Interface, rev helmx.Summary) (*corev1.Secret, error) {
+// ReleaseRecord reads the record of one revision, to refer to it.
+func ReleaseRecord(ctx context.Context, records helmx.Records, rev helmx.Summary) (helmx.Record, error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	ns := rev.SecretNamespace
+	ns := rev.RecordNamespace
 	if ns == "" {
 		ns = rev.Namespace
 	}
-	s, err := client.CoreV1().Secrets(ns).Get(ctx, rev.SecretName, metav1.GetOptions{})
+	r, err := records.Get(ctx, ns, rev.RecordName)
 	if err != nil {
-		return nil, fmt.Errorf("reading Secret %q in namespace %q to record an Event: %w", rev.SecretName, ns, err)
+		return helmx.Record{}, fmt.Errorf("reading %s %q in namespace %q to record an Event: %w", records.Kind(), rev.RecordName, ns, err)
 	}
-	return s, nil
+	return r, nil
 }
 
 // AutoRecovered records that the guard of session recovered the release's
 // latest revision target (as read for the decision) at server time at;
 // reason is the recovery decision's Reason. The guard calls it after a
 // successful recovery.
-func AutoRecovered(ctx context.Context, client kubernetes.Interface, target helmx.Summary, reason, session string, at time.Time) error {
-	s, err := ReleaseSecret(ctx, client, target)
+func AutoRecovered(ctx context.Context, client kubernetes.Interface, records helmx.Records, target helmx.Summary, reason, session string, at time.Time) error {
+	r, err := ReleaseRecord(ctx, records, target)
 	if err != nil {
 		return err
 	}
 	return Emit(ctx, client, Event{
-		Regarding: SecretRef(s),
+		Regarding: r.Ref(),
 		Type:      corev1.EventTypeWarning,
 		Reason:    ReasonAutoRecovered,
 		Action:    "Recover",

@@ -30,7 +30,7 @@ func TestIntegrationAutoRecovered(t *testing.T) {
 	}
 	reason := `release "rel" in namespace "` + ns + `": revision 1 is pending-install, ...; it is abandoned and will be marked failed`
 	at := time.Now().UTC()
-	if err := AutoRecovered(t.Context(), env.Client, target, reason, "sess-1", at); err != nil {
+	if err := AutoRecovered(t.Context(), env.Client, helmx.SecretRecords(env.Client), target, reason, "sess-1", at); err != nil {
 		t.Fatal(err)
 	}
 	evs, err := env.Client.CoreV1().Events(ns).List(t.Context(), metav1.ListOptions{})
@@ -48,7 +48,7 @@ func TestIntegrationAutoRecovered(t *testing.T) {
 	}
 	e := found[0]
 	if e.Reason != ReasonAutoRecovered || e.Type != "Warning" || e.InvolvedObject.Kind != "Secret" ||
-		e.InvolvedObject.Name != target.SecretName || e.InvolvedObject.UID != hist[0].Secret.UID ||
+		e.InvolvedObject.Name != target.RecordName || e.InvolvedObject.UID != hist[0].Secret.UID ||
 		!strings.Contains(e.Message, "sess-1") || !strings.Contains(e.Message, reason) || e.ReportingController != ReportingController {
 		t.Errorf("event: %+v", e)
 	}

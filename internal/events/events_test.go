@@ -8,13 +8,15 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/helm-autorecover/helm-autorecover/internal/helmx"
 )
 
 func TestBuild(t *testing.T) {
 	s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "sh.helm.release.v1.web.v3", Namespace: "prod", UID: "u-1", ResourceVersion: "42"}}
 	at := time.Date(2026, 12, 2, 13, 9, 58, 123456000, time.FixedZone("CET", 3600))
 	ev := Build(Event{
-		Regarding: SecretRef(s), Type: corev1.EventTypeWarning, Reason: ReasonForceUnlocked, Action: "Unlock",
+		Regarding: helmx.SecretRecord(s).Ref(), Type: corev1.EventTypeWarning, Reason: ReasonForceUnlocked, Action: "Unlock",
 		Note: "released", At: at, Instance: "bob@laptop",
 	})
 	if want := "sh.helm.release.v1.web.v3." + "18ed6e919ff22600"; ev.Name != want {

@@ -110,6 +110,9 @@ func (g *Guard) Run(ctx context.Context, t Target, op func() error) error {
 		return err
 	}
 	r := &run{g: g, t: t, client: client, est: est, held: held, opDone: make(chan struct{})}
+	// The sql driver keeps no Kubernetes record: the lock (a Lease) still
+	// excludes other clients, but there is no history here to recover.
+	r.records, r.recordsErr = helmx.NewRecords(client, g.HelmDriver)
 	return r.do(ctx, op)
 }
 
@@ -188,6 +191,10 @@ type run struct {
 	client kubernetes.Interface
 	est    *servertime.Estimator
 	held   *lock.Joint
+	// records are helm's release records (Secrets or ConfigMaps); recordsErr
+	// is set when the storage driver keeps none (sql).
+	records    helmx.Records
+	recordsErr error
 
 	// exitOnce makes sure only one path ends the process.
 	exitOnce sync.Once
@@ -246,9 +253,13 @@ func (r *run) do(ctx context.Context, op func() error) (err error) {
 }
 
 // history reads every stored revision of the release, with their
-// resourceVersions.
+// resourceVersions. With a driver that keeps no Kubernetes record (sql) it
+// is empty: there is nothing this process can read or recover.
 func (r *run) history(ctx context.Context) ([]helmx.Summary, error) {
-	return helmx.ReadHistory(ctx, r.client, r.t.Namespace, r.t.Release)
+	if r.recordsErr != nil {
+		return nil, nil
+	}
+	return helmx.ReadHistory(ctx, r.records, r.t.Namespace, r.t.Release)
 }
 
 func (r *run) serverNow(ctx context.Context) (recovery.ServerTime, error) {
@@ -354,7 +365,7 @@ func (r *run) recover(ctx context.Context) error {
 				continue
 			}
 			fmt.Fprintf(r.g.Stderr, "helm-autorecover: recovered: %s\n", dec.Reason)
-			if err := events.AutoRecovered(ctx, r.client, dec.Target.Release, dec.Reason, r.held.Session(), now.Latest); err != nil {
+			if err := events.AutoRecovered(ctx, r.client, r.records, dec.Target.Release, dec.Reason, r.held.Session(), now.Latest); err != nil {
 				fmt.Fprintf(r.g.Stderr, "helm-autorecover: warning: %v\n", err)
 			}
 			if rollingBack {
@@ -373,7 +384,7 @@ func (r *run) recover(ctx context.Context) error {
 // objects it created) so that helm's operation starts from the last
 // deployed state; see recovery.ConvergeAbandoned.
 func (r *run) converge(ctx context.Context, abandoned helmx.Summary) error {
-	rep, err := recovery.ConvergeAbandoned(ctx, r.g.Config, r.client, abandoned,
+	rep, err := recovery.ConvergeAbandoned(ctx, r.g.Config, r.records, abandoned,
 		recovery.ConvergeOptions{BeforeWrite: r.held.Valid})
 	if rep.Notable() || err != nil {
 		fmt.Fprintf(r.g.Stderr, "helm-autorecover: %s\n", rep.Summary())
@@ -398,7 +409,7 @@ func (r *run) markAbandoned(ctx context.Context, dec recovery.Decision, now reco
 	by := recovery.Recoverer{Session: r.held.Session(), At: now.Latest}
 	for _, a := range append([]recovery.Abandonment{dec.Target}, dec.Stray...) {
 		desc := recovery.DescribeAbandoned(a, by)
-		_, err := recovery.MarkFailed(ctx, r.client, r.t.Namespace, a.Release, desc, now.Latest)
+		_, err := recovery.MarkFailed(ctx, r.records, r.t.Namespace, a.Release, desc, now.Latest)
 		switch {
 		case err == nil, errors.Is(err, recovery.ErrNotPending):
 		case errors.Is(err, recovery.ErrConflict):
@@ -496,7 +507,7 @@ func (r *run) abandonOwn(why string) {
 		}
 		now, _ := r.serverNow(ctx)
 		desc := fmt.Sprintf("%s %s: %s (session %s at %s)", "Cancelled", latest.Status, why, r.held.Session(), now.Latest.UTC().Format(time.RFC3339))
-		_, err = recovery.MarkFailed(ctx, r.client, r.t.Namespace, latest, desc, now.Latest)
+		_, err = recovery.MarkFailed(ctx, r.records, r.t.Namespace, latest, desc, now.Latest)
 		if !errors.Is(err, recovery.ErrConflict) {
 			return
 		}

@@ -15,8 +15,6 @@ import (
 
 	"helm.sh/helm/v4/pkg/release/common"
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
 
 	"github.com/helm-autorecover/helm-autorecover/internal/lock"
 )
@@ -163,9 +161,11 @@ func checkObject(doc []byte) error {
 // Summary is what recovery needs to know about one stored revision, read
 // without decoding the chart, values or manifest into Helm's types.
 type Summary struct {
-	// SecretName and SecretNamespace locate the storage Secret.
-	SecretName      string
-	SecretNamespace string
+	// RecordKind, RecordName and RecordNamespace locate the stored record:
+	// a Secret (helm's default driver) or a ConfigMap (HELM_DRIVER=configmap).
+	RecordKind      string
+	RecordName      string
+	RecordNamespace string
 
 	Name         string // release name
 	Namespace    string // release namespace (the Secret's when the JSON has none)
@@ -215,15 +215,19 @@ func Summarize(secret *corev1.Secret) (Summary, error) {
 	if secret == nil {
 		return Summary{}, errors.New("summarizing a release revision: no Secret given")
 	}
-	where := fmt.Sprintf("Secret %q in namespace %q", secret.Name, secret.Namespace)
-	if secret.Type != ReleaseSecretType && secret.Type != "" {
-		return Summary{}, fmt.Errorf("%s has type %q, not a Helm release (%q)", where, secret.Type, ReleaseSecretType)
+	return SummarizeRecord(SecretRecord(secret))
+}
+
+// SummarizeRecord reads the summary of the release revision stored in r.
+func SummarizeRecord(r Record) (Summary, error) {
+	where := r.Describe()
+	if r.Kind == KindSecret && r.secretType != ReleaseSecretType && r.secretType != "" {
+		return Summary{}, fmt.Errorf("%s has type %q, not a Helm release (%q)", where, r.secretType, ReleaseSecretType)
 	}
-	payload, ok := secret.Data[ReleaseDataKey]
-	if !ok {
+	if !r.hasPayload() {
 		return Summary{}, fmt.Errorf("%s has no %q data key; it is not a Helm release revision", where, ReleaseDataKey)
 	}
-	doc, err := DecodeReleaseJSON(payload)
+	doc, err := DecodeReleaseJSON(r.Payload)
 	if err != nil {
 		return Summary{}, fmt.Errorf("reading %s: %w", where, err)
 	}
@@ -233,23 +237,24 @@ func Summarize(secret *corev1.Secret) (Summary, error) {
 	}
 
 	s := Summary{
-		SecretName:        secret.Name,
-		SecretNamespace:   secret.Namespace,
+		RecordKind:        r.Kind,
+		RecordName:        r.Meta.Name,
+		RecordNamespace:   r.Meta.Namespace,
 		Name:              h.Name,
 		Namespace:         h.Namespace,
 		Revision:          h.Version,
-		CreationTimestamp: secret.CreationTimestamp.Time,
-		ResourceVersion:   secret.ResourceVersion,
+		CreationTimestamp: r.Meta.CreationTimestamp.Time,
+		ResourceVersion:   r.Meta.ResourceVersion,
 	}
 	if s.Name == "" {
-		s.Name = secret.Labels[LabelName]
+		s.Name = r.Meta.Labels[LabelName]
 	}
 	if s.Namespace == "" {
-		s.Namespace = secret.Namespace
+		s.Namespace = r.Meta.Namespace
 	}
 	if s.Revision == 0 {
 		// Unparseable labels leave the revision 0, which callers treat as unknown.
-		s.Revision, _ = strconv.Atoi(secret.Labels[LabelVersion])
+		s.Revision, _ = strconv.Atoi(r.Meta.Labels[LabelVersion])
 	}
 	if h.Info != nil {
 		s.Status = h.Info.Status
@@ -265,7 +270,7 @@ func Summarize(secret *corev1.Secret) (Summary, error) {
 		s.ChartName = h.Chart.Metadata.Name
 		s.ChartVersion = h.Chart.Metadata.Version
 	}
-	for _, mf := range secret.ManagedFields {
+	for _, mf := range r.Meta.ManagedFields {
 		if mf.Manager == lock.FieldManager {
 			continue // a lock write, not a change of the release
 		}
@@ -284,20 +289,20 @@ func parseHelmTime(v string) (time.Time, error) {
 }
 
 // ReadHistory reads every stored revision of release in namespace ns straight
-// from helm's Secrets, oldest first, each with its resourceVersion. Errors
-// name the release, the namespace and, for an unreadable revision, the Secret
-// to inspect.
-func ReadHistory(ctx context.Context, client kubernetes.Interface, ns, release string) ([]Summary, error) {
-	list, err := client.CoreV1().Secrets(ns).List(ctx, metav1.ListOptions{LabelSelector: HistorySelector(release)})
+// from helm's records (Secrets or ConfigMaps, as records says), oldest first,
+// each with its resourceVersion. Errors name the release, the namespace and,
+// for an unreadable revision, the record to inspect.
+func ReadHistory(ctx context.Context, records Records, ns, release string) ([]Summary, error) {
+	list, err := records.List(ctx, ns, HistorySelector(release))
 	if err != nil {
 		return nil, fmt.Errorf("release %q in namespace %q: reading its history: %w", release, ns, err)
 	}
-	out := make([]Summary, 0, len(list.Items))
-	for i := range list.Items {
-		s, err := Summarize(&list.Items[i])
+	out := make([]Summary, 0, len(list))
+	for _, r := range list {
+		s, err := SummarizeRecord(r)
 		if err != nil {
-			return nil, fmt.Errorf("release %q in namespace %q: %w; inspect it with: kubectl get secret -n %s %s -o yaml",
-				release, ns, err, ns, list.Items[i].Name)
+			return nil, fmt.Errorf("release %q in namespace %q: %w; inspect it with: %s -n %s %s -o yaml",
+				release, ns, err, records.Kubectl(), ns, r.Meta.Name)
 		}
 		out = append(out, s)
 	}

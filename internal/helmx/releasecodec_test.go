@@ -72,8 +72,9 @@ func TestSummarizeReadsWhatHelmWrites(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := Summary{
-		SecretName:        "sh.helm.release.v1.web.v4",
-		SecretNamespace:   "shop",
+		RecordKind:        KindSecret,
+		RecordName:        "sh.helm.release.v1.web.v4",
+		RecordNamespace:   "shop",
 		Name:              "web",
 		Namespace:         "shop",
 		Revision:          4,

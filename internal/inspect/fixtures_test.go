@@ -50,8 +50,8 @@ func at(d time.Duration) time.Time { return t0.Add(d) }
 
 func summary(rel, ns string, rev int, status common.Status, created time.Time) *helmx.Summary {
 	return &helmx.Summary{
-		SecretName:        helmx.ReleaseSecretName(rel, rev),
-		SecretNamespace:   ns,
+		RecordName:        helmx.ReleaseSecretName(rel, rev),
+		RecordNamespace:   ns,
 		Name:              rel,
 		Namespace:         ns,
 		Revision:          rev,

@@ -13,8 +13,10 @@ import (
 
 // Write is one revision a recovery marks (or would mark) failed.
 type Write struct {
-	Revision    int
-	SecretName  string
+	Revision int
+	// RecordKind is the kind of the revision's record (Secret or ConfigMap).
+	RecordKind  string
+	RecordName  string
 	From        common.Status
 	Description string
 }
@@ -76,17 +78,25 @@ func WriteReport(out io.Writer, r Report) error {
 			b.WriteString("Wrote:\n")
 		}
 		for _, w := range r.Writes {
-			fmt.Fprintf(&b, "  - Secret %s: revision %d %s -> %s, description:\n      %s\n", w.SecretName, w.Revision, w.From, common.StatusFailed, w.Description)
+			fmt.Fprintf(&b, "  - %s %s: revision %d %s -> %s, description:\n      %s\n", kindOr(w.RecordKind), w.RecordName, w.Revision, w.From, common.StatusFailed, w.Description)
 		}
 		if r.RolledBack || (r.DryRun && r.Decision.Verdict == recovery.RecoverThenRollback) {
 			fmt.Fprintf(&b, "  - a rollback of release %q to revision %d (--recover-strategy=rollback), a new revision\n", r.Release, r.Decision.RollbackTo)
 		}
 		if r.Event != "" && len(r.Writes) > 0 {
-			fmt.Fprintf(&b, "  - Event %s regarding Secret %s\n", r.Event, r.Writes[0].SecretName)
+			fmt.Fprintf(&b, "  - Event %s regarding %s %s\n", r.Event, kindOr(r.Writes[0].RecordKind), r.Writes[0].RecordName)
 		}
 	} else if r.DryRun {
 		b.WriteString("Dry run: nothing was written.\n")
 	}
 	_, err := io.WriteString(out, b.String())
 	return err
+}
+
+// kindOr names a record's kind, Secret (helm's default driver) when unknown.
+func kindOr(kind string) string {
+	if kind == "" {
+		return "Secret"
+	}
+	return kind
 }

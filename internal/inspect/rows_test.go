@@ -211,7 +211,7 @@ func TestReportGolden(t *testing.T) {
 		var ws []Write
 		for _, a := range append([]recovery.Abandonment{dec.Target}, dec.Stray...) {
 			desc := recovery.DescribeAbandoned(a, recovery.Recoverer{Session: session, At: now.Latest})
-			ws = append(ws, Write{Revision: a.Release.Revision, SecretName: a.Release.SecretName, From: a.Release.Status, Description: desc})
+			ws = append(ws, Write{Revision: a.Release.Revision, RecordName: a.Release.RecordName, From: a.Release.Status, Description: desc})
 		}
 		return ws
 	}

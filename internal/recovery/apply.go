@@ -9,10 +9,7 @@ import (
 
 	"github.com/helm-autorecover/helm-autorecover/internal/helmx"
 	"helm.sh/helm/v4/pkg/release/common"
-	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
 )
 
 var (
@@ -60,7 +57,8 @@ func DescribeAbandoned(a Abandonment, by Recoverer) string {
 var testHookBeforeUpdate func()
 
 // MarkFailed marks the pending revision target failed with description. It
-// reads the revision's Secret from namespace ns and refuses to write when the
+// reads the revision's record (a Secret, or a ConfigMap with helm's configmap
+// driver, as records says) from namespace ns and refuses to write when the
 // revision is no longer pending (ErrNotPending) or its resourceVersion is no
 // longer target.ResourceVersion (ErrConflict). The write edits only
 // info.status, info.description and the status and modifiedAt labels (the
@@ -68,76 +66,78 @@ var testHookBeforeUpdate func()
 // annotation is kept. It is conditional on the resourceVersion read, and a
 // conflict comes back as ErrConflict: the caller decides again rather than
 // retrying.
-func MarkFailed(ctx context.Context, client kubernetes.Interface, ns string, target helmx.Summary, description string, serverNow time.Time) (*corev1.Secret, error) {
+func MarkFailed(ctx context.Context, records helmx.Records, ns string, target helmx.Summary, description string, serverNow time.Time) (helmx.Record, error) {
 	subject := fmt.Sprintf("revision %d of release %q in namespace %q", target.Revision, target.Name, ns)
-	secrets := client.CoreV1().Secrets(ns)
+	kind := records.Kind()
 
-	cur, err := secrets.Get(ctx, target.SecretName, metav1.GetOptions{})
+	cur, err := records.Get(ctx, ns, target.RecordName)
 	if apierrors.IsNotFound(err) {
-		return nil, fmt.Errorf("marking %s failed: its Secret %q is gone, so someone else resolved it; read the history again: %w",
-			subject, target.SecretName, ErrNotPending)
+		return helmx.Record{}, fmt.Errorf("marking %s failed: its %s %q is gone, so someone else resolved it; read the history again: %w",
+			subject, kind, target.RecordName, ErrNotPending)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("marking %s failed: reading Secret %q: %w", subject, target.SecretName, err)
+		return helmx.Record{}, fmt.Errorf("marking %s failed: reading %s %q: %w", subject, kind, target.RecordName, err)
 	}
-	now, err := helmx.Summarize(cur)
+	now, err := helmx.SummarizeRecord(cur)
 	if err != nil {
-		return nil, fmt.Errorf("marking %s failed: %w", subject, err)
+		return helmx.Record{}, fmt.Errorf("marking %s failed: %w", subject, err)
 	}
 	if target.Revision != 0 && now.Revision != target.Revision {
-		return nil, fmt.Errorf("marking %s failed: Secret %q holds revision %d; read the history again: %w",
-			subject, target.SecretName, now.Revision, ErrConflict)
+		return helmx.Record{}, fmt.Errorf("marking %s failed: %s %q holds revision %d; read the history again: %w",
+			subject, kind, target.RecordName, now.Revision, ErrConflict)
 	}
 	if !IsPending(now.Status) {
-		return nil, fmt.Errorf("marking %s failed: it is %s now, so someone else resolved it; read the history again: %w",
+		return helmx.Record{}, fmt.Errorf("marking %s failed: it is %s now, so someone else resolved it; read the history again: %w",
 			subject, now.Status, ErrNotPending)
 	}
-	if cur.ResourceVersion == "" {
-		return nil, fmt.Errorf("marking %s failed: the server returned no resourceVersion, and a blind write could overwrite a concurrent writer: %w",
+	rv := cur.Meta.ResourceVersion
+	if rv == "" {
+		return helmx.Record{}, fmt.Errorf("marking %s failed: the server returned no resourceVersion, and a blind write could overwrite a concurrent writer: %w",
 			subject, ErrConflict)
 	}
-	if target.ResourceVersion != "" && cur.ResourceVersion != target.ResourceVersion {
-		return nil, fmt.Errorf("marking %s failed: it changed since it was read (resourceVersion %s, now %s); read the history and decide again: %w",
-			subject, target.ResourceVersion, cur.ResourceVersion, ErrConflict)
+	if target.ResourceVersion != "" && rv != target.ResourceVersion {
+		return helmx.Record{}, fmt.Errorf("marking %s failed: it changed since it was read (resourceVersion %s, now %s); read the history and decide again: %w",
+			subject, target.ResourceVersion, rv, ErrConflict)
 	}
 
-	doc, err := helmx.DecodeReleaseJSON(cur.Data[helmx.ReleaseDataKey])
+	doc, err := helmx.DecodeReleaseJSON(cur.Payload)
 	if err != nil {
-		return nil, fmt.Errorf("marking %s failed: %w", subject, err)
+		return helmx.Record{}, fmt.Errorf("marking %s failed: %w", subject, err)
 	}
 	doc, err = helmx.SetInfoFields(doc, map[string]any{
 		"status":      common.StatusFailed,
 		"description": description,
 	})
 	if err != nil {
-		return nil, fmt.Errorf("marking %s failed: %w", subject, err)
+		return helmx.Record{}, fmt.Errorf("marking %s failed: %w", subject, err)
 	}
 	payload, err := helmx.EncodeReleaseJSON(doc)
 	if err != nil {
-		return nil, fmt.Errorf("marking %s failed: %w", subject, err)
+		return helmx.Record{}, fmt.Errorf("marking %s failed: %w", subject, err)
 	}
 
-	// The copy keeps the resourceVersion read: the update is a compare-and-swap.
-	upd := cur.DeepCopy()
-	upd.Data[helmx.ReleaseDataKey] = payload
-	if upd.Labels == nil {
-		upd.Labels = map[string]string{}
+	// The record keeps the resourceVersion read: the update is a compare-and-swap.
+	upd := cur
+	upd.Meta = *cur.Meta.DeepCopy()
+	upd.Payload = payload
+	if upd.Meta.Labels == nil {
+		upd.Meta.Labels = map[string]string{}
 	}
-	upd.Labels[helmx.LabelStatus] = string(common.StatusFailed)
+	upd.Meta.Labels[helmx.LabelStatus] = string(common.StatusFailed)
 	if !serverNow.IsZero() {
-		upd.Labels[helmx.LabelModifiedAt] = strconv.FormatInt(serverNow.Unix(), 10)
+		upd.Meta.Labels[helmx.LabelModifiedAt] = strconv.FormatInt(serverNow.Unix(), 10)
 	}
 
 	if testHookBeforeUpdate != nil {
 		testHookBeforeUpdate()
 	}
-	out, err := secrets.Update(ctx, upd, metav1.UpdateOptions{FieldManager: FieldManager})
+	out, err := records.Update(ctx, upd, FieldManager)
 	if apierrors.IsConflict(err) {
-		return nil, fmt.Errorf("marking %s failed: someone wrote it after it was read at resourceVersion %s; read the history and decide again: %w: %w",
-			subject, cur.ResourceVersion, ErrConflict, err)
+		return helmx.Record{}, fmt.Errorf("marking %s failed: someone wrote it after it was read at resourceVersion %s; read the history and decide again: %w: %w",
+			subject, rv, ErrConflict, err)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("marking %s failed: writing Secret %q: %w", subject, target.SecretName, err)
+		return helmx.Record{}, fmt.Errorf("marking %s failed: writing %s %q: %w", subject, kind, target.RecordName, err)
 	}
 	return out, nil
 }

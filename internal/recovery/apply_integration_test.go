@@ -37,7 +37,7 @@ func TestIntegrationMarkFailedRace(t *testing.T) {
 	for i := range 2 {
 		wg.Go(func() {
 			<-start
-			_, errs[i] = MarkFailed(ctx, env.Client, ns, target, descs[i], time.Now())
+			_, errs[i] = MarkFailed(ctx, helmx.SecretRecords(env.Client), ns, target, descs[i], time.Now())
 		})
 	}
 	close(start)
@@ -61,7 +61,7 @@ func TestIntegrationMarkFailedRace(t *testing.T) {
 		t.Fatalf("no MarkFailed call succeeded: %v", errs)
 	}
 
-	rel, err := driver.NewSecrets(env.Client.CoreV1().Secrets(ns)).Get(target.SecretName)
+	rel, err := driver.NewSecrets(env.Client.CoreV1().Secrets(ns)).Get(target.RecordName)
 	if err != nil {
 		t.Fatalf("stock helm cannot read the recovered revision: %v", err)
 	}
@@ -107,24 +107,24 @@ func TestIntegrationMarkFailedStale(t *testing.T) {
 	t.Run("changed after the decision read", func(t *testing.T) {
 		ns := env.Namespace(t)
 		target := storePending(t, env.Client, ns, common.StatusPendingUpgrade)
-		touch(t, ns, target.SecretName)
-		_, err := MarkFailed(ctx, env.Client, ns, target, "d", time.Now())
+		touch(t, ns, target.RecordName)
+		_, err := MarkFailed(ctx, helmx.SecretRecords(env.Client), ns, target, "d", time.Now())
 		if !errors.Is(err, ErrConflict) {
 			t.Fatalf("got %v, want ErrConflict", err)
 		}
-		checkUntouchedByUs(t, ns, target.SecretName)
+		checkUntouchedByUs(t, ns, target.RecordName)
 	})
 
 	t.Run("changed between MarkFailed's read and its write", func(t *testing.T) {
 		ns := env.Namespace(t)
 		target := storePending(t, env.Client, ns, common.StatusPendingUpgrade)
-		testHookBeforeUpdate = func() { touch(t, ns, target.SecretName) }
+		testHookBeforeUpdate = func() { touch(t, ns, target.RecordName) }
 		t.Cleanup(func() { testHookBeforeUpdate = nil })
-		_, err := MarkFailed(ctx, env.Client, ns, target, "d", time.Now())
+		_, err := MarkFailed(ctx, helmx.SecretRecords(env.Client), ns, target, "d", time.Now())
 		if !errors.Is(err, ErrConflict) || !apierrors.IsConflict(err) {
 			t.Fatalf("got %v, want ErrConflict from the API server's 409", err)
 		}
-		checkUntouchedByUs(t, ns, target.SecretName)
+		checkUntouchedByUs(t, ns, target.RecordName)
 	})
 }
 

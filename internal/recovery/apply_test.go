@@ -131,7 +131,7 @@ func TestMarkFailed(t *testing.T) {
 	})
 
 	now := t0.Add(5 * time.Second)
-	out, err := MarkFailed(ctx, cs, "shop", target, "Abandoned pending-upgrade by test", now)
+	out, err := MarkFailed(ctx, helmx.SecretRecords(cs), "shop", target, "Abandoned pending-upgrade by test", now)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -144,21 +144,21 @@ func TestMarkFailed(t *testing.T) {
 		"modifiedAt": "1772366405",
 	}
 	for k, v := range wantLabels {
-		if out.Labels[k] != v {
-			t.Errorf("label %s = %q, want %q", k, out.Labels[k], v)
+		if out.Meta.Labels[k] != v {
+			t.Errorf("label %s = %q, want %q", k, out.Meta.Labels[k], v)
 		}
 	}
-	if out.Labels["createdAt"] == "" {
+	if out.Meta.Labels["createdAt"] == "" {
 		t.Errorf("createdAt label lost")
 	}
-	if out.Annotations["example.com/keep"] != "yes" {
-		t.Errorf("annotation lost: %v", out.Annotations)
+	if out.Meta.Annotations["example.com/keep"] != "yes" {
+		t.Errorf("annotation lost: %v", out.Meta.Annotations)
 	}
-	if out.Type != helmx.ReleaseSecretType {
-		t.Errorf("type = %q", out.Type)
+	if out.Secret().Type != helmx.ReleaseSecretType {
+		t.Errorf("type = %q", out.Secret().Type)
 	}
 
-	doc, err := helmx.DecodeReleaseJSON(out.Data[helmx.ReleaseDataKey])
+	doc, err := helmx.DecodeReleaseJSON(out.Payload)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -167,7 +167,7 @@ func TestMarkFailed(t *testing.T) {
 	}
 
 	// Stock helm reads the result.
-	rel, err := driver.NewSecrets(cs.CoreV1().Secrets("shop")).Get(target.SecretName)
+	rel, err := driver.NewSecrets(cs.CoreV1().Secrets("shop")).Get(target.RecordName)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -180,7 +180,7 @@ func TestMarkFailed(t *testing.T) {
 	}
 
 	// A second attempt finds it resolved.
-	_, err = MarkFailed(ctx, cs, "shop", target, "again", now)
+	_, err = MarkFailed(ctx, helmx.SecretRecords(cs), "shop", target, "again", now)
 	if !errors.Is(err, ErrNotPending) {
 		t.Fatalf("second MarkFailed: %v, want ErrNotPending", err)
 	}
@@ -193,14 +193,14 @@ func TestMarkFailed(t *testing.T) {
 func TestMarkFailedUninstalling(t *testing.T) {
 	cs := newFake()
 	target := storePending(t, cs, "shop", uninstalng)
-	out, err := MarkFailed(context.Background(), cs, "shop", target, "d", time.Time{})
+	out, err := MarkFailed(context.Background(), helmx.SecretRecords(cs), "shop", target, "d", time.Time{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if out.Labels["status"] != "failed" {
-		t.Errorf("status label %q", out.Labels["status"])
+	if out.Meta.Labels["status"] != "failed" {
+		t.Errorf("status label %q", out.Meta.Labels["status"])
 	}
-	if _, ok := out.Labels["modifiedAt"]; ok {
+	if _, ok := out.Meta.Labels["modifiedAt"]; ok {
 		t.Errorf("modifiedAt set without a server time")
 	}
 }
@@ -211,7 +211,7 @@ func TestMarkFailedRefuses(t *testing.T) {
 	t.Run("not pending", func(t *testing.T) {
 		cs := newFake()
 		target := storePending(t, cs, "shop", deployed)
-		if _, err := MarkFailed(ctx, cs, "shop", target, "d", t0); !errors.Is(err, ErrNotPending) {
+		if _, err := MarkFailed(ctx, helmx.SecretRecords(cs), "shop", target, "d", t0); !errors.Is(err, ErrNotPending) {
 			t.Errorf("got %v, want ErrNotPending", err)
 		}
 	})
@@ -219,10 +219,10 @@ func TestMarkFailedRefuses(t *testing.T) {
 	t.Run("deleted", func(t *testing.T) {
 		cs := newFake()
 		target := storePending(t, cs, "shop", pUpgrade)
-		if err := cs.CoreV1().Secrets("shop").Delete(ctx, target.SecretName, metav1.DeleteOptions{}); err != nil {
+		if err := cs.CoreV1().Secrets("shop").Delete(ctx, target.RecordName, metav1.DeleteOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		_, err := MarkFailed(ctx, cs, "shop", target, "d", t0)
+		_, err := MarkFailed(ctx, helmx.SecretRecords(cs), "shop", target, "d", t0)
 		if !errors.Is(err, ErrNotPending) {
 			t.Errorf("got %v, want ErrNotPending", err)
 		}
@@ -234,13 +234,13 @@ func TestMarkFailedRefuses(t *testing.T) {
 	t.Run("changed since the decision", func(t *testing.T) {
 		cs := newFake()
 		target := storePending(t, cs, "shop", pUpgrade)
-		s, _ := cs.CoreV1().Secrets("shop").Get(ctx, target.SecretName, metav1.GetOptions{})
+		s, _ := cs.CoreV1().Secrets("shop").Get(ctx, target.RecordName, metav1.GetOptions{})
 		s.Labels["touched"] = "yes"
 		if _, err := cs.CoreV1().Secrets("shop").Update(ctx, s, metav1.UpdateOptions{}); err != nil {
 			t.Fatal(err)
 		}
 		writes := countUpdates(cs)
-		_, err := MarkFailed(ctx, cs, "shop", target, "d", t0)
+		_, err := MarkFailed(ctx, helmx.SecretRecords(cs), "shop", target, "d", t0)
 		if !errors.Is(err, ErrConflict) {
 			t.Errorf("got %v, want ErrConflict", err)
 		}
@@ -253,9 +253,9 @@ func TestMarkFailedRefuses(t *testing.T) {
 		cs := newFake()
 		target := storePending(t, cs, "shop", pUpgrade)
 		cs.PrependReactor("update", "secrets", func(k8stesting.Action) (bool, runtime.Object, error) {
-			return true, nil, apierrors.NewConflict(schema.GroupResource{Resource: "secrets"}, target.SecretName, errors.New("the object has been modified"))
+			return true, nil, apierrors.NewConflict(schema.GroupResource{Resource: "secrets"}, target.RecordName, errors.New("the object has been modified"))
 		})
-		_, err := MarkFailed(ctx, cs, "shop", target, "d", t0)
+		_, err := MarkFailed(ctx, helmx.SecretRecords(cs), "shop", target, "d", t0)
 		if !errors.Is(err, ErrConflict) || !apierrors.IsConflict(err) {
 			t.Errorf("got %v, want ErrConflict wrapping the API conflict", err)
 		}
@@ -267,14 +267,14 @@ func TestMarkFailedRefuses(t *testing.T) {
 	t.Run("no resourceVersion: never a blind write", func(t *testing.T) {
 		cs := newFake()
 		target := storePending(t, cs, "shop", pUpgrade)
-		s, _ := cs.CoreV1().Secrets("shop").Get(ctx, target.SecretName, metav1.GetOptions{})
+		s, _ := cs.CoreV1().Secrets("shop").Get(ctx, target.RecordName, metav1.GetOptions{})
 		s.ResourceVersion = ""
 		cs.PrependReactor("get", "secrets", func(k8stesting.Action) (bool, runtime.Object, error) {
 			return true, s.DeepCopy(), nil
 		})
 		writes := countUpdates(cs)
 		target.ResourceVersion = ""
-		if _, err := MarkFailed(ctx, cs, "shop", target, "d", t0); !errors.Is(err, ErrConflict) {
+		if _, err := MarkFailed(ctx, helmx.SecretRecords(cs), "shop", target, "d", t0); !errors.Is(err, ErrConflict) {
 			t.Errorf("got %v, want ErrConflict", err)
 		}
 		if *writes != 0 {
@@ -284,7 +284,7 @@ func TestMarkFailedRefuses(t *testing.T) {
 
 	t.Run("not a release", func(t *testing.T) {
 		cs := newFake(&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "sh.helm.release.v1.web.v2", Namespace: "shop", ResourceVersion: "3"}, Type: corev1.SecretTypeOpaque})
-		_, err := MarkFailed(ctx, cs, "shop", rev(2, pUpgrade, t0), "d", t0)
+		_, err := MarkFailed(ctx, helmx.SecretRecords(cs), "shop", rev(2, pUpgrade, t0), "d", t0)
 		if err == nil || errors.Is(err, ErrConflict) || errors.Is(err, ErrNotPending) {
 			t.Errorf("got %v, want a plain error", err)
 		}

@@ -98,7 +98,6 @@ import (
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/discovery/cached/memory"
 	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/restmapper"
@@ -292,7 +291,7 @@ func methodName(m ApplyMethod) string {
 }
 
 // ConvergeAbandoned loads the abandoned revision and the last deployed one
-// from helm's Secrets in namespace abandoned.SecretNamespace and converges.
+// from helm's records in namespace abandoned.RecordNamespace and converges.
 // Call it after MarkFailed succeeded on abandoned (the Summary from the
 // recovery decision), while still holding the lock, and before helm's own
 // upgrade or install runs.
@@ -300,14 +299,14 @@ func methodName(m ApplyMethod) string {
 // An abandoned uninstall (status uninstalling when it was found) is left
 // alone: it applied nothing, it only deleted, and helm's next operation
 // works from that same revision.
-func ConvergeAbandoned(ctx context.Context, cfg *rest.Config, client kubernetes.Interface, abandoned helmx.Summary, opts ConvergeOptions) (ConvergeReport, error) {
+func ConvergeAbandoned(ctx context.Context, cfg *rest.Config, records helmx.Records, abandoned helmx.Summary, opts ConvergeOptions) (ConvergeReport, error) {
 	if abandoned.Status == common.StatusUninstalling {
 		return ConvergeReport{
 			Release: abandoned.Name, Namespace: abandoned.Namespace, Abandoned: abandoned.Revision,
 			Skipped: "an interrupted uninstall applies nothing, and helm's next operation works from this revision itself",
 		}, nil
 	}
-	in, err := LoadConvergeInput(ctx, client, abandoned)
+	in, err := LoadConvergeInput(ctx, records, abandoned)
 	if err != nil {
 		return ConvergeReport{Release: abandoned.Name, Namespace: abandoned.Namespace, Abandoned: abandoned.Revision}, err
 	}
@@ -325,34 +324,33 @@ func ConvergeAbandoned(ctx context.Context, cfg *rest.Config, client kubernetes.
 // LoadConvergeInput reads the abandoned revision and the revision helm's
 // next upgrade diffs against: the highest-numbered deployed revision, as
 // helm's storage picks it (nil when none is deployed).
-func LoadConvergeInput(ctx context.Context, client kubernetes.Interface, abandoned helmx.Summary) (ConvergeInput, error) {
-	ns := abandoned.SecretNamespace
+func LoadConvergeInput(ctx context.Context, records helmx.Records, abandoned helmx.Summary) (ConvergeInput, error) {
+	ns := abandoned.RecordNamespace
 	if ns == "" {
 		ns = abandoned.Namespace
 	}
 	subject := fmt.Sprintf("converging release %q in namespace %q", abandoned.Name, ns)
-	list, err := client.CoreV1().Secrets(ns).List(ctx, metav1.ListOptions{LabelSelector: helmx.HistorySelector(abandoned.Name)})
+	list, err := records.List(ctx, ns, helmx.HistorySelector(abandoned.Name))
 	if err != nil {
 		return ConvergeInput{}, fmt.Errorf("%s: reading history: %w", subject, err)
 	}
 	var in ConvergeInput
 	baseRev := 0
-	for i := range list.Items {
-		s := &list.Items[i]
-		sum, err := helmx.Summarize(s)
+	for _, r := range list {
+		sum, err := helmx.SummarizeRecord(r)
 		if err != nil {
 			return ConvergeInput{}, fmt.Errorf("%s: %w", subject, err)
 		}
 		switch {
-		case s.Name == abandoned.SecretName || (abandoned.SecretName == "" && sum.Revision == abandoned.Revision):
-			if in.Abandoned, err = decodeRelease(s.Data[helmx.ReleaseDataKey]); err != nil {
-				return ConvergeInput{}, fmt.Errorf("%s: Secret %q: %w", subject, s.Name, err)
+		case r.Meta.Name == abandoned.RecordName || (abandoned.RecordName == "" && sum.Revision == abandoned.Revision):
+			if in.Abandoned, err = decodeRelease(r.Payload); err != nil {
+				return ConvergeInput{}, fmt.Errorf("%s: %s: %w", subject, r.Describe(), err)
 			}
-			in.AbandonedCreated = s.CreationTimestamp.Time
+			in.AbandonedCreated = r.Meta.CreationTimestamp.Time
 		case sum.Status == common.StatusDeployed && sum.Revision > baseRev:
 			baseRev = sum.Revision
-			if in.Base, err = decodeRelease(s.Data[helmx.ReleaseDataKey]); err != nil {
-				return ConvergeInput{}, fmt.Errorf("%s: Secret %q: %w", subject, s.Name, err)
+			if in.Base, err = decodeRelease(r.Payload); err != nil {
+				return ConvergeInput{}, fmt.Errorf("%s: %s: %w", subject, r.Describe(), err)
 			}
 		}
 	}

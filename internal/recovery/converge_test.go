@@ -422,9 +422,9 @@ func TestLoadConvergeInput(t *testing.T) {
 	store(2, common.StatusDeployed, "m2", "csa")
 	store(3, common.StatusFailed, "m3", "ssa")
 	store(4, common.StatusFailed, "m4", "ssa") // abandoned, already marked failed
-	abandoned := helmx.Summary{SecretName: helmx.ReleaseSecretName("web", 4), SecretNamespace: "shop", Name: "web", Namespace: "shop", Revision: 4}
+	abandoned := helmx.Summary{RecordName: helmx.ReleaseSecretName("web", 4), RecordNamespace: "shop", Name: "web", Namespace: "shop", Revision: 4}
 
-	in, err := LoadConvergeInput(ctx, cs, abandoned)
+	in, err := LoadConvergeInput(ctx, helmx.SecretRecords(cs), abandoned)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -442,23 +442,23 @@ func TestLoadConvergeInput(t *testing.T) {
 		t.Fatal(err)
 	}
 	one := abandoned
-	one.SecretName, one.Revision = helmx.ReleaseSecretName("web", 1), 1
-	in, err = LoadConvergeInput(ctx, cs2, one)
+	one.RecordName, one.Revision = helmx.ReleaseSecretName("web", 1), 1
+	in, err = LoadConvergeInput(ctx, helmx.SecretRecords(cs2), one)
 	if err != nil || in.Base != nil || in.Abandoned == nil {
 		t.Errorf("pending-install: base %v abandoned %v err %v", in.Base, in.Abandoned, err)
 	}
 
 	// The abandoned revision is gone.
 	gone := abandoned
-	gone.SecretName, gone.Revision = helmx.ReleaseSecretName("web", 9), 9
-	if _, err := LoadConvergeInput(ctx, cs, gone); err == nil || !strings.Contains(err.Error(), "revision 9 is gone") {
+	gone.RecordName, gone.Revision = helmx.ReleaseSecretName("web", 9), 9
+	if _, err := LoadConvergeInput(ctx, helmx.SecretRecords(cs), gone); err == nil || !strings.Contains(err.Error(), "revision 9 is gone") {
 		t.Errorf("missing revision: %v", err)
 	}
 }
 
 func TestConvergeAbandonedUninstall(t *testing.T) {
 	// An interrupted uninstall is never converged: nothing is read or written.
-	rep, err := ConvergeAbandoned(context.Background(), nil, nil,
+	rep, err := ConvergeAbandoned(context.Background(), nil, helmx.Records{},
 		helmx.Summary{Name: "web", Namespace: "shop", Revision: 3, Status: common.StatusUninstalling}, ConvergeOptions{})
 	if err != nil || rep.Skipped == "" || rep.Changed() {
 		t.Errorf("report %+v err %v", rep, err)

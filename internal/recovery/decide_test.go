@@ -26,8 +26,8 @@ const (
 // rev is a stored revision created at the given server time.
 func rev(n int, st common.Status, created time.Time) helmx.Summary {
 	return helmx.Summary{
-		SecretName:        helmx.ReleaseSecretName("web", n),
-		SecretNamespace:   "shop",
+		RecordName:        helmx.ReleaseSecretName("web", n),
+		RecordNamespace:   "shop",
 		Name:              "web",
 		Namespace:         "shop",
 		Revision:          n,

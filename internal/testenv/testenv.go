@@ -262,8 +262,15 @@ func (e *Env) RunEnv(t testing.TB, extra []string, bin string, args ...string) R
 // Its output is collected in the returned Proc.
 func (e *Env) Start(t testing.TB, bin string, args ...string) *Proc {
 	t.Helper()
+	return e.StartEnv(t, nil, bin, args...)
+}
+
+// StartEnv is Start with extra environment variables (KEY=value) that
+// override HelmEnv's.
+func (e *Env) StartEnv(t testing.TB, extra []string, bin string, args ...string) *Proc {
+	t.Helper()
 	cmd := exec.Command(bin, args...)
-	cmd.Env = e.HelmEnv()
+	cmd.Env = append(e.HelmEnv(), extra...)
 	p := &Proc{Cmd: cmd}
 	cmd.Stdout = &p.Stdout
 	cmd.Stderr = &p.Stderr

@@ -116,7 +116,7 @@ func (c *Client) Inspect(ctx context.Context, namespace, release string) (*LockS
 // history reads every stored revision of the release, oldest first, with
 // their resourceVersions.
 func (c *Client) history(ctx context.Context, namespace, release string) ([]helmx.Summary, error) {
-	h, err := helmx.ReadHistory(ctx, c.kube, namespace, release)
+	h, err := helmx.ReadHistory(ctx, helmx.SecretRecords(c.kube), namespace, release)
 	if err != nil {
 		return nil, fmt.Errorf("autorecover: %w", err)
 	}

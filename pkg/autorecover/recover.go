@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/helm-autorecover/helm-autorecover/internal/helmx"
 	"github.com/helm-autorecover/helm-autorecover/internal/lock"
 	"github.com/helm-autorecover/helm-autorecover/internal/recovery"
 )
@@ -314,7 +315,7 @@ func (c *Client) recoverWith(ctx context.Context, namespace, release string, inf
 				out.Marked = marked
 				return out, fmt.Errorf("autorecover: %s: stopped before marking revision %d failed: %w", subject, a.Release.Revision, err)
 			}
-			_, err := recovery.MarkFailed(ctx, c.kube, namespace, a.Release, recovery.DescribeAbandoned(a, by), now.Latest)
+			_, err := recovery.MarkFailed(ctx, helmx.SecretRecords(c.kube), namespace, a.Release, recovery.DescribeAbandoned(a, by), now.Latest)
 			switch {
 			case err == nil:
 				marked = append(marked, a.Release.Revision)

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"encoding/json"
 	"strings"
 	"testing"
 	"time"
@@ -136,6 +137,20 @@ func TestTwoLiveClientsReleaseBackend(t *testing.T) {
 	if got := env.Summary(t, ns, rel); strings.Join(got, " ") != "1:deployed 2:pending-upgrade" {
 		t.Fatalf("history after the refused upgrades = %v; want it untouched", got)
 	}
+	// The lock on the record is visible to the lock commands, with no Lease.
+	for _, c := range [][]string{{"locks", rel, "-n", ns, "-o", "json"}, {"list", "--locks", "-n", ns}} {
+		res := env.Run(t, ha, c...)
+		if res.ExitCode != 0 || !strings.Contains(res.Stdout, rec.Session) {
+			t.Errorf("%s: exit %d; want the record lock's session %s in\n%s%s", strings.Join(c[:2], " "), res.ExitCode, rec.Session, res.Stdout, res.Stderr)
+		}
+		var rows []struct {
+			State   string `json:"state"`
+			Session string `json:"session"`
+		}
+		if c[0] == "locks" && (json.Unmarshal([]byte(res.Stdout), &rows) != nil || len(rows) != 1 || rows[0].State != "live" || rows[0].Session != rec.Session) {
+			t.Errorf("locks: the record lock is not shown live:\n%s", res.Stdout)
+		}
+	}
 
 	waiter := env.Start(t, ha, args([]string{"upgrade", rel, chart, "-n", ns, "--lock-timeout", "60s", "--set", "message=waiter"}, flag)...)
 	if code := holder.Wait(t, 2*time.Minute); code != 1 {
@@ -152,5 +167,46 @@ func TestTwoLiveClientsReleaseBackend(t *testing.T) {
 	revs := wantHistory(t, env, ns, rel, "1:superseded 2:failed 3:deployed")
 	if strings.Contains(revs[1].Description, "Abandoned") {
 		t.Errorf("the holder's own failed revision was recovered by someone else: %q", revs[1].Description)
+	}
+}
+
+// TestConcurrentFirstInstalls is S1 before any revision exists: three
+// clients install the same new release at once, with each backend. With
+// release there is no record to lock yet, so the create of revision 1
+// decides: one wins and the others fail with the locked exit code, having
+// written nothing; with lease the Lease decides before helm starts.
+func TestConcurrentFirstInstalls(t *testing.T) {
+	env := testenv.Get(t)
+	ha := env.Bin(t)
+	chart := env.Chart("app")
+	for _, backend := range []string{"release", "lease"} {
+		t.Run(backend, func(t *testing.T) {
+			ns := env.Namespace(t)
+			const rel = "first"
+			procs := make([]*testenv.Proc, 3)
+			for i := range procs {
+				procs[i] = env.Start(t, ha, "install", rel, chart, "-n", ns, "--wait", "--timeout", "60s",
+					"--lock-backend", backend, "--set", "message=client"+strings.Repeat("x", i))
+			}
+			won, refused := 0, 0
+			for i, p := range procs {
+				switch code := p.Wait(t, 2*time.Minute); code {
+				case 0:
+					won++
+				case guard.ExitLocked:
+					refused++
+					if !strings.Contains(p.Stderr.String(), rel) || !strings.Contains(p.Stderr.String(), "locked") {
+						t.Errorf("client %d: the refusal does not say the release is locked:\n%s", i, p.Stderr.String())
+					}
+				default:
+					t.Errorf("client %d: exit %d; want 0 or %d\nstderr:\n%s", i, code, guard.ExitLocked, p.Stderr.String())
+				}
+			}
+			figure(t, "3 concurrent first installs (--lock-backend=%s): %d succeeded, %d refused with exit 3", backend, won, refused)
+			if won != 1 || refused != 2 {
+				t.Errorf("%d installs succeeded and %d were refused; want exactly 1 and 2", won, refused)
+			}
+			wantHistory(t, env, ns, rel, "1:deployed")
+		})
 	}
 }
