@@ -21,6 +21,7 @@ import (
 	"github.com/helm-autorecover/helm-autorecover/internal/helmx"
 	"github.com/helm-autorecover/helm-autorecover/internal/inspect"
 	"github.com/helm-autorecover/helm-autorecover/internal/lock"
+	"github.com/helm-autorecover/helm-autorecover/internal/records"
 	"github.com/helm-autorecover/helm-autorecover/internal/recovery"
 	"github.com/helm-autorecover/helm-autorecover/internal/servertime"
 )
@@ -75,7 +76,7 @@ type conn struct {
 
 func newConn(client kubernetes.Interface, est *servertime.Estimator, clk clock.Clock) *conn {
 	cn := &conn{client: client, est: est, backend: lock.NewLeaseBackend(client, est, clk)}
-	if d, err := lock.ParseDriver(os.Getenv("HELM_DRIVER")); err == nil {
+	if d, err := records.ParseDriver(os.Getenv("HELM_DRIVER")); err == nil {
 		cn.records = lock.NewReleaseBackend(client, est, clk, d)
 	}
 	cn.recs, cn.recsErr = helmx.NewRecords(client, os.Getenv("HELM_DRIVER"))
@@ -501,7 +502,7 @@ func (cn *conn) latestRevisions(ctx context.Context, ns, release string) (map[re
 	if release != "" {
 		selector = helmx.HistorySelector(release)
 	}
-	list, err := recs.List(ctx, ns, selector)
+	list, _, err := recs.List(ctx, ns, selector)
 	if err != nil {
 		if release != "" {
 			return nil, fmt.Errorf("release %q in namespace %q: reading its history: %w", release, ns, err)

@@ -14,6 +14,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/helm-autorecover/helm-autorecover/internal/lock"
+	"github.com/helm-autorecover/helm-autorecover/internal/records"
 	"github.com/helm-autorecover/helm-autorecover/internal/servertime"
 )
 
@@ -92,18 +93,18 @@ func chooseAuto(ctx context.Context, client kubernetes.Interface, ns string) Cho
 // takes the Lease alone, release is refused.
 func (g *Guard) backends(ctx context.Context, client kubernetes.Interface, est *servertime.Estimator, clk clock.Clock, ns string) (string, []*lock.LeaseBackend, error) {
 	choice := g.Options.LockBackend
-	driver, driverErr := lock.ParseDriver(g.HelmDriver)
+	driver, driverErr := records.ParseDriver(g.HelmDriver)
 	if choice == BackendAuto {
 		c := chooseAuto(ctx, client, ns)
 		choice = c.Backend
 		slog.Debug("helm-autorecover: --lock-backend=auto chose "+choice, slog.String("namespace", ns), slog.String("reason", c.Reason))
-		if choice == BackendRelease && errors.Is(driverErr, lock.ErrNoReleaseRecords) {
+		if choice == BackendRelease && errors.Is(driverErr, records.ErrNoReleaseRecords) {
 			return "", nil, fmt.Errorf("--lock-backend=auto: %s, and %w; grant those verbs (see docs/rbac.md) or pass --lock-backend=lease once they are granted", c.Reason, driverErr)
 		}
 	}
 	leases := lock.NewLeaseBackend(client, est, clk)
 	switch {
-	case errors.Is(driverErr, lock.ErrNoReleaseRecords) && choice == BackendLease:
+	case errors.Is(driverErr, records.ErrNoReleaseRecords) && choice == BackendLease:
 		return choice, []*lock.LeaseBackend{leases}, nil
 	case driverErr != nil:
 		return "", nil, fmt.Errorf("--lock-backend=%s: %w", choice, driverErr)

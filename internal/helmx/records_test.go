@@ -10,7 +10,7 @@ import (
 	"helm.sh/helm/v4/pkg/storage/driver"
 	"k8s.io/client-go/kubernetes/fake"
 
-	"github.com/helm-autorecover/helm-autorecover/internal/lock"
+	"github.com/helm-autorecover/helm-autorecover/internal/records"
 )
 
 // TestRecordsReadWhatEachHelmDriverWrites: helm's secret and configmap
@@ -96,7 +96,7 @@ func TestRecordsReadWhatEachHelmDriverWrites(t *testing.T) {
 // the error says so and names the backend to use.
 func TestNewRecordsWithoutKubernetesRecords(t *testing.T) {
 	for _, d := range []string{"sql", "memory"} {
-		if _, err := NewRecords(fake.NewClientset(), d); !errors.Is(err, lock.ErrNoReleaseRecords) {
+		if _, err := NewRecords(fake.NewClientset(), d); !errors.Is(err, records.ErrNoReleaseRecords) {
 			t.Errorf("NewRecords(%q) = %v, want ErrNoReleaseRecords", d, err)
 		}
 	}

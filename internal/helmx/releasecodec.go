@@ -221,10 +221,10 @@ func Summarize(secret *corev1.Secret) (Summary, error) {
 // SummarizeRecord reads the summary of the release revision stored in r.
 func SummarizeRecord(r Record) (Summary, error) {
 	where := r.Describe()
-	if r.Kind == KindSecret && r.secretType != ReleaseSecretType && r.secretType != "" {
-		return Summary{}, fmt.Errorf("%s has type %q, not a Helm release (%q)", where, r.secretType, ReleaseSecretType)
+	if sec := r.Secret(); sec != nil && sec.Type != ReleaseSecretType && sec.Type != "" {
+		return Summary{}, fmt.Errorf("%s has type %q, not a Helm release (%q)", where, sec.Type, ReleaseSecretType)
 	}
-	if !r.hasPayload() {
+	if !r.HasPayload() {
 		return Summary{}, fmt.Errorf("%s has no %q data key; it is not a Helm release revision", where, ReleaseDataKey)
 	}
 	doc, err := DecodeReleaseJSON(r.Payload)
@@ -293,7 +293,7 @@ func parseHelmTime(v string) (time.Time, error) {
 // each with its resourceVersion. Errors name the release, the namespace and,
 // for an unreadable revision, the record to inspect.
 func ReadHistory(ctx context.Context, records Records, ns, release string) ([]Summary, error) {
-	list, err := records.List(ctx, ns, HistorySelector(release))
+	list, _, err := records.List(ctx, ns, HistorySelector(release))
 	if err != nil {
 		return nil, fmt.Errorf("release %q in namespace %q: reading its history: %w", release, ns, err)
 	}

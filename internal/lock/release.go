@@ -9,7 +9,6 @@ import (
 	"strings"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
-	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
@@ -17,42 +16,9 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/clock"
 
+	"github.com/helm-autorecover/helm-autorecover/internal/records"
 	"github.com/helm-autorecover/helm-autorecover/internal/servertime"
 )
-
-// Driver names the helm storage driver (HELM_DRIVER) whose records carry
-// in-release locks.
-type Driver string
-
-// The drivers the release store works with. Helm's sql driver keeps releases
-// outside Kubernetes and memory keeps them in the process: neither has a
-// record to put a lock on (see ParseDriver).
-const (
-	DriverSecret    Driver = "secret"
-	DriverConfigMap Driver = "configmap"
-)
-
-// ErrNoReleaseRecords: the storage driver keeps no Kubernetes record that an
-// in-release lock could live on.
-var ErrNoReleaseRecords = fmt.Errorf("this helm storage driver keeps no Kubernetes record for an in-release lock")
-
-// ParseDriver maps a HELM_DRIVER value onto the driver whose records carry the
-// lock, as helm does ("" and "secrets" mean secret, "configmaps" configmap).
-// The sql and memory drivers return an error wrapping ErrNoReleaseRecords
-// that says which backend to use instead.
-func ParseDriver(helmDriver string) (Driver, error) {
-	switch helmDriver {
-	case "", "secret", "secrets":
-		return DriverSecret, nil
-	case "configmap", "configmaps":
-		return DriverConfigMap, nil
-	case "sql":
-		return "", fmt.Errorf("HELM_DRIVER=sql stores releases in a SQL database, outside Kubernetes, so --lock-backend=release is not available; use --lock-backend=lease (a coordination.k8s.io Lease per release): %w", ErrNoReleaseRecords)
-	case "memory":
-		return "", fmt.Errorf("HELM_DRIVER=memory keeps releases inside one process; there is nothing to lock: %w", ErrNoReleaseRecords)
-	}
-	return "", fmt.Errorf("HELM_DRIVER=%q is not a helm storage driver (secret, configmap, sql or memory)", helmDriver)
-}
 
 // Helm's storage labels, the same on Secrets and ConfigMaps (package helmx
 // owns the full codec; the lock needs only these to find the newest record).
@@ -93,107 +59,23 @@ const unreadableHolder = "unreadable-lock-record"
 // Stock helm rebuilds a record when it rewrites it (annotations vanish) and
 // never copies annotations to the next revision, so a lock never outlives a
 // stock helm write and a stale lock is never carried forward.
-func NewReleaseBackend(client kubernetes.Interface, est *servertime.Estimator, clk clock.Clock, driver Driver) *LeaseBackend {
+func NewReleaseBackend(client kubernetes.Interface, est *servertime.Estimator, clk clock.Clock, driver records.Driver) *LeaseBackend {
+	store := records.New(client, driver)
 	return &LeaseBackend{
 		client: client, time: est, clock: clk, Margin: DefaultMargin, store: StoreRelease,
-		api: func(ns string) leaseAPI { return &releaseStore{records: newRecordAPI(client, ns, driver), ns: ns} },
+		api: func(ns string) leaseAPI { return &releaseStore{records: store, ns: ns} },
 	}
 }
 
-// record is one stored revision, Secret or ConfigMap.
-type record struct {
-	meta *metav1.ObjectMeta
-	// obj is the *corev1.Secret or *corev1.ConfigMap meta points into.
-	obj any
-}
-
-func (r record) revision() int {
-	n, _ := strconv.Atoi(r.meta.Labels[recordLabelVersion])
+func revision(r records.Record) int {
+	n, _ := strconv.Atoi(r.Meta.Labels[recordLabelVersion])
 	return n
-}
-
-// recordAPI reads and writes one driver's records in one namespace.
-type recordAPI interface {
-	list(ctx context.Context, selector string) ([]record, string, error)
-	update(ctx context.Context, r record) (record, error)
-	watch(ctx context.Context, selector, rv string) (watch.Interface, error)
-}
-
-func newRecordAPI(client kubernetes.Interface, ns string, driver Driver) recordAPI {
-	if driver == DriverConfigMap {
-		return configMapRecords{client.CoreV1().ConfigMaps(ns)}
-	}
-	return secretRecords{client.CoreV1().Secrets(ns)}
-}
-
-type secretRecords struct {
-	c interface {
-		List(context.Context, metav1.ListOptions) (*corev1.SecretList, error)
-		Update(context.Context, *corev1.Secret, metav1.UpdateOptions) (*corev1.Secret, error)
-		Watch(context.Context, metav1.ListOptions) (watch.Interface, error)
-	}
-}
-
-func (s secretRecords) list(ctx context.Context, selector string) ([]record, string, error) {
-	l, err := s.c.List(ctx, metav1.ListOptions{LabelSelector: selector})
-	if err != nil {
-		return nil, "", err
-	}
-	out := make([]record, 0, len(l.Items))
-	for i := range l.Items {
-		out = append(out, record{meta: &l.Items[i].ObjectMeta, obj: &l.Items[i]})
-	}
-	return out, l.ResourceVersion, nil
-}
-
-func (s secretRecords) update(ctx context.Context, r record) (record, error) {
-	u, err := s.c.Update(ctx, r.obj.(*corev1.Secret), metav1.UpdateOptions{FieldManager: FieldManager})
-	if err != nil {
-		return record{}, err
-	}
-	return record{meta: &u.ObjectMeta, obj: u}, nil
-}
-
-func (s secretRecords) watch(ctx context.Context, selector, rv string) (watch.Interface, error) {
-	return s.c.Watch(ctx, metav1.ListOptions{LabelSelector: selector, ResourceVersion: rv})
-}
-
-type configMapRecords struct {
-	c interface {
-		List(context.Context, metav1.ListOptions) (*corev1.ConfigMapList, error)
-		Update(context.Context, *corev1.ConfigMap, metav1.UpdateOptions) (*corev1.ConfigMap, error)
-		Watch(context.Context, metav1.ListOptions) (watch.Interface, error)
-	}
-}
-
-func (s configMapRecords) list(ctx context.Context, selector string) ([]record, string, error) {
-	l, err := s.c.List(ctx, metav1.ListOptions{LabelSelector: selector})
-	if err != nil {
-		return nil, "", err
-	}
-	out := make([]record, 0, len(l.Items))
-	for i := range l.Items {
-		out = append(out, record{meta: &l.Items[i].ObjectMeta, obj: &l.Items[i]})
-	}
-	return out, l.ResourceVersion, nil
-}
-
-func (s configMapRecords) update(ctx context.Context, r record) (record, error) {
-	u, err := s.c.Update(ctx, r.obj.(*corev1.ConfigMap), metav1.UpdateOptions{FieldManager: FieldManager})
-	if err != nil {
-		return record{}, err
-	}
-	return record{meta: &u.ObjectMeta, obj: u}, nil
-}
-
-func (s configMapRecords) watch(ctx context.Context, selector, rv string) (watch.Interface, error) {
-	return s.c.Watch(ctx, metav1.ListOptions{LabelSelector: selector, ResourceVersion: rv})
 }
 
 // releaseStore shows each release's newest record to the protocol as a
 // virtual Lease named LeaseName(release).
 type releaseStore struct {
-	records recordAPI
+	records records.Store
 	ns      string
 }
 
@@ -205,17 +87,17 @@ func releaseOf(leaseName string) string { return strings.TrimPrefix(leaseName, L
 
 // newest returns the record of the highest revision, and false when the
 // release has none.
-func newest(rs []record) (record, bool) {
+func newest(rs []records.Record) (records.Record, bool) {
 	if len(rs) == 0 {
-		return record{}, false
+		return records.Record{}, false
 	}
-	return slices.MaxFunc(rs, func(a, b record) int { return a.revision() - b.revision() }), true
+	return slices.MaxFunc(rs, func(a, b records.Record) int { return revision(a) - revision(b) }), true
 }
 
-func (s *releaseStore) latest(ctx context.Context, release string) (record, bool, string, error) {
-	rs, listRV, err := s.records.list(ctx, historySelector(release))
+func (s *releaseStore) latest(ctx context.Context, release string) (records.Record, bool, string, error) {
+	rs, listRV, err := s.records.List(ctx, s.ns, historySelector(release))
 	if err != nil {
-		return record{}, false, "", fmt.Errorf("reading the stored revisions of release %q in namespace %q: %w", release, s.ns, err)
+		return records.Record{}, false, "", fmt.Errorf("reading the stored revisions of release %q in namespace %q: %w", release, s.ns, err)
 	}
 	r, ok := newest(rs)
 	return r, ok, listRV, nil
@@ -223,21 +105,21 @@ func (s *releaseStore) latest(ctx context.Context, release string) (record, bool
 
 // virtualLease renders record r of release as the Lease the protocol reads:
 // the lock annotations are copied, the spec is derived from the record.
-func virtualLease(release string, r record) *coordinationv1.Lease {
+func virtualLease(release string, r records.Record) *coordinationv1.Lease {
 	l := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{
 		Name:            LeaseName(release),
-		Namespace:       r.meta.Namespace,
-		ResourceVersion: r.meta.ResourceVersion,
-		UID:             r.meta.UID,
+		Namespace:       r.Meta.Namespace,
+		ResourceVersion: r.Meta.ResourceVersion,
+		UID:             r.Meta.UID,
 		Labels:          leaseLabels(release),
-		Annotations:     map[string]string{annotationAnchor: r.meta.Name},
+		Annotations:     map[string]string{annotationAnchor: r.Meta.Name},
 	}}
 	for _, k := range []string{AnnotationRecord, AnnotationQueue} {
-		if v, ok := r.meta.Annotations[k]; ok {
+		if v, ok := r.Meta.Annotations[k]; ok {
 			l.Annotations[k] = v
 		}
 	}
-	l.Spec = specOf(r.meta.Annotations[AnnotationRecord])
+	l.Spec = specOf(r.Meta.Annotations[AnnotationRecord])
 	return l
 }
 
@@ -314,11 +196,11 @@ func (s *releaseStore) Update(ctx context.Context, l *coordinationv1.Lease, _ me
 		return l.DeepCopy(), nil
 	case !ok:
 		return nil, apierrors.NewNotFound(leaseResource, l.Name)
-	case anchor == "" || r.meta.Name != anchor || r.meta.ResourceVersion != l.ResourceVersion:
-		return nil, apierrors.NewConflict(leaseResource, l.Name, fmt.Errorf("the newest record of release %q is %s at resourceVersion %s, not %s at %s", rel, r.meta.Name, r.meta.ResourceVersion, anchor, l.ResourceVersion))
+	case anchor == "" || r.Meta.Name != anchor || r.Meta.ResourceVersion != l.ResourceVersion:
+		return nil, apierrors.NewConflict(leaseResource, l.Name, fmt.Errorf("the newest record of release %q is %s at resourceVersion %s, not %s at %s", rel, r.Meta.Name, r.Meta.ResourceVersion, anchor, l.ResourceVersion))
 	}
-	setLockAnnotations(r.meta, l.Annotations)
-	u, err := s.records.update(ctx, r)
+	setLockAnnotations(&r.Meta, l.Annotations)
+	u, err := s.records.Update(ctx, r, FieldManager)
 	if err != nil {
 		return nil, err
 	}
@@ -353,11 +235,11 @@ func (s *releaseStore) Delete(ctx context.Context, name string, opts metav1.Dele
 	if !ok {
 		return apierrors.NewNotFound(leaseResource, name)
 	}
-	if p := opts.Preconditions; p != nil && p.ResourceVersion != nil && *p.ResourceVersion != r.meta.ResourceVersion {
+	if p := opts.Preconditions; p != nil && p.ResourceVersion != nil && *p.ResourceVersion != r.Meta.ResourceVersion {
 		return apierrors.NewConflict(leaseResource, name, fmt.Errorf("the newest record of release %q changed", rel))
 	}
-	setLockAnnotations(r.meta, nil)
-	_, err = s.records.update(ctx, r)
+	setLockAnnotations(&r.Meta, nil)
+	_, err = s.records.Update(ctx, r, FieldManager)
 	return err
 }
 
@@ -365,22 +247,22 @@ func (s *releaseStore) Delete(ctx context.Context, name string, opts metav1.Dele
 // carries a lock record. The label selector in opts is ignored: every such
 // lock is this tool's.
 func (s *releaseStore) List(ctx context.Context, _ metav1.ListOptions) (*coordinationv1.LeaseList, error) {
-	rs, listRV, err := s.records.list(ctx, recordLabelOwner+"="+recordOwnerHelm)
+	rs, listRV, err := s.records.List(ctx, s.ns, recordLabelOwner+"="+recordOwnerHelm)
 	if err != nil {
 		return nil, fmt.Errorf("reading helm's release records in namespace %q: %w", s.ns, err)
 	}
-	byRelease := map[string][]record{}
+	byRelease := map[string][]records.Record{}
 	for _, r := range rs {
-		k := r.meta.Namespace + "/" + r.meta.Labels[recordLabelName]
+		k := r.Meta.Namespace + "/" + r.Meta.Labels[recordLabelName]
 		byRelease[k] = append(byRelease[k], r)
 	}
 	out := &coordinationv1.LeaseList{ListMeta: metav1.ListMeta{ResourceVersion: listRV}}
 	for _, group := range byRelease {
 		r, _ := newest(group)
-		if _, ok := r.meta.Annotations[AnnotationRecord]; !ok {
+		if _, ok := r.Meta.Annotations[AnnotationRecord]; !ok {
 			continue
 		}
-		out.Items = append(out.Items, *virtualLease(r.meta.Labels[recordLabelName], r))
+		out.Items = append(out.Items, *virtualLease(r.Meta.Labels[recordLabelName], r))
 	}
 	slices.SortFunc(out.Items, func(a, b coordinationv1.Lease) int {
 		return strings.Compare(a.Namespace+"/"+a.Name, b.Namespace+"/"+b.Name)
@@ -400,5 +282,5 @@ func (s *releaseStore) Watch(ctx context.Context, opts metav1.ListOptions) (watc
 	if !ok {
 		return nil, fmt.Errorf("watching a release lock needs the field selector metadata.name=%sRELEASE", LeasePrefix)
 	}
-	return s.records.watch(ctx, historySelector(releaseOf(name)), opts.ResourceVersion)
+	return s.records.Watch(ctx, s.ns, historySelector(releaseOf(name)), opts.ResourceVersion)
 }

@@ -330,7 +330,7 @@ func LoadConvergeInput(ctx context.Context, records helmx.Records, abandoned hel
 		ns = abandoned.Namespace
 	}
 	subject := fmt.Sprintf("converging release %q in namespace %q", abandoned.Name, ns)
-	list, err := records.List(ctx, ns, helmx.HistorySelector(abandoned.Name))
+	list, _, err := records.List(ctx, ns, helmx.HistorySelector(abandoned.Name))
 	if err != nil {
 		return ConvergeInput{}, fmt.Errorf("%s: reading history: %w", subject, err)
 	}

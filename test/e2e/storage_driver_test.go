@@ -113,7 +113,7 @@ func configMapLock(records helmx.Records) lockReader {
 		t.Helper()
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		list, err := records.List(ctx, ns, helmx.HistorySelector(rel))
+		list, _, err := records.List(ctx, ns, helmx.HistorySelector(rel))
 		if err != nil {
 			t.Fatalf("reading the %ss of %s/%s: %v", records.Kind(), ns, rel, err)
 		}

@@ -1,0 +1,252 @@
+// Package records reads and writes helm's release records: the Secrets of
+// helm's default "secret" storage driver or the ConfigMaps of its
+// "configmap" driver, one per revision, with the same labels and the same
+// encoded release in data["release"]. It knows nothing of the release JSON
+// (package helmx decodes it) nor of locks (package lock keeps its record on
+// them); both build on it. Every update is conditional on the
+// resourceVersion the record was read at.
+package records
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/kubernetes"
+)
+
+// Driver names a helm storage driver (HELM_DRIVER) that keeps its records in
+// Kubernetes.
+type Driver string
+
+// The drivers with Kubernetes records. Helm's sql driver keeps releases
+// outside Kubernetes and memory keeps them in the process (see ParseDriver).
+const (
+	DriverSecret    Driver = "secret"
+	DriverConfigMap Driver = "configmap"
+)
+
+// ErrNoReleaseRecords: the storage driver keeps no Kubernetes record (sql,
+// memory).
+var ErrNoReleaseRecords = errors.New("this helm storage driver keeps no Kubernetes record for an in-release lock")
+
+// ParseDriver maps a HELM_DRIVER value onto its driver, as helm does (""
+// and "secrets" mean secret, "configmaps" configmap). The sql and memory
+// drivers return an error wrapping ErrNoReleaseRecords that says which lock
+// backend to use instead.
+func ParseDriver(helmDriver string) (Driver, error) {
+	switch helmDriver {
+	case "", "secret", "secrets":
+		return DriverSecret, nil
+	case "configmap", "configmaps":
+		return DriverConfigMap, nil
+	case "sql":
+		return "", fmt.Errorf("HELM_DRIVER=sql stores releases in a SQL database, outside Kubernetes, so --lock-backend=release is not available; use --lock-backend=lease (a coordination.k8s.io Lease per release): %w", ErrNoReleaseRecords)
+	case "memory":
+		return "", fmt.Errorf("HELM_DRIVER=memory keeps releases inside one process; there is nothing to lock: %w", ErrNoReleaseRecords)
+	}
+	return "", fmt.Errorf("HELM_DRIVER=%q is not a helm storage driver (secret, configmap, sql or memory)", helmDriver)
+}
+
+// The kinds of object the drivers keep revisions in.
+const (
+	KindSecret    = "Secret"
+	KindConfigMap = "ConfigMap"
+)
+
+// DataKey is the data key that holds the encoded release, in a Secret's data
+// and in a ConfigMap's.
+const DataKey = "release"
+
+// Record is one stored release revision.
+type Record struct {
+	// Kind is KindSecret or KindConfigMap.
+	Kind string
+	Meta metav1.ObjectMeta
+	// Payload is data["release"] as stored: base64 text of the gzipped JSON.
+	Payload []byte
+	// obj is the object read, so that an update rewrites only what the
+	// caller changed (Meta and Payload).
+	obj any
+}
+
+// FromSecret views a release Secret as a Record.
+func FromSecret(s *corev1.Secret) Record {
+	return Record{Kind: KindSecret, Meta: s.ObjectMeta, Payload: s.Data[DataKey], obj: s}
+}
+
+// FromConfigMap views a release ConfigMap as a Record.
+func FromConfigMap(c *corev1.ConfigMap) Record {
+	var payload []byte
+	if v, ok := c.Data[DataKey]; ok {
+		payload = []byte(v)
+	}
+	return Record{Kind: KindConfigMap, Meta: c.ObjectMeta, Payload: payload, obj: c}
+}
+
+// HasPayload reports whether the record has a data["release"] key at all.
+func (r Record) HasPayload() bool {
+	switch o := r.obj.(type) {
+	case *corev1.Secret:
+		_, ok := o.Data[DataKey]
+		return ok
+	case *corev1.ConfigMap:
+		_, ok := o.Data[DataKey]
+		return ok
+	}
+	return r.Payload != nil
+}
+
+// Secret returns the Secret the record was read as, nil for a ConfigMap.
+func (r Record) Secret() *corev1.Secret {
+	s, _ := r.obj.(*corev1.Secret)
+	return s
+}
+
+// Ref refers to the record, for an Event.
+func (r Record) Ref() corev1.ObjectReference {
+	return corev1.ObjectReference{
+		APIVersion:      "v1",
+		Kind:            r.Kind,
+		Namespace:       r.Meta.Namespace,
+		Name:            r.Meta.Name,
+		UID:             r.Meta.UID,
+		ResourceVersion: r.Meta.ResourceVersion,
+	}
+}
+
+// Describe names the record for messages: `Secret "x" in namespace "y"`.
+func (r Record) Describe() string {
+	return fmt.Sprintf("%s %q in namespace %q", r.Kind, r.Meta.Name, r.Meta.Namespace)
+}
+
+// Store reads and writes the records of one driver.
+type Store struct {
+	client kubernetes.Interface
+	kind   string
+}
+
+// New returns the store of driver.
+func New(client kubernetes.Interface, driver Driver) Store {
+	if driver == DriverConfigMap {
+		return Store{client: client, kind: KindConfigMap}
+	}
+	return Store{client: client, kind: KindSecret}
+}
+
+// ForHelmDriver returns the store of a HELM_DRIVER value; see ParseDriver.
+func ForHelmDriver(client kubernetes.Interface, helmDriver string) (Store, error) {
+	d, err := ParseDriver(helmDriver)
+	if err != nil {
+		return Store{}, err
+	}
+	return New(client, d), nil
+}
+
+// Kind is KindSecret or KindConfigMap.
+func (s Store) Kind() string { return s.kind }
+
+// Resource is the API resource of the records ("secrets" or "configmaps").
+func (s Store) Resource() string {
+	if s.kind == KindConfigMap {
+		return "configmaps"
+	}
+	return "secrets"
+}
+
+// Kubectl is how a person reads one record: "kubectl get secret".
+func (s Store) Kubectl() string {
+	if s.kind == KindConfigMap {
+		return "kubectl get configmap"
+	}
+	return "kubectl get secret"
+}
+
+// List returns the records in namespace ns ("" for all) that match the
+// label selector, and the list's resourceVersion.
+func (s Store) List(ctx context.Context, ns, selector string) ([]Record, string, error) {
+	opts := metav1.ListOptions{LabelSelector: selector}
+	if s.kind == KindConfigMap {
+		l, err := s.client.CoreV1().ConfigMaps(ns).List(ctx, opts)
+		if err != nil {
+			return nil, "", err
+		}
+		out := make([]Record, 0, len(l.Items))
+		for i := range l.Items {
+			out = append(out, FromConfigMap(&l.Items[i]))
+		}
+		return out, l.ResourceVersion, nil
+	}
+	l, err := s.client.CoreV1().Secrets(ns).List(ctx, opts)
+	if err != nil {
+		return nil, "", err
+	}
+	out := make([]Record, 0, len(l.Items))
+	for i := range l.Items {
+		out = append(out, FromSecret(&l.Items[i]))
+	}
+	return out, l.ResourceVersion, nil
+}
+
+// Get reads one record.
+func (s Store) Get(ctx context.Context, ns, name string) (Record, error) {
+	if s.kind == KindConfigMap {
+		c, err := s.client.CoreV1().ConfigMaps(ns).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return Record{}, err
+		}
+		return FromConfigMap(c), nil
+	}
+	sec, err := s.client.CoreV1().Secrets(ns).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return Record{}, err
+	}
+	return FromSecret(sec), nil
+}
+
+// Update writes r's metadata and payload back, conditional on the
+// resourceVersion in r.Meta (the one read, unless the caller changed it),
+// under fieldManager. Every other field is written as it was read.
+func (s Store) Update(ctx context.Context, r Record, fieldManager string) (Record, error) {
+	opts := metav1.UpdateOptions{FieldManager: fieldManager}
+	switch o := r.obj.(type) {
+	case *corev1.Secret:
+		upd := o.DeepCopy()
+		upd.ObjectMeta = *r.Meta.DeepCopy()
+		if upd.Data == nil {
+			upd.Data = map[string][]byte{}
+		}
+		upd.Data[DataKey] = r.Payload
+		out, err := s.client.CoreV1().Secrets(upd.Namespace).Update(ctx, upd, opts)
+		if err != nil {
+			return Record{}, err
+		}
+		return FromSecret(out), nil
+	case *corev1.ConfigMap:
+		upd := o.DeepCopy()
+		upd.ObjectMeta = *r.Meta.DeepCopy()
+		if upd.Data == nil {
+			upd.Data = map[string]string{}
+		}
+		upd.Data[DataKey] = string(r.Payload)
+		out, err := s.client.CoreV1().ConfigMaps(upd.Namespace).Update(ctx, upd, opts)
+		if err != nil {
+			return Record{}, err
+		}
+		return FromConfigMap(out), nil
+	}
+	return Record{}, errors.New("updating a release record that was not read from the API server")
+}
+
+// Watch watches the records in ns that match the label selector, from
+// resourceVersion rv.
+func (s Store) Watch(ctx context.Context, ns, selector, rv string) (watch.Interface, error) {
+	opts := metav1.ListOptions{LabelSelector: selector, ResourceVersion: rv}
+	if s.kind == KindConfigMap {
+		return s.client.CoreV1().ConfigMaps(ns).Watch(ctx, opts)
+	}
+	return s.client.CoreV1().Secrets(ns).Watch(ctx, opts)
+}
