@@ -3,12 +3,15 @@ package helmx
 import (
 	"bytes"
 	"compress/gzip"
+	"crypto/sha256"
 	"context"
 	"encoding/base64"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"slices"
 	"strconv"
 	"time"
@@ -188,6 +191,10 @@ type Summary struct {
 	LastWriteTime time.Time
 	// ResourceVersion is the version read; every write back is conditional on it.
 	ResourceVersion string
+	// ContentHash digests the release payload and the labels: two reads of a
+	// record with the same hash hold the same release, whatever happened to
+	// its annotations (where the lock lives) in between.
+	ContentHash string
 }
 
 // releaseHeader holds the few release fields Summarize reads. Times are kept
@@ -245,6 +252,7 @@ func SummarizeRecord(r Record) (Summary, error) {
 		Revision:          h.Version,
 		CreationTimestamp: r.Meta.CreationTimestamp.Time,
 		ResourceVersion:   r.Meta.ResourceVersion,
+		ContentHash:       contentHash(r),
 	}
 	if s.Name == "" {
 		s.Name = r.Meta.Labels[LabelName]
@@ -279,6 +287,18 @@ func SummarizeRecord(r Record) (Summary, error) {
 		}
 	}
 	return s, nil
+}
+
+// contentHash digests what makes a record a release revision: its payload
+// and its labels.
+func contentHash(r Record) string {
+	h := sha256.New()
+	h.Write(r.Payload)
+	keys := slices.Sorted(maps.Keys(r.Meta.Labels))
+	for _, k := range keys {
+		fmt.Fprintf(h, "\x00%s=%s", k, r.Meta.Labels[k])
+	}
+	return hex.EncodeToString(h.Sum(nil))
 }
 
 func parseHelmTime(v string) (time.Time, error) {

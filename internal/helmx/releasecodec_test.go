@@ -87,9 +87,43 @@ func TestSummarizeReadsWhatHelmWrites(t *testing.T) {
 		CreationTimestamp: created,
 		LastWriteTime:     created.Add(90 * time.Second),
 		ResourceVersion:   "42",
+		ContentHash:       got.ContentHash,
+	}
+	if len(got.ContentHash) != 64 {
+		t.Errorf("ContentHash = %q; want a sha256", got.ContentHash)
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("Summarize:\n got %+v\nwant %+v", got, want)
+	}
+}
+
+// TestContentHash: the hash follows the payload and the labels, not the
+// annotations the lock is written to.
+func TestContentHash(t *testing.T) {
+	base := storeWithHelm(t, sampleRelease())
+	h := func(s *corev1.Secret) string {
+		t.Helper()
+		sum, err := Summarize(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return sum.ContentHash
+	}
+	annotated := base.DeepCopy()
+	annotated.Annotations = map[string]string{"helm-autorecover.io/lock": "{}"}
+	annotated.ResourceVersion = "99"
+	if h(annotated) != h(base) {
+		t.Errorf("an annotation changed the content hash")
+	}
+	relabelled := base.DeepCopy()
+	relabelled.Labels["status"] = "failed"
+	if h(relabelled) == h(base) {
+		t.Errorf("a label change kept the content hash")
+	}
+	other := sampleRelease()
+	other.Info.Description = "changed"
+	if h(storeWithHelm(t, other)) == h(base) {
+		t.Errorf("a payload change kept the content hash")
 	}
 }
 

@@ -7,7 +7,9 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -127,8 +129,10 @@ type fenceRT struct {
 	w    *WriteFence
 }
 
-// recordPath matches a namespaced core collection or object path.
-var recordPath = regexp.MustCompile(`^/api/v1/namespaces/([^/]+)/(secrets|configmaps)(?:/([^/]+))?$`)
+// recordPath matches a namespaced core collection or object path. It is not
+// anchored at the start: an API server behind a proxy (Rancher, a connect
+// gateway) is addressed with a path prefix such as /k8s/clusters/ID.
+var recordPath = regexp.MustCompile(`/api/v1/namespaces/([^/]+)/(secrets|configmaps)(?:/([^/]+))?$`)
 
 func isWrite(method string) bool {
 	switch method {
@@ -160,6 +164,11 @@ func (f *fenceRT) RoundTrip(req *http.Request) (*http.Response, error) {
 		return f.create(req, g)
 	case req.Method == http.MethodPut && revisionOf(m[3], g.Release) > 0:
 		return f.update(req, g, m[3])
+	case req.Method == http.MethodDelete && revisionOf(m[3], g.Release) > 0:
+		if err := f.moveLockBeforeDelete(req, g, m[3]); err != nil {
+			closeBody(req)
+			return nil, err
+		}
 	}
 	return f.next.RoundTrip(req)
 }
@@ -254,9 +263,16 @@ func (f *fenceRT) create(req *http.Request, g *GuardedWrites) (*http.Response, e
 	rev := 0
 	if err == nil {
 		rev = revisionOf(d.meta.Name, g.Release)
+	} else if bytes.Contains(body, []byte(recordPrefix(g.Release))) {
+		// Most likely helm's record, in a form this tool cannot read: it
+		// would go out without the lock, so it does not go out at all.
+		return nil, fmt.Errorf("helm-autorecover: refused helm's create of a record of release %q in namespace %q: cannot read its body to add the lock: %w", g.Release, g.Namespace, err)
 	}
 	if rev == 0 {
 		return f.next.RoundTrip(withRawBody(req, body))
+	}
+	if err := f.checkNewest(req, g, ""); err != nil {
+		return nil, err
 	}
 	s, err := g.recordFor(rev)
 	if err != nil {
@@ -293,15 +309,18 @@ func (f *fenceRT) update(req *http.Request, g *GuardedWrites, name string) (*htt
 	}
 	d, err := decode(body)
 	if err != nil {
-		return f.next.RoundTrip(withRawBody(req, body))
+		return nil, fmt.Errorf("helm-autorecover: refused helm's update of %s of release %q in namespace %q: cannot read its body to keep the lock: %w", name, g.Release, g.Namespace, err)
 	}
 	rev := revisionOf(name, g.Release)
 	for attempt := 0; ; attempt++ {
+		if err := f.checkNewest(req, g, name); err != nil {
+			return nil, err
+		}
 		cur, resp, err := f.get(req)
 		if err != nil || resp != nil {
 			return resp, err // the read failed: helm sees why
 		}
-		own, err := checkLock(cur.meta, g)
+		own, curRec, err := checkLock(cur.meta, g)
 		if err != nil {
 			return nil, err
 		}
@@ -316,7 +335,7 @@ func (f *fenceRT) update(req *http.Request, g *GuardedWrites, name string) (*htt
 			}
 		}
 		if own {
-			s, err := g.recordFor(rev)
+			s, err := g.ownRecord(rev, curRec)
 			if err != nil {
 				return nil, err
 			}
@@ -342,22 +361,180 @@ func (f *fenceRT) update(req *http.Request, g *GuardedWrites, name string) (*htt
 // acquired later than ours): ours was taken over, so helm must not write. An
 // older revision may still carry the unreleased lock of a holder that died
 // before us; that one is stale and does not stop the write.
-func checkLock(m *metav1.ObjectMeta, g *GuardedWrites) (own bool, err error) {
+func checkLock(m *metav1.ObjectMeta, g *GuardedWrites) (own bool, cur *lock.Record, err error) {
 	s, ok := m.Annotations[lock.AnnotationRecord]
 	if !ok {
-		return false, nil
+		return false, nil, nil
 	}
 	rec, _ := lock.DecodeRecord(s)
 	switch {
 	case rec == nil:
-		return false, fmt.Errorf("helm-autorecover: refused helm's update of %s: its lock record is unreadable: %w", m.Name, lock.ErrLost)
+		return false, nil, fmt.Errorf("helm-autorecover: refused helm's write of %s: its lock record is unreadable: %w", m.Name, lock.ErrLost)
 	case rec.Session == g.Lock.Session():
-		return true, nil
+		return true, rec, nil
 	case rec.ReleasedAt.IsZero() && rec.AcquiredAt.After(g.Lock.Record().AcquiredAt):
-		return false, fmt.Errorf("helm-autorecover: refused helm's update of %s of release %q in namespace %q: session %s of %s holds its lock now: %w",
+		return false, rec, fmt.Errorf("helm-autorecover: refused helm's write of %s of release %q in namespace %q: session %s of %s holds its lock now: %w",
 			m.Name, g.Release, g.Namespace, rec.Session, rec.Who, lock.ErrLost)
 	}
-	return false, nil
+	return false, rec, nil
+}
+
+// ownRecord is our lock record for revision rev's record, which already
+// carries our lock as cur: the newer renewal stamp of the two is kept, so a
+// write that read the record between a renewal's commit and its response
+// never moves LOCKED TILL back.
+func (g *GuardedWrites) ownRecord(rev int, cur *lock.Record) (string, error) {
+	rec := g.Lock.Record()
+	if cur != nil && cur.Session == rec.Session && cur.RenewedAt.After(rec.RenewedAt) {
+		rec.RenewedAt, rec.LockedTill = cur.RenewedAt, cur.LockedTill
+	}
+	rec.Revision = rev
+	return rec.Encode()
+}
+
+func recordPrefix(release string) string { return "sh.helm.release.v1." + release + ".v" }
+
+// metaList is the part of a list of records the fence reads: names, labels
+// and annotations. The server sends only metadata when it can
+// (PartialObjectMetadataList); a whole list decodes the same.
+type metaList struct {
+	Items []struct {
+		Metadata metav1.ObjectMeta `json:"metadata"`
+	} `json:"items"`
+}
+
+// listRecords reads the metadata of every record of the guarded release,
+// from the collection req addresses (or contains).
+func (f *fenceRT) listRecords(req *http.Request, g *GuardedWrites) ([]metav1.ObjectMeta, error) {
+	r := req.Clone(req.Context())
+	r.Method = http.MethodGet
+	r.Body, r.GetBody, r.ContentLength = nil, nil, 0
+	r.Header.Del("Content-Type")
+	r.Header.Set("Accept", "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json")
+	u := *req.URL
+	if m := recordPath.FindStringSubmatch(u.Path); m != nil && m[3] != "" {
+		u.Path = strings.TrimSuffix(u.Path, "/"+m[3])
+	}
+	u.RawPath = ""
+	u.RawQuery = url.Values{"labelSelector": {HistorySelector(g.Release)}}.Encode()
+	r.URL = &u
+	resp, err := f.next.RoundTrip(r)
+	if err != nil {
+		return nil, fmt.Errorf("helm-autorecover: listing the records of release %q in namespace %q: %w", g.Release, g.Namespace, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, fmt.Errorf("helm-autorecover: listing the records of release %q in namespace %q: %w", g.Release, g.Namespace, err)
+	}
+	if resp.StatusCode/100 != 2 {
+		return nil, fmt.Errorf("helm-autorecover: listing the records of release %q in namespace %q: %s: %s", g.Release, g.Namespace, resp.Status, bytes.TrimSpace(b))
+	}
+	var l metaList
+	if err := json.Unmarshal(b, &l); err != nil {
+		return nil, fmt.Errorf("helm-autorecover: listing the records of release %q in namespace %q: %w", g.Release, g.Namespace, err)
+	}
+	out := make([]metav1.ObjectMeta, 0, len(l.Items))
+	for _, it := range l.Items {
+		out = append(out, it.Metadata)
+	}
+	slices.SortFunc(out, func(a, b metav1.ObjectMeta) int { return revisionOf(a.Name, g.Release) - revisionOf(b.Name, g.Release) })
+	return out, nil
+}
+
+// checkNewest refuses a write of helm's when the release's newest record
+// (other than skip, the record being written) carries the unreleased lock
+// of a session that took it after ours: the lock moved to someone else, as
+// when helm pruned the record our lock was on and a waiter took the next.
+func (f *fenceRT) checkNewest(req *http.Request, g *GuardedWrites, skip string) error {
+	metas, err := f.listRecords(req, g)
+	if err != nil {
+		return err
+	}
+	for i := len(metas) - 1; i >= 0; i-- {
+		if metas[i].Name == skip {
+			continue
+		}
+		_, _, err := checkLock(&metas[i], g)
+		return err
+	}
+	return nil
+}
+
+// moveLockBeforeDelete keeps the lock when helm deletes the record it is on
+// (helm prunes history beyond --history-max, and may prune the newest
+// record when it is not the last deployed one): the lock annotations are
+// first written onto the next newest record, conditional on its
+// resourceVersion, so that nobody finds the release unlocked in between.
+func (f *fenceRT) moveLockBeforeDelete(req *http.Request, g *GuardedWrites, name string) error {
+	metas, err := f.listRecords(req, g)
+	if err != nil {
+		return err
+	}
+	n := len(metas)
+	if n < 2 || metas[n-1].Name != name {
+		return nil // not the newest, or the last one (uninstall): nothing to move
+	}
+	own, _, err := checkLock(&metas[n-1], g)
+	if err != nil || !own {
+		return err
+	}
+	next := metas[n-2].Name
+	getReq := req.Clone(req.Context())
+	getReq.URL = withLastSegment(req.URL, next)
+	for attempt := 0; attempt < maxPutRetries; attempt++ {
+		cur, resp, err := f.get(getReq)
+		if err != nil {
+			return err
+		}
+		if resp != nil {
+			_ = resp.Body.Close()
+			return fmt.Errorf("helm-autorecover: moving the lock of release %q in namespace %q to %s before helm deletes %s: %s", g.Release, g.Namespace, next, name, resp.Status)
+		}
+		if cur.meta.Annotations == nil {
+			cur.meta.Annotations = map[string]string{}
+		}
+		for _, k := range []string{lock.AnnotationRecord, lock.AnnotationQueue} {
+			if v, ok := metas[n-1].Annotations[k]; ok {
+				cur.meta.Annotations[k] = v
+			} else {
+				delete(cur.meta.Annotations, k)
+			}
+		}
+		s, err := g.ownRecord(revisionOf(next, g.Release), nil)
+		if err != nil {
+			return err
+		}
+		cur.meta.Annotations[lock.AnnotationRecord] = s
+		body, err := encodeJSON(cur)
+		if err != nil {
+			return err
+		}
+		put := withBody(getReq, body)
+		put.Method = http.MethodPut
+		resp, err = f.next.RoundTrip(put)
+		if err != nil {
+			return err
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		_ = resp.Body.Close()
+		switch {
+		case resp.StatusCode/100 == 2:
+			return nil
+		case resp.StatusCode != http.StatusConflict:
+			return fmt.Errorf("helm-autorecover: moving the lock of release %q in namespace %q to %s before helm deletes %s: %s", g.Release, g.Namespace, next, name, resp.Status)
+		}
+	}
+	return fmt.Errorf("helm-autorecover: moving the lock of release %q in namespace %q to %s before helm deletes %s: it kept changing", g.Release, g.Namespace, next, name)
+}
+
+// withLastSegment returns u with its last path segment replaced by name.
+func withLastSegment(u *url.URL, name string) *url.URL {
+	out := *u
+	out.Path = u.Path[:strings.LastIndex(u.Path, "/")+1] + name
+	out.RawPath = ""
+	out.RawQuery = ""
+	return &out
 }
 
 // get reads the object req addresses. A non-2xx answer is returned as resp

@@ -95,7 +95,11 @@ func MarkFailed(ctx context.Context, records helmx.Records, ns string, target he
 		return helmx.Record{}, fmt.Errorf("marking %s failed: the server returned no resourceVersion, and a blind write could overwrite a concurrent writer: %w",
 			subject, ErrConflict)
 	}
-	if target.ResourceVersion != "" && rv != target.ResourceVersion {
+	// A record whose release content is what was read, but whose
+	// resourceVersion moved, was only touched by lock writes (renewals, a
+	// waiter queueing): the decision still holds, and the write below is
+	// conditional on the version just read.
+	if target.ResourceVersion != "" && rv != target.ResourceVersion && (target.ContentHash == "" || now.ContentHash != target.ContentHash) {
 		return helmx.Record{}, fmt.Errorf("marking %s failed: it changed since it was read (resourceVersion %s, now %s); read the history and decide again: %w",
 			subject, target.ResourceVersion, rv, ErrConflict)
 	}

@@ -249,6 +249,35 @@ func TestMarkFailedRefuses(t *testing.T) {
 		}
 	})
 
+	t.Run("only the lock annotation changed: still marked, at the new version", func(t *testing.T) {
+		cs := newFake()
+		target := storePending(t, cs, "shop", pUpgrade)
+		s, _ := cs.CoreV1().Secrets("shop").Get(ctx, target.RecordName, metav1.GetOptions{})
+		s.Annotations["helm-autorecover.io/lock"] = `{"schema":1,"session":"renewed"}`
+		s, err := cs.CoreV1().Secrets("shop").Update(ctx, s, metav1.UpdateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s.ResourceVersion == target.ResourceVersion {
+			t.Fatalf("the update left resourceVersion %s; the case needs a new one", s.ResourceVersion)
+		}
+		var sentRV string
+		cs.PrependReactor("update", "secrets", func(a k8stesting.Action) (bool, runtime.Object, error) {
+			sentRV = a.(k8stesting.UpdateAction).GetObject().(*corev1.Secret).ResourceVersion
+			return false, nil, nil
+		})
+		out, err := MarkFailed(ctx, helmx.SecretRecords(cs), "shop", target, "d", t0)
+		if err != nil {
+			t.Fatalf("MarkFailed after an annotation-only change: %v", err)
+		}
+		if sentRV != s.ResourceVersion {
+			t.Errorf("update carried resourceVersion %q; want the one just read, %s", sentRV, s.ResourceVersion)
+		}
+		if out.Meta.Annotations["helm-autorecover.io/lock"] != `{"schema":1,"session":"renewed"}` {
+			t.Errorf("the lock annotation was not kept: %v", out.Meta.Annotations)
+		}
+	})
+
 	t.Run("server reports a conflict", func(t *testing.T) {
 		cs := newFake()
 		target := storePending(t, cs, "shop", pUpgrade)

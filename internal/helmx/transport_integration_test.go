@@ -1,0 +1,224 @@
+package helmx
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"helm.sh/helm/v4/pkg/release/common"
+	"helm.sh/helm/v4/pkg/storage/driver"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+
+	"github.com/helm-autorecover/helm-autorecover/internal/lock"
+	"github.com/helm-autorecover/helm-autorecover/internal/testenv"
+)
+
+func TestMain(m *testing.M) { testenv.Main(m) }
+
+// heldLock is the lock of one session as the fence sees it.
+type heldLock struct {
+	rec   lock.Record
+	valid error
+}
+
+func (h *heldLock) Valid() error        { return h.valid }
+func (h *heldLock) Session() string     { return h.rec.Session }
+func (h *heldLock) Record() lock.Record { return h.rec }
+
+func newHeld(session string, at time.Time) *heldLock {
+	return &heldLock{rec: lock.Record{
+		Schema: lock.SchemaVersion, Session: session, Operation: lock.OpUpgrade, Release: "web",
+		LeaseDuration: metav1.Duration{Duration: 15 * time.Second},
+		AcquiredAt:    at, RenewedAt: at, LockedTill: at.Add(15 * time.Second),
+	}}
+}
+
+// fencedDriver returns helm's secret driver on a client whose writes go
+// through a fence guarding release "web" in ns under l.
+func fencedDriver(t *testing.T, cfg *rest.Config, ns string, l HelmLock) *driver.Secrets {
+	t.Helper()
+	w := &WriteFence{}
+	t.Cleanup(w.Guard(GuardedWrites{Namespace: ns, Release: "web", Resource: "secrets", Lock: l}))
+	c := rest.CopyConfig(cfg)
+	c.Wrap(func(rt http.RoundTripper) http.RoundTripper { return &fenceRT{next: rt, w: w} })
+	cs, err := kubernetes.NewForConfig(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return driver.NewSecrets(cs.CoreV1().Secrets(ns))
+}
+
+func lockOn(t *testing.T, env *testenv.Env, ns string, rev int) *lock.Record {
+	t.Helper()
+	s, err := env.Client.CoreV1().Secrets(ns).Get(context.Background(), ReleaseSecretName("web", rev), metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, ok := s.Annotations[lock.AnnotationRecord]
+	if !ok {
+		return nil
+	}
+	rec, err := lock.DecodeRecord(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rec
+}
+
+func store(t *testing.T, d *driver.Secrets, rev int, st common.Status) error {
+	t.Helper()
+	r := sampleRelease()
+	r.Name, r.Version, r.Info.Status = "web", rev, st
+	return d.Create(ReleaseSecretName("web", rev), r)
+}
+
+// TestIntegrationFenceBehindPathPrefix: an API server reached through a
+// proxy with a path prefix (as Rancher's /k8s/clusters/ID) is fenced too:
+// helm's create carries the lock.
+func TestIntegrationFenceBehindPathPrefix(t *testing.T) {
+	env := testenv.Get(t)
+	ns := env.Namespace(t)
+	target, err := url.Parse(env.Config.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const prefix = "/k8s/clusters/c-m-test"
+	rp := httputil.NewSingleHostReverseProxy(target)
+	rp.Transport, err = rest.TransportFor(env.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !strings.HasPrefix(r.URL.Path, prefix+"/") {
+			http.Error(w, "no such cluster", http.StatusNotFound)
+			return
+		}
+		r.URL.Path = strings.TrimPrefix(r.URL.Path, prefix)
+		rp.ServeHTTP(w, r)
+	}))
+	defer srv.Close()
+	cfg := &rest.Config{Host: srv.URL + prefix}
+
+	held := newHeld("prefixed-session", time.Now())
+	d := fencedDriver(t, cfg, ns, held)
+	if err := store(t, d, 1, common.StatusPendingInstall); err != nil {
+		t.Fatalf("create through the prefixed server: %v", err)
+	}
+	if rec := lockOn(t, env, ns, 1); rec == nil || rec.Session != "prefixed-session" || rec.Revision != 1 {
+		t.Fatalf("the record created through %s carries lock %+v; want session prefixed-session, revision 1", prefix, rec)
+	}
+}
+
+// TestIntegrationFencePrunedRecordKeepsLock: helm pruning the newest record
+// (--history-max with the newest not deployed) first moves the lock to the
+// record that becomes the newest, so nobody finds the release unlocked.
+func TestIntegrationFencePrunedRecordKeepsLock(t *testing.T) {
+	env := testenv.Get(t)
+	ns := env.Namespace(t)
+	held := newHeld("pruning-session", time.Now())
+	d := fencedDriver(t, env.Config, ns, held)
+	plain := driver.NewSecrets(env.Client.CoreV1().Secrets(ns))
+	if err := store(t, plain, 1, common.StatusDeployed); err != nil {
+		t.Fatal(err)
+	}
+	if err := store(t, d, 2, common.StatusFailed); err != nil {
+		t.Fatal(err)
+	}
+	if rec := lockOn(t, env, ns, 2); rec == nil || rec.Session != "pruning-session" {
+		t.Fatalf("revision 2 carries lock %+v", rec)
+	}
+	if _, err := d.Delete(ReleaseSecretName("web", 2)); err != nil {
+		t.Fatalf("helm's delete of the newest record: %v", err)
+	}
+	if rec := lockOn(t, env, ns, 1); rec == nil || rec.Session != "pruning-session" || !rec.ReleasedAt.IsZero() {
+		t.Fatalf("after pruning revision 2, revision 1 carries lock %+v; want ours, unreleased", rec)
+	}
+	// Deleting an older record moves nothing.
+	if err := store(t, d, 3, common.StatusPendingUpgrade); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.Delete(ReleaseSecretName("web", 1)); err != nil {
+		t.Fatal(err)
+	}
+	if rec := lockOn(t, env, ns, 3); rec == nil || rec.Session != "pruning-session" {
+		t.Fatalf("revision 3 carries lock %+v", rec)
+	}
+}
+
+// TestIntegrationFenceRefusesWhenAnotherHoldsTheNewest: when the newest
+// record carries the lock of a session that took it after ours, helm's
+// create and update are refused with ErrLost and nothing is written.
+func TestIntegrationFenceRefusesWhenAnotherHoldsTheNewest(t *testing.T) {
+	env := testenv.Get(t)
+	ns := env.Namespace(t)
+	t0 := time.Now()
+	ours := newHeld("old-session", t0)
+	theirs := newHeld("new-session", t0.Add(20*time.Second))
+	plain := driver.NewSecrets(env.Client.CoreV1().Secrets(ns))
+	if err := store(t, plain, 1, common.StatusDeployed); err != nil {
+		t.Fatal(err)
+	}
+	if err := store(t, fencedDriver(t, env.Config, ns, theirs), 2, common.StatusPendingUpgrade); err != nil {
+		t.Fatal(err)
+	}
+	d := fencedDriver(t, env.Config, ns, ours)
+	if err := store(t, d, 3, common.StatusPendingUpgrade); !errors.Is(err, lock.ErrLost) {
+		t.Fatalf("create under a lock another session took later: %v; want ErrLost", err)
+	}
+	if _, err := env.Client.CoreV1().Secrets(ns).Get(context.Background(), ReleaseSecretName("web", 3), metav1.GetOptions{}); err == nil {
+		t.Fatalf("revision 3 was written")
+	}
+	r := sampleRelease()
+	r.Name, r.Namespace, r.Version, r.Info.Status = "web", ns, 1, common.StatusSuperseded
+	if err := d.Update(ReleaseSecretName("web", 1), r); !errors.Is(err, lock.ErrLost) {
+		t.Fatalf("update of an older record under a lock another session took later: %v; want ErrLost", err)
+	}
+	// The later session itself writes on.
+	if err := store(t, fencedDriver(t, env.Config, ns, theirs), 3, common.StatusPendingUpgrade); err != nil {
+		t.Fatalf("the holder's own create: %v", err)
+	}
+}
+
+// TestIntegrationFenceKeepsNewerRenewal: helm's update of a record that
+// already carries a newer renewal of our own lock (written between the
+// renewal's commit and its response) never moves LOCKED TILL back.
+func TestIntegrationFenceKeepsNewerRenewal(t *testing.T) {
+	env := testenv.Get(t)
+	ns := env.Namespace(t)
+	t0 := time.Now()
+	held := newHeld("renewing-session", t0)
+	d := fencedDriver(t, env.Config, ns, held)
+	if err := store(t, d, 1, common.StatusPendingInstall); err != nil {
+		t.Fatal(err)
+	}
+	// A renewal committed on the server, not yet seen by the holder.
+	s, err := env.Client.CoreV1().Secrets(ns).Get(context.Background(), ReleaseSecretName("web", 1), metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	renewed := held.rec
+	renewed.RenewedAt, renewed.LockedTill = t0.Add(5*time.Second), t0.Add(20*time.Second)
+	if s.Annotations[lock.AnnotationRecord], err = renewed.Encode(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := env.Client.CoreV1().Secrets(ns).Update(context.Background(), s, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	r := sampleRelease()
+	r.Name, r.Namespace, r.Version, r.Info.Status = "web", ns, 1, common.StatusDeployed
+	if err := d.Update(ReleaseSecretName("web", 1), r); err != nil {
+		t.Fatalf("helm's update: %v", err)
+	}
+	rec := lockOn(t, env, ns, 1)
+	if rec == nil || !rec.LockedTill.Equal(renewed.LockedTill) {
+		t.Fatalf("LOCKED TILL after helm's update = %+v; want the newer %s", rec, renewed.LockedTill)
+	}
+}
