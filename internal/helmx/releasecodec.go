@@ -3,8 +3,8 @@ package helmx
 import (
 	"bytes"
 	"compress/gzip"
-	"crypto/sha256"
 	"context"
+	"crypto/sha256"
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
