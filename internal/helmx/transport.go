@@ -271,7 +271,21 @@ func (f *fenceRT) create(req *http.Request, g *GuardedWrites) (*http.Response, e
 	if rev == 0 {
 		return f.next.RoundTrip(withRawBody(req, body))
 	}
-	if err := f.checkNewest(req, g, ""); err != nil {
+	metas, err := f.listRecords(req, g)
+	if err != nil {
+		return nil, err
+	}
+	for _, m := range metas {
+		if m.Name == d.meta.Name {
+			// Another client wrote this revision first (a first install, or
+			// an upgrade racing ours on a virtual lock): it holds the
+			// release, as an AlreadyExists answer would have said.
+			f.w.createConflict.Store(true)
+			return nil, fmt.Errorf("helm-autorecover: refused helm's create of %s of release %q in namespace %q: another client wrote it first: %w", m.Name, g.Release, g.Namespace, lock.ErrLocked)
+		}
+	}
+	if err := newestAllows(metas, g, ""); err != nil {
+		f.w.createConflict.Store(true) // another session holds the release
 		return nil, err
 	}
 	s, err := g.recordFor(rev)
@@ -451,6 +465,11 @@ func (f *fenceRT) checkNewest(req *http.Request, g *GuardedWrites, skip string) 
 	if err != nil {
 		return err
 	}
+	return newestAllows(metas, g, skip)
+}
+
+// newestAllows is checkNewest on records already listed, oldest first.
+func newestAllows(metas []metav1.ObjectMeta, g *GuardedWrites, skip string) error {
 	for i := len(metas) - 1; i >= 0; i-- {
 		if metas[i].Name == skip {
 			continue

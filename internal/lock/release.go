@@ -95,11 +95,10 @@ func newest(rs []records.Record) (records.Record, bool) {
 }
 
 func (s *releaseStore) latest(ctx context.Context, release string) (records.Record, bool, string, error) {
-	rs, listRV, err := s.records.List(ctx, s.ns, historySelector(release))
+	r, ok, listRV, err := s.records.Newest(ctx, s.ns, historySelector(release), recordLabelVersion)
 	if err != nil {
 		return records.Record{}, false, "", fmt.Errorf("reading the stored revisions of release %q in namespace %q: %w", release, s.ns, err)
 	}
-	r, ok := newest(rs)
 	return r, ok, listRV, nil
 }
 

@@ -9,13 +9,18 @@ package records
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
 )
 
 // Driver names a helm storage driver (HELM_DRIVER) that keeps its records in
@@ -249,4 +254,86 @@ func (s Store) Watch(ctx context.Context, ns, selector, rv string) (watch.Interf
 		return s.client.CoreV1().ConfigMaps(ns).Watch(ctx, opts)
 	}
 	return s.client.CoreV1().Secrets(ns).Watch(ctx, opts)
+}
+
+// metadataAccept asks the API server for metadata only, with the whole
+// objects as the fallback of a server that cannot.
+const metadataAccept = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"
+
+// metaList is the part of a list the newest lookup reads; a whole list
+// decodes the same.
+type metaList struct {
+	Metadata struct {
+		ResourceVersion string `json:"resourceVersion"`
+	} `json:"metadata"`
+	Items []struct {
+		Metadata metav1.ObjectMeta `json:"metadata"`
+	} `json:"items"`
+}
+
+// maxNewestAttempts bounds how often Newest lists again because the newest
+// record was deleted between the list and the read.
+const maxNewestAttempts = 3
+
+// Newest returns the record with the highest value of versionLabel among
+// those in ns that match selector (false when there is none), and the
+// resourceVersion of the list. Only the metadata of the others is read:
+// release records can be large, and the lock reads the newest one often.
+func (s Store) Newest(ctx context.Context, ns, selector, versionLabel string) (Record, bool, string, error) {
+	rc := s.client.CoreV1().RESTClient()
+	if c, ok := rc.(*rest.RESTClient); !ok || c == nil {
+		// A client without REST access (a fake clientset): read it all.
+		return s.newestFromList(ctx, ns, selector, versionLabel)
+	}
+	for attempt := 0; ; attempt++ {
+		raw, err := rc.Get().Namespace(ns).Resource(s.Resource()).
+			VersionedParams(&metav1.ListOptions{LabelSelector: selector}, scheme.ParameterCodec).
+			SetHeader("Accept", metadataAccept).DoRaw(ctx)
+		if err != nil {
+			return Record{}, false, "", err
+		}
+		var l metaList
+		if err := json.Unmarshal(raw, &l); err != nil {
+			return Record{}, false, "", fmt.Errorf("reading the list of %ss: %w", s.kind, err)
+		}
+		best, bestV := "", -1
+		for _, it := range l.Items {
+			if v := version(it.Metadata.Labels[versionLabel]); v > bestV {
+				best, bestV = it.Metadata.Name, v
+			}
+		}
+		if best == "" {
+			return Record{}, false, l.Metadata.ResourceVersion, nil
+		}
+		r, err := s.Get(ctx, ns, best)
+		switch {
+		case err == nil:
+			return r, true, l.Metadata.ResourceVersion, nil
+		case apierrors.IsNotFound(err) && attempt < maxNewestAttempts:
+			continue // deleted since the list: list again
+		}
+		return Record{}, false, "", err
+	}
+}
+
+func (s Store) newestFromList(ctx context.Context, ns, selector, versionLabel string) (Record, bool, string, error) {
+	rs, listRV, err := s.List(ctx, ns, selector)
+	if err != nil || len(rs) == 0 {
+		return Record{}, false, listRV, err
+	}
+	best := rs[0]
+	for _, r := range rs[1:] {
+		if version(r.Meta.Labels[versionLabel]) > version(best.Meta.Labels[versionLabel]) {
+			best = r
+		}
+	}
+	return best, true, listRV, nil
+}
+
+func version(label string) int {
+	n, err := strconv.Atoi(label)
+	if err != nil {
+		return -1
+	}
+	return n
 }
