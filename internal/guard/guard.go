@@ -201,9 +201,13 @@ type run struct {
 	opDone   chan struct{}
 	// interrupted is set once a first SIGINT or SIGTERM arrived.
 	interrupted atomic.Bool
+	// background counts writes that run beside helm's operation (the
+	// recovery Event); do waits for them before it returns.
+	background sync.WaitGroup
 }
 
 func (r *run) do(ctx context.Context, op func() error) (err error) {
+	defer r.background.Wait()
 	released := false
 	defer func() {
 		if !released {
@@ -223,10 +227,11 @@ func (r *run) do(ctx context.Context, op func() error) (err error) {
 		defer stopFence()
 	}
 
-	if err := r.recover(ctx); err != nil {
+	latest, err := r.recover(ctx)
+	if err != nil {
 		return err
 	}
-	if err := r.recordRevision(ctx); err != nil {
+	if err := r.recordRevision(ctx, latest); err != nil {
 		return err
 	}
 
@@ -318,15 +323,21 @@ func LockInfo(rec *lock.Record, state recovery.LockState) recovery.LockInfo {
 // recover applies the recovery decision. Writes are conditional on the
 // resourceVersion read; on a conflict the release is read again and the
 // decision made again.
-func (r *run) recover(ctx context.Context) error {
+//
+// It returns the highest revision stored once it is done, or -1 when it
+// rolled the release back (a new revision whose number it did not read).
+func (r *run) recover(ctx context.Context) (latest int, err error) {
 	for attempt := 0; attempt < 5; attempt++ {
 		hist, err := r.history(ctx)
 		if err != nil {
-			return err
+			return 0, err
+		}
+		if n := len(hist); n > 0 {
+			latest = hist[n-1].Revision
 		}
 		now, err := r.serverNow(ctx)
 		if err != nil {
-			return fmt.Errorf("release %q in namespace %q: %w", r.t.Release, r.t.Namespace, err)
+			return 0, fmt.Errorf("release %q in namespace %q: %w", r.t.Release, r.t.Namespace, err)
 		}
 		dec := recovery.Decide(recovery.Input{
 			Release:   r.t.Release,
@@ -338,14 +349,14 @@ func (r *run) recover(ctx context.Context) error {
 		})
 		switch dec.Verdict {
 		case recovery.NoRelease, recovery.Proceed:
-			return nil
+			return latest, nil
 		case recovery.Blocked:
 			if !r.g.Options.Autorecover && (r.t.Op == lock.OpRollback || r.t.Op == lock.OpUninstall) {
 				// Stock helm's manual way out of a stuck release stays open
 				// when the user turned recovery off.
-				return nil
+				return latest, nil
 			}
-			return &ExitError{Code: ExitPending, Err: errors.New(dec.Reason)}
+			return 0, &ExitError{Code: ExitPending, Err: errors.New(dec.Reason)}
 		case recovery.Recover, recovery.RecoverThenRollback:
 			rollingBack := dec.Verdict == recovery.RecoverThenRollback && r.g.Rollback != nil && r.t.Op != lock.OpRollback
 			// Undo what the abandoned revision applied before marking it
@@ -354,30 +365,38 @@ func (r *run) recover(ctx context.Context) error {
 			// the abandoned revision themselves.
 			if !rollingBack && (r.t.Op == lock.OpUpgrade || r.t.Op == lock.OpInstall) {
 				if err := r.converge(ctx, dec.Target.Release); err != nil {
-					return err
+					return 0, err
 				}
 			}
 			conflict, err := r.markAbandoned(ctx, dec, now)
 			if err != nil {
-				return err
+				return 0, err
 			}
 			if conflict {
 				continue
 			}
 			fmt.Fprintf(r.g.Stderr, "helm-autorecover: recovered: %s\n", dec.Reason)
-			if err := events.AutoRecovered(ctx, r.client, r.records, dec.Target.Release, dec.Reason, r.held.Session(), now.Latest); err != nil {
-				fmt.Fprintf(r.g.Stderr, "helm-autorecover: warning: %v\n", err)
-			}
+			// The Event is for people reading later: it is written beside
+			// helm's operation rather than before it (run.do waits for it).
+			target, reason, session := dec.Target.Release, dec.Reason, r.held.Session()
+			r.background.Add(1)
+			go func() {
+				defer r.background.Done()
+				if err := events.AutoRecovered(context.WithoutCancel(ctx), r.client, r.records, target, reason, session, now.Latest); err != nil {
+					fmt.Fprintf(r.g.Stderr, "helm-autorecover: warning: %v\n", err)
+				}
+			}()
 			if rollingBack {
 				fmt.Fprintf(r.g.Stderr, "helm-autorecover: rolling release %q back to revision %d (--recover-strategy=rollback)\n", r.t.Release, dec.RollbackTo)
 				if err := r.g.Rollback(r.t.Release, dec.RollbackTo); err != nil {
-					return fmt.Errorf("release %q in namespace %q: rollback to revision %d after recovery: %w", r.t.Release, r.t.Namespace, dec.RollbackTo, err)
+					return 0, fmt.Errorf("release %q in namespace %q: rollback to revision %d after recovery: %w", r.t.Release, r.t.Namespace, dec.RollbackTo, err)
 				}
+				return -1, nil
 			}
-			return nil
+			return latest, nil
 		}
 	}
-	return fmt.Errorf("release %q in namespace %q: other writers kept changing the release during recovery; try again", r.t.Release, r.t.Namespace)
+	return 0, fmt.Errorf("release %q in namespace %q: other writers kept changing the release during recovery; try again", r.t.Release, r.t.Namespace)
 }
 
 // converge undoes what the abandoned revision applied (fields it changed,
@@ -423,14 +442,17 @@ func (r *run) markAbandoned(ctx context.Context, dec recovery.Decision, now reco
 
 // recordRevision writes into the lock record which revision the operation
 // is about to write, so that whoever finds it abandoned can tell it is ours.
-func (r *run) recordRevision(ctx context.Context) error {
-	hist, err := r.history(ctx)
-	if err != nil {
-		return err
-	}
-	latest := 0
-	if n := len(hist); n > 0 {
-		latest = hist[n-1].Revision
+// latest is the highest revision recovery read, or -1 to read it again.
+func (r *run) recordRevision(ctx context.Context, latest int) error {
+	if latest < 0 {
+		hist, err := r.history(ctx)
+		if err != nil {
+			return err
+		}
+		latest = 0
+		if n := len(hist); n > 0 {
+			latest = hist[n-1].Revision
+		}
 	}
 	rev := latest + 1
 	if r.t.Op == lock.OpUninstall {
