@@ -544,9 +544,7 @@ func badLock(st *lock.Status, rel, ns string) error {
 	if p == "" {
 		return nil
 	}
-	name := lock.LeaseName(rel)
-	return exitError(ExitBadLock, "release %q in namespace %q: Lease %s: %s; nothing was written. Inspect it with: kubectl get lease -n %s %s -o yaml. If no helm-autorecover process is working on the release, delete it (kubectl delete lease -n %s %s) and run: helm-autorecover recover %s -n %s --recover-legacy-after=1s",
-		rel, ns, name, p, ns, name, ns, name, rel, ns)
+	return exitError(ExitBadLock, "release %q in namespace %q: %s", rel, ns, inspect.BadLockAdvice(st, rel, ns, p, "; nothing was written."))
 }
 
 // errIsLocked reports whether err is a lock held by someone else.

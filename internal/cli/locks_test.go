@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 
 	"github.com/helm-autorecover/helm-autorecover/internal/guard"
+	"github.com/helm-autorecover/helm-autorecover/internal/helmx"
 	"github.com/helm-autorecover/helm-autorecover/internal/inspect"
 	"github.com/helm-autorecover/helm-autorecover/internal/lock"
 )
@@ -273,6 +274,60 @@ func TestIntegrationBadInput(t *testing.T) {
 	if after := x.versions("ghost"); after != before {
 		t.Errorf("refusals wrote the ghost lease: before %s, after %s", before, after)
 	}
+}
+
+// TestIntegrationCorruptRecordLock: a lock annotation on the newest release
+// record that is not JSON at all (another tool, a hand edit) stops every
+// guarded command with the locked exit code and no talk of waiting; the lock
+// commands refuse with the bad-lock exit code and say which record it is
+// and how to clear it; and following that advice frees the release.
+func TestIntegrationCorruptRecordLock(t *testing.T) {
+	t.Parallel()
+	x := newIT(t)
+	chart := x.env.Chart("app")
+	x.run(0, "install", "rec", chart, "--lock-backend", "release")
+	secrets := x.env.Client.CoreV1().Secrets(x.ns)
+	name := helmx.ReleaseSecretName("rec", 1)
+	s, err := secrets.Get(t.Context(), name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Annotations[lock.AnnotationRecord] = "{garbage"
+	if _, err := secrets.Update(t.Context(), s, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	before := x.versions("rec")
+	for _, backend := range []string{"release", "lease"} {
+		res := x.run(guard.ExitLocked, "upgrade", "rec", chart, "--lock-backend", backend)
+		wantContains(t, "upgrade --lock-backend="+backend, res.Stderr, "cannot be read", "does not expire by itself", `helm-autorecover locks rec -n `+x.ns)
+		if strings.Contains(res.Stderr, "--lock-timeout") {
+			t.Errorf("upgrade --lock-backend=%s suggests waiting for a lock that never expires:\n%s", backend, res.Stderr)
+		}
+	}
+	ref := "secret/" + name
+	advice := []string{ref, "kubectl get -n " + x.ns + " " + ref, "kubectl annotate -n " + x.ns + " " + ref + " " + lock.AnnotationRecord + "-"}
+	for _, a := range [][]string{{"unlock", "rec", "--session", "x"}, {"recover", "rec"}} {
+		res := x.run(ExitBadLock, a...)
+		wantContains(t, strings.Join(a, " "), res.Stderr, append([]string{"nothing was written"}, advice...)...)
+		if strings.Contains(res.Stderr, "Lease") {
+			t.Errorf("%s talks of a Lease for a lock on a release record:\n%s", strings.Join(a, " "), res.Stderr)
+		}
+	}
+	wantContains(t, "locks rec", x.run(0, "locks", "rec").Stderr, advice...)
+	if after := x.versions("rec"); after != before {
+		t.Errorf("refusals wrote: before %s, after %s", before, after)
+	}
+
+	// The advice works: without the annotation the release is free.
+	s, err = secrets.Get(t.Context(), name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	delete(s.Annotations, lock.AnnotationRecord)
+	if _, err := secrets.Update(t.Context(), s, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	x.run(0, "upgrade", "rec", chart, "--lock-backend", "release")
 }
 
 // TestHelpSaysWhatItTouches: each command's help states what it reads and

@@ -115,6 +115,19 @@ func Classify(st *lock.Status, latest *helmx.Summary) State {
 	return StateNone
 }
 
+// BadLockAdvice says where the untrustworthy lock of rel in ns is (st;
+// problem is Problem(st)), how to look at it and how to clear it; sep
+// follows the problem.
+func BadLockAdvice(st *lock.Status, rel, ns, problem, sep string) string {
+	if st != nil && st.Store == lock.StoreRelease && st.Object != "" {
+		return fmt.Sprintf("%s (its newest release record, lock annotation %s): %s%s Inspect it with: kubectl get -n %s %s -o yaml. If no helm-autorecover process is working on the release, remove the annotation (kubectl annotate -n %s %s %s-) and run: helm-autorecover recover %s -n %s --recover-legacy-after=1s",
+			st.Object, lock.AnnotationRecord, problem, sep, ns, st.Object, ns, st.Object, lock.AnnotationRecord, rel, ns)
+	}
+	name := lock.LeaseName(rel)
+	return fmt.Sprintf("Lease %s: %s%s Inspect it with: kubectl get lease -n %s %s -o yaml. If no helm-autorecover process is working on the release, delete it (kubectl delete lease -n %s %s) and run: helm-autorecover recover %s -n %s --recover-legacy-after=1s",
+		name, problem, sep, ns, name, ns, name, rel, ns)
+}
+
 // Problem describes what is wrong with a lock, or returns "" when its
 // Lease and record agree. Anything it reports means the Lease was written by
 // a newer or foreign tool, or edited by hand.
@@ -156,8 +169,7 @@ func NewRow(in Input) Row {
 	}
 	var problems []string
 	if p := Problem(st); p != "" {
-		problems = append(problems, fmt.Sprintf("Lease %s: %s. Inspect it with: kubectl get lease -n %s %s -o yaml. If no helm-autorecover process is working on the release, delete it (kubectl delete lease -n %s %s) and run: helm-autorecover recover %s -n %s --recover-legacy-after=1s",
-			lock.LeaseName(r.Release), p, r.Namespace, lock.LeaseName(r.Release), r.Namespace, lock.LeaseName(r.Release), r.Release, r.Namespace))
+		problems = append(problems, BadLockAdvice(st, r.Release, r.Namespace, p, "."))
 	}
 	if in.Release.Err != nil {
 		problems = append(problems, fmt.Sprintf("the latest revision cannot be read: %v", in.Release.Err))

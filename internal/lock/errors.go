@@ -54,9 +54,15 @@ func (e *LockedError) Error() string {
 		return b.String()
 	}
 	r := e.Holder
-	if r == nil {
+	switch {
+	case r == nil && e.HolderIdentity == unreadableHolder:
+		// A record lock that is not JSON at all has no expiry: waiting
+		// does not help.
+		fmt.Fprintf(&b, " by a lock record that cannot be read (written by another tool or edited by hand); it does not expire by itself: run \"helm-autorecover locks %s -n %s\" to see where it is and how to clear it", e.Release, e.Namespace)
+		return b.String()
+	case r == nil:
 		fmt.Fprintf(&b, " by session %s (lock record unreadable)", e.HolderIdentity)
-	} else {
+	default:
 		who := r.Who
 		if who == "" {
 			who = "unknown"

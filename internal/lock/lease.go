@@ -541,6 +541,10 @@ type Status struct {
 	Namespace string
 	// Store is where this lock lives (a Lease or the release record).
 	Store Store
+	// Object names the object the lock is stored on as kubectl does:
+	// lease/NAME, or secret/NAME or configmap/NAME (the newest release
+	// record). Empty when there is none.
+	Object string
 	// Exists is false when there is no Lease; State is then Free.
 	Exists bool
 	State  State
@@ -597,6 +601,7 @@ func (b *LeaseBackend) status(l *coordinationv1.Lease, now servertime.Bounds) *S
 		Release:        l.Labels[LabelRelease],
 		Namespace:      l.Namespace,
 		Store:          b.store,
+		Object:         "lease/" + l.Name,
 		Exists:         true,
 		State:          v.state,
 		Record:         v.rec,
@@ -607,6 +612,9 @@ func (b *LeaseBackend) status(l *coordinationv1.Lease, now servertime.Bounds) *S
 	}
 	if st.Release == "" && v.rec != nil {
 		st.Release = v.rec.Release
+	}
+	if b.store == StoreRelease {
+		st.Object = l.Annotations[annotationAnchorRef]
 	}
 	if st.HolderIdentity != "" {
 		judged := v.rec

@@ -38,6 +38,10 @@ const FieldManager = "helm-autorecover-lock"
 // the lock was read from, so that a write goes to that record or conflicts.
 const annotationAnchor = "helm-autorecover.io/anchor"
 
+// annotationAnchorRef names the same record as kubectl does (secret/NAME or
+// configmap/NAME), on a virtual Lease only, for messages.
+const annotationAnchorRef = "helm-autorecover.io/anchor-ref"
+
 // unreadableHolder stands for the holder of a lock record that is not JSON
 // at all: the lock is judged Live (its expiry cannot be told) until someone
 // unlocks it with --force naming this session.
@@ -111,7 +115,7 @@ func virtualLease(release string, r records.Record) *coordinationv1.Lease {
 		ResourceVersion: r.Meta.ResourceVersion,
 		UID:             r.Meta.UID,
 		Labels:          leaseLabels(release),
-		Annotations:     map[string]string{annotationAnchor: r.Meta.Name},
+		Annotations:     map[string]string{annotationAnchor: r.Meta.Name, annotationAnchorRef: strings.ToLower(r.Kind) + "/" + r.Meta.Name},
 	}}
 	for _, k := range []string{AnnotationRecord, AnnotationQueue} {
 		if v, ok := r.Meta.Annotations[k]; ok {
