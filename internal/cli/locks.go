@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"strconv"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -515,7 +514,7 @@ func (cn *conn) latestRevisions(ctx context.Context, ns, release string) (map[re
 		if k.name == "" {
 			continue
 		}
-		if cur, ok := latest[k]; !ok || recordVersion(s) > recordVersion(cur) {
+		if cur, ok := latest[k]; !ok || s.Revision() > cur.Revision() {
 			latest[k] = s
 		}
 	}
@@ -531,11 +530,6 @@ func (cn *conn) latestRevisions(ctx context.Context, ns, release string) (map[re
 		out[k] = r
 	}
 	return out, nil
-}
-
-func recordVersion(s helmx.Record) int {
-	v, _ := strconv.Atoi(s.Meta.Labels[helmx.LabelVersion])
-	return v
 }
 
 // badLock refuses to write under a lock that cannot be trusted.

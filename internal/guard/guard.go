@@ -222,7 +222,7 @@ func (r *run) do(ctx context.Context, op func() error) (err error) {
 	if r.g.Fence != nil {
 		stopFence := r.g.Fence.Guard(helmx.GuardedWrites{
 			Namespace: r.t.Namespace, Release: r.t.Release,
-			Resource: helmx.RecordResource(r.g.HelmDriver), Lock: r.held,
+			Resource: r.records.Resource(), Lock: r.held,
 		})
 		defer stopFence()
 	}

@@ -20,6 +20,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/helm-autorecover/helm-autorecover/internal/lock"
+	"github.com/helm-autorecover/helm-autorecover/internal/records"
 )
 
 // The layout of Helm's "secret" storage driver, which Helm 3 and Helm 4 share.
@@ -30,13 +31,13 @@ const (
 	// ReleaseSecretType is the Secret type Helm gives every release revision.
 	ReleaseSecretType corev1.SecretType = "helm.sh/release.v1"
 	// ReleaseDataKey is the Secret data key that holds the encoded release.
-	ReleaseDataKey = "release"
+	ReleaseDataKey = records.DataKey
 
 	// The storage labels Helm sets on every revision Secret.
 	LabelName       = "name"
 	LabelOwner      = "owner"
 	LabelStatus     = "status"
-	LabelVersion    = "version"
+	LabelVersion    = records.LabelVersion
 	LabelCreatedAt  = "createdAt"
 	LabelModifiedAt = "modifiedAt"
 	// OwnerHelm is the value of LabelOwner on Helm's storage Secrets.
@@ -309,11 +310,11 @@ func parseHelmTime(v string) (time.Time, error) {
 }
 
 // ReadHistory reads every stored revision of release in namespace ns straight
-// from helm's records (Secrets or ConfigMaps, as records says), oldest first,
+// from helm's records (Secrets or ConfigMaps, as recs says), oldest first,
 // each with its resourceVersion. Errors name the release, the namespace and,
 // for an unreadable revision, the record to inspect.
-func ReadHistory(ctx context.Context, records Records, ns, release string) ([]Summary, error) {
-	list, _, err := records.List(ctx, ns, HistorySelector(release))
+func ReadHistory(ctx context.Context, recs Records, ns, release string) ([]Summary, error) {
+	list, _, err := recs.List(ctx, ns, HistorySelector(release))
 	if err != nil {
 		return nil, fmt.Errorf("release %q in namespace %q: reading its history: %w", release, ns, err)
 	}
@@ -322,7 +323,7 @@ func ReadHistory(ctx context.Context, records Records, ns, release string) ([]Su
 		s, err := SummarizeRecord(r)
 		if err != nil {
 			return nil, fmt.Errorf("release %q in namespace %q: %w; inspect it with: %s -n %s %s -o yaml",
-				release, ns, err, records.Kubectl(), ns, r.Meta.Name)
+				release, ns, err, recs.Kubectl(), ns, r.Meta.Name)
 		}
 		out = append(out, s)
 	}

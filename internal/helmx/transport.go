@@ -26,6 +26,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/helm-autorecover/helm-autorecover/internal/lock"
+	"github.com/helm-autorecover/helm-autorecover/internal/records"
 )
 
 // helmSettings is the settings object of helm's command tree. Helm keeps it
@@ -408,15 +409,6 @@ func (g *GuardedWrites) ownRecord(rev int, cur *lock.Record) (string, error) {
 
 func recordPrefix(release string) string { return "sh.helm.release.v1." + release + ".v" }
 
-// metaList is the part of a list of records the fence reads: names, labels
-// and annotations. The server sends only metadata when it can
-// (PartialObjectMetadataList); a whole list decodes the same.
-type metaList struct {
-	Items []struct {
-		Metadata metav1.ObjectMeta `json:"metadata"`
-	} `json:"items"`
-}
-
 // listRecords reads the metadata of every record of the guarded release,
 // from the collection req addresses (or contains).
 func (f *fenceRT) listRecords(req *http.Request, g *GuardedWrites) ([]metav1.ObjectMeta, error) {
@@ -424,7 +416,7 @@ func (f *fenceRT) listRecords(req *http.Request, g *GuardedWrites) ([]metav1.Obj
 	r.Method = http.MethodGet
 	r.Body, r.GetBody, r.ContentLength = nil, nil, 0
 	r.Header.Del("Content-Type")
-	r.Header.Set("Accept", "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json")
+	r.Header.Set("Accept", records.MetadataAccept)
 	u := *req.URL
 	if m := recordPath.FindStringSubmatch(u.Path); m != nil && m[3] != "" {
 		u.Path = strings.TrimSuffix(u.Path, "/"+m[3])
@@ -444,7 +436,7 @@ func (f *fenceRT) listRecords(req *http.Request, g *GuardedWrites) ([]metav1.Obj
 	if resp.StatusCode/100 != 2 {
 		return nil, fmt.Errorf("helm-autorecover: listing the records of release %q in namespace %q: %s: %s", g.Release, g.Namespace, resp.Status, bytes.TrimSpace(b))
 	}
-	var l metaList
+	var l records.MetadataList
 	if err := json.Unmarshal(b, &l); err != nil {
 		return nil, fmt.Errorf("helm-autorecover: listing the records of release %q in namespace %q: %w", g.Release, g.Namespace, err)
 	}
@@ -520,7 +512,7 @@ func (f *fenceRT) moveLockBeforeDelete(req *http.Request, g *GuardedWrites, name
 				delete(cur.meta.Annotations, k)
 			}
 		}
-		s, err := g.ownRecord(revisionOf(next, g.Release), nil)
+		s, err := g.recordFor(revisionOf(next, g.Release))
 		if err != nil {
 			return err
 		}
@@ -583,16 +575,6 @@ func (f *fenceRT) get(req *http.Request) (decoded, *http.Response, error) {
 		return decoded{}, nil, fmt.Errorf("helm-autorecover: decoding %s: %w", req.URL.Path, err)
 	}
 	return d, nil, nil
-}
-
-// RecordResource is the API resource that holds helm's release records for
-// a HELM_DRIVER value.
-func RecordResource(helmDriver string) string {
-	switch helmDriver {
-	case "configmap", "configmaps":
-		return "configmaps"
-	}
-	return "secrets"
 }
 
 // HelmRESTClientGetter is the getter of helm's command tree, whose clients

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"helm.sh/helm/v4/pkg/release/common"
+	rspb "helm.sh/helm/v4/pkg/release/v1"
 	"helm.sh/helm/v4/pkg/storage/driver"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
@@ -73,11 +74,16 @@ func lockOn(t *testing.T, env *testenv.Env, ns string, rev int) *lock.Record {
 	return rec
 }
 
-func store(t *testing.T, d *driver.Secrets, rev int, st common.Status) error {
-	t.Helper()
+// webRelease is revision rev of release "web" with status st.
+func webRelease(rev int, st common.Status) *rspb.Release {
 	r := sampleRelease()
 	r.Name, r.Version, r.Info.Status = "web", rev, st
-	return d.Create(ReleaseSecretName("web", rev), r)
+	return r
+}
+
+func store(t *testing.T, d *driver.Secrets, rev int, st common.Status) error {
+	t.Helper()
+	return d.Create(ReleaseSecretName("web", rev), webRelease(rev, st))
 }
 
 // TestIntegrationFenceBehindPathPrefix: an API server reached through a
@@ -176,9 +182,7 @@ func TestIntegrationFenceRefusesWhenAnotherHoldsTheNewest(t *testing.T) {
 	if _, err := env.Client.CoreV1().Secrets(ns).Get(context.Background(), ReleaseSecretName("web", 3), metav1.GetOptions{}); err == nil {
 		t.Fatalf("revision 3 was written")
 	}
-	r := sampleRelease()
-	r.Name, r.Namespace, r.Version, r.Info.Status = "web", ns, 1, common.StatusSuperseded
-	if err := d.Update(ReleaseSecretName("web", 1), r); !errors.Is(err, lock.ErrLost) {
+	if err := d.Update(ReleaseSecretName("web", 1), webRelease(1, common.StatusSuperseded)); !errors.Is(err, lock.ErrLost) {
 		t.Fatalf("update of an older record under a lock another session took later: %v; want ErrLost", err)
 	}
 	// The later session itself writes on.
@@ -212,9 +216,7 @@ func TestIntegrationFenceKeepsNewerRenewal(t *testing.T) {
 	if _, err := env.Client.CoreV1().Secrets(ns).Update(context.Background(), s, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	r := sampleRelease()
-	r.Name, r.Namespace, r.Version, r.Info.Status = "web", ns, 1, common.StatusDeployed
-	if err := d.Update(ReleaseSecretName("web", 1), r); err != nil {
+	if err := d.Update(ReleaseSecretName("web", 1), webRelease(1, common.StatusDeployed)); err != nil {
 		t.Fatalf("helm's update: %v", err)
 	}
 	rec := lockOn(t, env, ns, 1)

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"math"
 	"slices"
-	"strconv"
 	"strings"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -21,12 +20,12 @@ import (
 )
 
 // Helm's storage labels, the same on Secrets and ConfigMaps (package helmx
-// owns the full codec; the lock needs only these to find the newest record).
+// owns the full codec, package records the revision number; the lock needs
+// only these to find a release's records).
 const (
-	recordLabelOwner   = "owner"
-	recordLabelName    = "name"
-	recordLabelVersion = "version"
-	recordOwnerHelm    = "helm"
+	recordLabelOwner = "owner"
+	recordLabelName  = "name"
+	recordOwnerHelm  = "helm"
 )
 
 // FieldManager names the lock's writes to release records in managedFields.
@@ -71,11 +70,6 @@ func NewReleaseBackend(client kubernetes.Interface, est *servertime.Estimator, c
 	}
 }
 
-func revision(r records.Record) int {
-	n, _ := strconv.Atoi(r.Meta.Labels[recordLabelVersion])
-	return n
-}
-
 // releaseStore shows each release's newest record to the protocol as a
 // virtual Lease named LeaseName(release).
 type releaseStore struct {
@@ -89,17 +83,8 @@ func historySelector(release string) string {
 
 func releaseOf(leaseName string) string { return strings.TrimPrefix(leaseName, LeasePrefix) }
 
-// newest returns the record of the highest revision, and false when the
-// release has none.
-func newest(rs []records.Record) (records.Record, bool) {
-	if len(rs) == 0 {
-		return records.Record{}, false
-	}
-	return slices.MaxFunc(rs, func(a, b records.Record) int { return revision(a) - revision(b) }), true
-}
-
 func (s *releaseStore) latest(ctx context.Context, release string) (records.Record, bool, string, error) {
-	r, ok, listRV, err := s.records.Newest(ctx, s.ns, historySelector(release), recordLabelVersion)
+	r, ok, listRV, err := s.records.Newest(ctx, s.ns, historySelector(release))
 	if err != nil {
 		return records.Record{}, false, "", fmt.Errorf("reading the stored revisions of release %q in namespace %q: %w", release, s.ns, err)
 	}
@@ -261,7 +246,7 @@ func (s *releaseStore) List(ctx context.Context, _ metav1.ListOptions) (*coordin
 	}
 	out := &coordinationv1.LeaseList{ListMeta: metav1.ListMeta{ResourceVersion: listRV}}
 	for _, group := range byRelease {
-		r, _ := newest(group)
+		r, _ := records.NewestOf(group)
 		if _, ok := r.Meta.Annotations[AnnotationRecord]; !ok {
 			continue
 		}

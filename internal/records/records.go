@@ -12,6 +12,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 
 	corev1 "k8s.io/api/core/v1"
@@ -256,56 +257,83 @@ func (s Store) Watch(ctx context.Context, ns, selector, rv string) (watch.Interf
 	return s.client.CoreV1().Secrets(ns).Watch(ctx, opts)
 }
 
-// metadataAccept asks the API server for metadata only, with the whole
-// objects as the fallback of a server that cannot.
-const metadataAccept = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"
+// MetadataAccept asks the API server for a list's metadata only
+// (PartialObjectMetadataList), with the whole objects as the fallback of a
+// server that cannot; MetadataList decodes either.
+const MetadataAccept = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"
 
-// metaList is the part of a list the newest lookup reads; a whole list
-// decodes the same.
-type metaList struct {
+// MetadataList is the part of a list of records read with MetadataAccept.
+type MetadataList struct {
 	Metadata struct {
 		ResourceVersion string `json:"resourceVersion"`
 	} `json:"metadata"`
-	Items []struct {
-		Metadata metav1.ObjectMeta `json:"metadata"`
-	} `json:"items"`
+	Items []MetadataItem `json:"items"`
+}
+
+// MetadataItem is one record of a MetadataList.
+type MetadataItem struct {
+	Metadata metav1.ObjectMeta `json:"metadata"`
+}
+
+// LabelVersion is helm's label that holds a record's revision number.
+const LabelVersion = "version"
+
+// RevisionOf reads the revision number from a record's labels; 0 when it is
+// missing or not a number.
+func RevisionOf(labels map[string]string) int {
+	n, _ := strconv.Atoi(labels[LabelVersion])
+	return n
+}
+
+// Revision is the record's revision number (see RevisionOf).
+func (r Record) Revision() int { return RevisionOf(r.Meta.Labels) }
+
+// NewestOf returns the record of the highest revision, and false when rs is
+// empty.
+func NewestOf(rs []Record) (Record, bool) {
+	if len(rs) == 0 {
+		return Record{}, false
+	}
+	return slices.MaxFunc(rs, func(a, b Record) int { return a.Revision() - b.Revision() }), true
 }
 
 // maxNewestAttempts bounds how often Newest lists again because the newest
 // record was deleted between the list and the read.
 const maxNewestAttempts = 3
 
-// Newest returns the record with the highest value of versionLabel among
-// those in ns that match selector (false when there is none), and the
-// resourceVersion of the list. Only the metadata of the others is read:
-// release records can be large, and the lock reads the newest one often.
-func (s Store) Newest(ctx context.Context, ns, selector, versionLabel string) (Record, bool, string, error) {
+// Newest returns the record of the highest revision among those in ns that
+// match selector (false when there is none), and the resourceVersion of the
+// list. Only the metadata of the others is read: release records can be
+// large, and the lock reads the newest one often.
+func (s Store) Newest(ctx context.Context, ns, selector string) (Record, bool, string, error) {
 	rc := s.client.CoreV1().RESTClient()
 	if c, ok := rc.(*rest.RESTClient); !ok || c == nil {
 		// A client without REST access (a fake clientset): read it all.
-		return s.newestFromList(ctx, ns, selector, versionLabel)
+		rs, listRV, err := s.List(ctx, ns, selector)
+		if err != nil {
+			return Record{}, false, "", err
+		}
+		r, ok := NewestOf(rs)
+		return r, ok, listRV, nil
 	}
 	for attempt := 0; ; attempt++ {
 		raw, err := rc.Get().Namespace(ns).Resource(s.Resource()).
 			VersionedParams(&metav1.ListOptions{LabelSelector: selector}, scheme.ParameterCodec).
-			SetHeader("Accept", metadataAccept).DoRaw(ctx)
+			SetHeader("Accept", MetadataAccept).DoRaw(ctx)
 		if err != nil {
 			return Record{}, false, "", err
 		}
-		var l metaList
+		var l MetadataList
 		if err := json.Unmarshal(raw, &l); err != nil {
 			return Record{}, false, "", fmt.Errorf("reading the list of %ss: %w", s.kind, err)
 		}
-		best, bestV := "", -1
-		for _, it := range l.Items {
-			if v := version(it.Metadata.Labels[versionLabel]); v > bestV {
-				best, bestV = it.Metadata.Name, v
-			}
-		}
-		if best == "" {
+		if len(l.Items) == 0 {
 			return Record{}, false, l.Metadata.ResourceVersion, nil
 		}
-		r, err := s.Get(ctx, ns, best)
+		best := slices.MaxFunc(l.Items, func(a, b MetadataItem) int {
+			return RevisionOf(a.Metadata.Labels) - RevisionOf(b.Metadata.Labels)
+		})
+		r, err := s.Get(ctx, ns, best.Metadata.Name)
 		switch {
 		case err == nil:
 			return r, true, l.Metadata.ResourceVersion, nil
@@ -314,26 +342,4 @@ func (s Store) Newest(ctx context.Context, ns, selector, versionLabel string) (R
 		}
 		return Record{}, false, "", err
 	}
-}
-
-func (s Store) newestFromList(ctx context.Context, ns, selector, versionLabel string) (Record, bool, string, error) {
-	rs, listRV, err := s.List(ctx, ns, selector)
-	if err != nil || len(rs) == 0 {
-		return Record{}, false, listRV, err
-	}
-	best := rs[0]
-	for _, r := range rs[1:] {
-		if version(r.Meta.Labels[versionLabel]) > version(best.Meta.Labels[versionLabel]) {
-			best = r
-		}
-	}
-	return best, true, listRV, nil
-}
-
-func version(label string) int {
-	n, err := strconv.Atoi(label)
-	if err != nil {
-		return -1
-	}
-	return n
 }

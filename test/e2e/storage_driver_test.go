@@ -3,7 +3,6 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -119,7 +118,7 @@ func configMapLock(records helmx.Records) lockReader {
 		}
 		var newest *helmx.Record
 		for i := range list {
-			if newest == nil || recordRev(list[i]) > recordRev(*newest) {
+			if newest == nil || list[i].Revision() > newest.Revision() {
 				newest = &list[i]
 			}
 		}
@@ -153,9 +152,4 @@ func cmHistory(t *testing.T, records helmx.Records, ns, rel string) string {
 		out = append(out, fmt.Sprintf("%d:%s", h.Revision, h.Status))
 	}
 	return strings.Join(out, " ")
-}
-
-func recordRev(r helmx.Record) int {
-	n, _ := strconv.Atoi(r.Meta.Labels[helmx.LabelVersion])
-	return n
 }
