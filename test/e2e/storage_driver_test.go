@@ -59,6 +59,9 @@ func TestConfigMapDriver(t *testing.T) {
 				t.Errorf("locks with the configmap driver: exit %d; want session %s in\n%s%s", res.ExitCode, holder.Session, res.Stdout, res.Stderr)
 			}
 
+			// As in TestKillRecovers: let the holder renew, so the lock it
+			// leaves behind is a renewed one, as in real life.
+			time.Sleep(killLease / 2)
 			killAt := time.Now()
 			p.Kill(t)
 			res := run(ha, args([]string{"upgrade", rel, chart, "-n", ns, "--lock-timeout", "30s", "--set", "message=v3"}, flag)...)
