@@ -101,16 +101,30 @@ func (cn *conn) stores() []*lock.LeaseBackend {
 // inspect reads the lock of rel in both stores and returns the one that
 // matters: a live one first (the record's before the Lease's), then an
 // expired one, then one that names a last holder, else the Lease's.
+//
+// A lock that looks live only because this process's estimate of server
+// time is still too wide to tell is read again once the estimate can tell
+// (within about a second; lock.LeaseBackend.Settled), so that every command
+// run after a lock expired sees it expired.
 func (cn *conn) inspect(ctx context.Context, ns, rel string) (*lock.Status, error) {
-	var sts []*lock.Status
-	for _, b := range cn.stores() {
-		st, err := b.Inspect(ctx, ns, rel)
-		if err != nil {
-			return nil, err
+	read := func() (*lock.Status, bool, error) {
+		var sts []*lock.Status
+		unsettled := false
+		for _, b := range cn.stores() {
+			st, err := b.Inspect(ctx, ns, rel)
+			if err != nil {
+				return nil, false, err
+			}
+			sts = append(sts, st)
+			unsettled = unsettled || b.Settled(ctx, st.State, st.LockedTill)
 		}
-		sts = append(sts, st)
+		return pickStatus(sts), unsettled, nil
 	}
-	return pickStatus(sts), nil
+	st, unsettled, err := read()
+	if err == nil && unsettled {
+		st, _, err = read()
+	}
+	return st, err
 }
 
 func pickStatus(sts []*lock.Status) *lock.Status {

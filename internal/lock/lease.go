@@ -182,6 +182,11 @@ func (b *LeaseBackend) TryAcquire(ctx context.Context, req Request) (*Held, *Rec
 		return nil, nil, err
 	}
 	res, err := b.attempt(ctx, &req, nil)
+	if err == nil && res.locked != nil && b.Settled(ctx, res.locked.State, res.locked.LockedTill) {
+		// The holder's lock had already expired; the first look could not
+		// tell yet.
+		res, err = b.attempt(ctx, &req, nil)
+	}
 	if err != nil {
 		return nil, nil, err
 	}
@@ -189,6 +194,27 @@ func (b *LeaseBackend) TryAcquire(ctx context.Context, req Request) (*Held, *Rec
 		return nil, res.locked.Holder, res.locked
 	}
 	return res.held, nil, nil
+}
+
+// Settled is for a lock judged Live only because this process's estimate of
+// server time is still too wide to tell (a fresh process knows it to about a
+// second): it waits until the estimate can tell, at most that width (see
+// servertime.Estimator.Settle), and reports whether the lock expiring at
+// lockedTill has by then certainly expired, so that reading it again will
+// judge it Expired. It returns false at once for any other lock, and when
+// the wait fails. Without it, a client asking just after a lock expired
+// could be refused although another, luckier one would not.
+func (b *LeaseBackend) Settled(ctx context.Context, state State, lockedTill time.Time) bool {
+	if state != Live || lockedTill.IsZero() {
+		return false
+	}
+	expiry := lockedTill.Add(b.margin())
+	now, ok := b.time.Now()
+	if !ok || !now.Latest.After(expiry) {
+		return false
+	}
+	past, err := b.time.Settle(ctx, b.clock, expiry, b.time.ProbeFunc(b.client.Discovery()))
+	return err == nil && past
 }
 
 // view is a decoded Lease.

@@ -126,15 +126,43 @@ func TestTakeoverOnlyAfterServerTimeExpiry(t *testing.T) {
 	if err := held.SetRevision(ctx, 8); err != nil {
 		t.Fatal(err)
 	}
-	// LOCKED TILL is t0+4s; b's lower bound passes t0+5s a moment after 5s.
-	w.advance(5 * time.Second)
+	// LOCKED TILL is t0+4s; b's lower bound passes t0+5s a moment after
+	// 5s, its upper bound at 4s. Before that, b is refused at once.
+	w.advance(3900 * time.Millisecond)
 	if _, _, err := b.b.TryAcquire(ctx, req(OpUpgrade, 3*time.Second)); !errors.Is(err, ErrLocked) {
-		t.Fatalf("took over at LOCKED TILL + margin: err = %v", err)
+		t.Fatalf("took over before LOCKED TILL + margin: err = %v", err)
+	}
+	// Between the two, the lock may have expired: TryAcquire waits until
+	// b's estimate can tell, and takes over only then.
+	w.advance(1100 * time.Millisecond)
+	type result struct {
+		held *Held
+		err  error
+	}
+	done := make(chan result, 1)
+	go func() {
+		h, _, err := b.b.TryAcquire(ctx, req(OpUpgrade, 3*time.Second))
+		done <- result{h, err}
+	}()
+	eventually(t, "TryAcquire waiting for the estimate", b.clk.HasWaiters)
+	select {
+	case r := <-done:
+		t.Fatalf("TryAcquire returned before b's estimate could tell: %+v", r)
+	default:
 	}
 	w.advance(10 * time.Millisecond)
-	taken, _, err := b.b.TryAcquire(ctx, req(OpUpgrade, 3*time.Second))
-	if err != nil {
-		t.Fatalf("no takeover after expiry: %v", err)
+	var r result
+	select {
+	case r = <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("TryAcquire still waiting after b's lower bound passed LOCKED TILL + margin")
+	}
+	if r.err != nil {
+		t.Fatalf("no takeover after expiry: %v", r.err)
+	}
+	taken := r.held
+	if now, _ := b.est.Now(); !now.Earliest.After(at(5 * time.Second)) {
+		t.Errorf("took over when b's lower bound was %v, not past LOCKED TILL + margin %v", now.Earliest, at(5*time.Second))
 	}
 	if taken.PreviousState != Expired || taken.Previous == nil || taken.Previous.Session != held.Session() || taken.Previous.Revision != 8 {
 		t.Errorf("previous = %v %+v", taken.PreviousState, taken.Previous)

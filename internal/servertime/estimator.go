@@ -234,3 +234,80 @@ func (d *dateRecorder) RoundTrip(req *http.Request) (*http.Response, error) {
 // WrappedRoundTripper lets client-go's transport helpers see through the
 // wrapper.
 func (d *dateRecorder) WrappedRoundTripper() http.RoundTripper { return d.next }
+
+// settleAt returns, for bounds that straddle t at local instant now, the
+// local instant at which to look again and whether to send a probe then: the
+// moment the lower bound alone reaches t, or sooner a probe timed by
+// ProbeAt, no earlier than notBefore.
+func (e *Estimator) settleAt(now, notBefore, t time.Time, probing bool) (time.Time, bool) {
+	b, ok := e.Now()
+	if !ok {
+		return now, false
+	}
+	gap := t.Sub(b.Earliest)
+	// The lower bound grows by (1 - 1/driftDivisor) per local second.
+	reach := now.Add(gap + gap/(driftDivisor-1) + time.Millisecond)
+	if probing {
+		if p, ok := e.ProbeAt(later(now, notBefore), 0); ok && p.Before(reach) {
+			return p, true
+		}
+	}
+	return reach, false
+}
+
+// Settle answers "has the server's clock certainly passed t?" for a caller
+// that should not answer no merely because its estimate is still wide. When
+// the upper bound has not passed t it returns false at once, and when the
+// lower bound has, true. While the bounds straddle t it waits: at most until
+// the lower bound alone passes t (no longer than the bounds are wide, about
+// a second for a fresh process), sending requests with probe at the instants
+// ProbeAt picks so that it is settled sooner. clk must be the estimator's
+// clock. It returns ErrUnknown when nothing has been observed, and ctx's
+// error when ctx ends first. A failing probe is not retried; the wait goes
+// on without probes.
+func (e *Estimator) Settle(ctx context.Context, clk clock.Clock, t time.Time, probe func(context.Context) error) (bool, error) {
+	var notBefore time.Time
+	probing := probe != nil
+	for {
+		b, ok := e.Now()
+		if !ok {
+			return false, ErrUnknown
+		}
+		if b.Earliest.After(t) {
+			return true, nil
+		}
+		if !b.Latest.After(t) {
+			return false, nil
+		}
+		now := clk.Now()
+		at, doProbe := e.settleAt(now, notBefore, t, probing)
+		timer := clk.NewTimer(at.Sub(now))
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+			return false, fmt.Errorf("settle api server time: %w", ctx.Err())
+		case <-timer.C():
+		}
+		if doProbe {
+			if err := probe(ctx); err != nil {
+				probing = false
+			}
+			notBefore = clk.Now().Add(probeGap)
+		}
+	}
+}
+
+// probeGap is the least time between two probes sent by Settle.
+const probeGap = 10 * time.Millisecond
+
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
+// ProbeFunc returns a probe for Settle that sends Probe through disco.
+func (e *Estimator) ProbeFunc(disco interface{ RESTClient() rest.Interface }) func(context.Context) error {
+	return func(ctx context.Context) error { return e.Probe(ctx, disco) }
+}

@@ -263,3 +263,111 @@ func TestProbingNarrowsBounds(t *testing.T) {
 	}
 	t.Logf("at most %d probes to narrow 1s to %v", worst, want)
 }
+
+// TestSettle checks Settle against a simulated server on a fake clock: it
+// never says the server passed t before the server did, it answers at once
+// when the bounds already decide, while they straddle t it answers within
+// the bounds' width of the true crossing, and its probes make that sooner.
+func TestSettle(t *testing.T) {
+	withProbes := settleTrials(t, true)
+	without := settleTrials(t, false)
+	t.Logf("answered on average %v after the true crossing with probes, %v without", withProbes, without)
+	if withProbes >= without {
+		t.Errorf("probes did not help: mean lateness %v with, %v without", withProbes, without)
+	}
+}
+
+// settleTrials runs Settle on 200 random cases and returns how long after
+// the server's true crossing of the target it said so, on average.
+func settleTrials(t *testing.T, probing bool) time.Duration {
+	rng := rand.New(rand.NewPCG(5, 6))
+	var late time.Duration
+	waits := 0
+	for trial := 0; trial < 200; trial++ {
+		localStart := serverEpoch.Add(time.Duration(rng.Int64N(int64(time.Hour))) - 30*time.Minute)
+		clk := clocktesting.NewFakeClock(localStart)
+		est := New(clk)
+		phase := time.Duration(rng.Int64N(int64(time.Second)))
+		serverAt := func(local time.Time) time.Time { return serverEpoch.Add(phase + local.Sub(localStart)) }
+		probe := func(context.Context) error {
+			now := clk.Now()
+			est.Observe(now, now, serverAt(now).Truncate(time.Second))
+			return nil
+		}
+		_ = probe(context.Background())
+		b, _ := est.Now()
+		// A target anywhere from before the bounds to after them.
+		target := b.Earliest.Add(time.Duration(rng.Int64N(int64(b.Width()+time.Second))) - 500*time.Millisecond)
+		start := clk.Now()
+		type answer struct {
+			past bool
+			err  error
+			at   time.Time
+		}
+		done := make(chan answer, 1)
+		go func() {
+			p := probe
+			if !probing {
+				p = nil
+			}
+			past, err := est.Settle(context.Background(), clk, target, p)
+			done <- answer{past, err, clk.Now()}
+		}()
+		var got answer
+	wait:
+		for steps := 0; ; steps++ {
+			select {
+			case got = <-done:
+				break wait
+			default:
+			}
+			if steps > 5000 {
+				t.Fatalf("trial %d: Settle still waiting after %v", trial, clk.Now().Sub(start))
+			}
+			if clk.HasWaiters() {
+				clk.Step(time.Millisecond)
+			} else {
+				time.Sleep(50 * time.Microsecond)
+			}
+		}
+		if got.err != nil {
+			t.Fatalf("trial %d: %v", trial, got.err)
+		}
+		truth := serverAt(got.at)
+		waited := got.at.Sub(start)
+		switch {
+		case got.past && !truth.After(target):
+			t.Fatalf("trial %d: said past at server time %v, before target %v", trial, truth, target)
+		case !got.past && truth.After(target):
+			t.Fatalf("trial %d: said not past at server time %v, after target %v", trial, truth, target)
+		case !target.Before(b.Latest) && waited > 0:
+			t.Fatalf("trial %d: target after the upper bound, but waited %v", trial, waited)
+		case target.Before(b.Earliest) && waited > 0:
+			t.Fatalf("trial %d: target before the lower bound, but waited %v", trial, waited)
+		case waited > b.Width()+10*time.Millisecond:
+			t.Fatalf("trial %d: waited %v, more than the bounds' width %v", trial, waited, b.Width())
+		}
+		if got.past && waited > 0 {
+			late += truth.Sub(target)
+			waits++
+		}
+	}
+	if waits < 20 {
+		t.Fatalf("only %d of 200 trials had to wait", waits)
+	}
+	return late / time.Duration(waits)
+}
+
+func TestSettleEndsWithContext(t *testing.T) {
+	clk := clocktesting.NewFakeClock(serverEpoch)
+	est := New(clk)
+	est.Observe(clk.Now(), clk.Now(), serverEpoch)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := est.Settle(ctx, clk, serverEpoch.Add(500*time.Millisecond), nil); err == nil {
+		t.Fatal("Settle with an ended context returned no error")
+	}
+	if _, err := New(clk).Settle(context.Background(), clk, serverEpoch, nil); err == nil {
+		t.Fatal("Settle without observations returned no error")
+	}
+}
