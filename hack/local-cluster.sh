@@ -106,7 +106,14 @@ EOF
 start() {
   local name=$1; shift
   setsid "$BIN_CACHE/$name" "$@" >"$LOGS/$name.log" 2>&1 < /dev/null 9>&- &
-  echo $! > "$PIDS/$name.pid"
+  local pid=$! i
+  echo "$pid" > "$PIDS/$name.pid"
+  # Until the forked shell has exec'd the binary, its command line is this
+  # script's and alive() would call it dead: wait for the exec (or its end).
+  for ((i = 0; i < 250; i++)); do
+    alive "$name" || [[ ! -d /proc/$pid ]] || { sleep 0.02; continue; }
+    break
+  done
 }
 
 wait_for() {

@@ -335,7 +335,7 @@ func left(st *lock.Status) string {
 	if st.LockedTill.IsZero() || st.Now.IsZero() {
 		return "unknown time"
 	}
-	return max(0, st.LockedTill.Add(lock.DefaultMargin).Sub(st.Now.Earliest)).Round(time.Second).String()
+	return max(0, st.LockedTill.Add(lock.TakeoverMargin).Sub(st.Now.Earliest)).Round(time.Second).String()
 }
 
 func stamp(t time.Time) string {

@@ -44,7 +44,7 @@ func TestUnlockRefusals(t *testing.T) {
 		},
 		{
 			name: "live without --force", args: []string{"web", "--session", sessWeb}, code: guard.ExitLocked,
-			want: `release "web" in namespace "prod": the lock of session ` + sessWeb + ` is live: its holder (alice@ci-7 pid 4242, operation upgrade of revision 8, job https://github.com/acme/web/actions/runs/42) renewed it at 2026-12-02T13:09:55Z, LOCKED TILL 2026-12-02T13:10:10Z (11s left); it may still be running. Wait for it to finish or expire; if you know it is dead (process killed, CI job cancelled), run again with --force`,
+			want: `release "web" in namespace "prod": the lock of session ` + sessWeb + ` is live: its holder (alice@ci-7 pid 4242, operation upgrade of revision 8, job https://github.com/acme/web/actions/runs/42) renewed it at 2026-12-02T13:09:55Z, LOCKED TILL 2026-12-02T13:10:10Z (10s left); it may still be running. Wait for it to finish or expire; if you know it is dead (process killed, CI job cancelled), run again with --force`,
 		},
 		{
 			name: "--force, no terminal, no --yes", args: []string{"web", "--session", sessWeb, "--force"}, code: ExitDeclined,

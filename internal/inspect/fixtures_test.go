@@ -109,7 +109,7 @@ func fixtureInputs() []Input {
 func fixtureRows() []Row {
 	var rows []Row
 	for _, in := range fixtureInputs() {
-		in.Now, in.Margin, in.LegacyAfter = now, lock.DefaultMargin, 15*time.Minute
+		in.Now, in.Margin, in.LegacyAfter = now, lock.TakeoverMargin, 15*time.Minute
 		rows = append(rows, NewRow(in))
 	}
 	SortRows(rows)

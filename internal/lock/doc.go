@@ -18,11 +18,13 @@
 // clock at the moment the write was sent (see package servertime), and
 // lockedTill = renewedAt + leaseDuration. A reader declares a lock expired only
 // when the lower bound of its own server-time estimate has passed lockedTill
-// plus a margin (DefaultMargin, 1 s). The holder, for its part, treats the lock
-// as lost once its local monotonic clock reaches the send time of its last
-// successful renewal plus leaseDuration minus the same margin (its renew
-// deadline). The two margins (2 s in all) absorb the rate difference between
-// clocks and the delay between a check and the write it guards. No decision
+// plus a margin (TakeoverMargin, 250 ms). The holder, for its part, treats the
+// lock as lost once its local monotonic clock reaches the send time of its last
+// successful renewal plus leaseDuration minus RenewMargin (1 s), its renew
+// deadline. Between the holder's last write and a takeover there are thus at
+// least 1.25 s of server time: the renew margin covers the delay between a
+// check and the write it guards, the takeover margin a local clock rate
+// adjusted beyond the bounds' drift allowance. No decision
 // compares one client's clock with another's.
 //
 // # Writes

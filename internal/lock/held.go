@@ -55,7 +55,7 @@ func (b *LeaseBackend) newHeld(req *Request, l *coordinationv1.Lease, rec Record
 		lease:         l,
 		rec:           rec,
 		lastSend:      sent,
-		deadline:      sent.Add(req.LeaseDuration - b.margin()),
+		deadline:      sent.Add(req.LeaseDuration - b.renewMargin()),
 		done:          make(chan struct{}),
 	}
 	if req.MaxHold > 0 {
@@ -103,7 +103,7 @@ func (h *Held) validLocked() error {
 	case h.released:
 		return fmt.Errorf("lock on release %q in namespace %q was already released: %w", h.req.Release, h.req.Namespace, ErrLost)
 	case !h.b.clock.Now().Before(h.deadline):
-		return h.loseLocked(fmt.Errorf("lock on release %q in namespace %q was not renewed before its renew deadline (lease %s less margin %s after the last renewal was sent); stop writing: %w", h.req.Release, h.req.Namespace, h.req.LeaseDuration, h.b.margin(), ErrLost))
+		return h.loseLocked(fmt.Errorf("lock on release %q in namespace %q was not renewed before its renew deadline (lease %s less margin %s after the last renewal was sent); stop writing: %w", h.req.Release, h.req.Namespace, h.req.LeaseDuration, h.b.renewMargin(), ErrLost))
 	}
 	return nil
 }
@@ -303,7 +303,7 @@ func (h *Held) writeLocked(ctx context.Context, release bool, mutate func(*Recor
 				return nil
 			}
 			h.lastSend = sent
-			h.deadline = sent.Add(h.req.LeaseDuration - h.b.margin())
+			h.deadline = sent.Add(h.req.LeaseDuration - h.b.renewMargin())
 			return nil
 		case apierrors.IsConflict(err):
 			fresh, err := h.reread(ctx)

@@ -11,12 +11,19 @@ import (
 	"github.com/helm-autorecover/helm-autorecover/internal/servertime"
 )
 
-// DefaultMargin is added to a lock's expiry before another client may take
-// it over, and taken off the holder's own renew deadline. It covers the rate
-// difference between clocks over one lease and the delay between a check and
-// the write it guards; the Date header's resolution is already inside the
-// server-time bounds.
-const DefaultMargin = time.Second
+// TakeoverMargin is added to a lock's expiry (LOCKED TILL) before another
+// client may take it over. The server-time bounds are already rigorous,
+// drift allowance included (200 ppm); the margin covers a local clock whose
+// rate is adjusted beyond that (NTP slews up to 500 ppm: 180 ms over a
+// ten-minute-old observation).
+const TakeoverMargin = 250 * time.Millisecond
+
+// RenewMargin is taken off the holder's own renew deadline: the holder stops
+// writing RenewMargin before its LOCKED TILL, so a write it checked just
+// before its deadline has that long to reach the API server. Together with
+// TakeoverMargin, the last write a holder may send and the first write of a
+// client that takes over are at least 1.25 s apart in server time.
+const RenewMargin = time.Second
 
 // State is the judgement of a lock.
 type State int

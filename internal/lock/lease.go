@@ -69,8 +69,12 @@ type LeaseBackend struct {
 	// store is StoreLease or StoreRelease; api opens it in a namespace.
 	store Store
 	api   func(ns string) leaseAPI
-	// Margin is DefaultMargin unless set before first use.
+	// Margin is added to another holder's LOCKED TILL before this backend
+	// takes over (TakeoverMargin unless set before first use).
 	Margin time.Duration
+	// RenewMargin is taken off this backend's own renew deadline
+	// (RenewMargin unless set before first use).
+	RenewMargin time.Duration
 }
 
 // Store names where a backend keeps its locks.
@@ -102,7 +106,7 @@ type leaseAPI interface {
 // reads (clock.RealClock{} in production).
 func NewLeaseBackend(client kubernetes.Interface, est *servertime.Estimator, clk clock.Clock) *LeaseBackend {
 	return &LeaseBackend{
-		client: client, time: est, clock: clk, Margin: DefaultMargin, store: StoreLease,
+		client: client, time: est, clock: clk, Margin: TakeoverMargin, RenewMargin: RenewMargin, store: StoreLease,
 		api: func(ns string) leaseAPI { return client.CoordinationV1().Leases(ns) },
 	}
 }
@@ -112,9 +116,16 @@ func (b *LeaseBackend) Store() Store { return b.store }
 
 func (b *LeaseBackend) margin() time.Duration {
 	if b.Margin <= 0 {
-		return DefaultMargin
+		return TakeoverMargin
 	}
 	return b.Margin
+}
+
+func (b *LeaseBackend) renewMargin() time.Duration {
+	if b.RenewMargin <= 0 {
+		return RenewMargin
+	}
+	return b.RenewMargin
 }
 
 func (b *LeaseBackend) leases(ns string) leaseAPI {
@@ -148,8 +159,8 @@ func (b *LeaseBackend) complete(req Request) (Request, error) {
 	if req.LeaseDuration == 0 {
 		req.LeaseDuration = DefaultLeaseDuration
 	}
-	if req.LeaseDuration <= 2*b.margin() {
-		return req, fmt.Errorf("lock release %q in namespace %q: lease duration %s must be longer than %s (twice the safety margin)", req.Release, req.Namespace, req.LeaseDuration, 2*b.margin())
+	if req.LeaseDuration <= 2*b.renewMargin() {
+		return req, fmt.Errorf("lock release %q in namespace %q: lease duration %s must be longer than %s (twice the renew margin)", req.Release, req.Namespace, req.LeaseDuration, 2*b.renewMargin())
 	}
 	if req.Session == "" {
 		req.Session = NewSession()

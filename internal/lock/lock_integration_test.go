@@ -160,11 +160,11 @@ func TestIntegrationTakeoverOnlyAfterExpiry(t *testing.T) {
 		now := serverNow()
 		if err == nil {
 			late := now.Sub(till)
-			t.Logf("taken over %v after LOCKED TILL (margin %v)", late, lock.DefaultMargin)
-			if late < lock.DefaultMargin {
-				t.Errorf("taken over %v after LOCKED TILL, before the margin %v passed", late, lock.DefaultMargin)
+			t.Logf("taken over %v after LOCKED TILL (margin %v)", late, lock.TakeoverMargin)
+			if late < lock.TakeoverMargin {
+				t.Errorf("taken over %v after LOCKED TILL, before the margin %v passed", late, lock.TakeoverMargin)
 			}
-			if late > lock.DefaultMargin+2*time.Second {
+			if late > lock.TakeoverMargin+2*time.Second {
 				t.Errorf("taken over only %v after LOCKED TILL, want within margin + 2s", late)
 			}
 			if h.PreviousState != lock.Expired || h.Previous == nil || h.Previous.Session != dead.Session() || h.Previous.Revision != 2 {
@@ -346,11 +346,11 @@ func TestIntegrationWaiterTakesOverDeadHolderAtExpiry(t *testing.T) {
 	}
 	took := serverNow()
 	t.Logf("waiter took over %v after the holder died (lease %v, margin %v), %v after LOCKED TILL",
-		took.Sub(died), lease, lock.DefaultMargin, took.Sub(till))
-	if took.Sub(till) < lock.DefaultMargin {
+		took.Sub(died), lease, lock.TakeoverMargin, took.Sub(till))
+	if took.Sub(till) < lock.TakeoverMargin {
 		t.Errorf("took over %v after LOCKED TILL, before the margin", took.Sub(till))
 	}
-	if d := took.Sub(died); d > lease+lock.DefaultMargin+time.Second {
+	if d := took.Sub(died); d > lease+lock.TakeoverMargin+time.Second {
 		t.Errorf("took over %v after the holder died, want at most lease + margin + 1s", d)
 	}
 	if h.PreviousState != lock.Expired || h.Previous.Session != dead.Session() {

@@ -65,7 +65,7 @@ const unreadableHolder = "unreadable-lock-record"
 func NewReleaseBackend(client kubernetes.Interface, est *servertime.Estimator, clk clock.Clock, driver records.Driver) *LeaseBackend {
 	store := records.New(client, driver)
 	return &LeaseBackend{
-		client: client, time: est, clock: clk, Margin: DefaultMargin, store: StoreRelease,
+		client: client, time: est, clock: clk, Margin: TakeoverMargin, RenewMargin: RenewMargin, store: StoreRelease,
 		api: func(ns string) leaseAPI { return &releaseStore{records: store, ns: ns} },
 	}
 }

@@ -37,11 +37,13 @@
 //
 // Callers that decide "has server time passed T?" must compare the lower bound
 // (Bounds.Earliest) with T plus a margin; callers that promise "I stop before
-// server time T" must derive T from the upper bound (Bounds.Latest). The margin
-// covers what the bounds cannot: the rate difference between the local and the
-// server clock over one lease, and scheduling delay between a check and the
-// action that follows it. One second is the default in package lock; it is of
-// the same order as the Date resolution, which is already inside the bounds.
+// server time T" must derive T from the upper bound (Bounds.Latest) and stop
+// a margin early. The margins cover what the bounds cannot: a local clock
+// rate adjusted beyond the drift allowance, and the delay between a check and
+// the action that follows it. Package lock takes 1 s off the holder's side
+// and adds 250 ms on the taker's (lock.RenewMargin, lock.TakeoverMargin).
+// While the bounds straddle T, Settle waits until they tell (at most their
+// width) instead of answering no.
 //
 // # Why clients never compare clocks
 //
