@@ -101,13 +101,13 @@ func TestNewRowTimes(t *testing.T) {
 	for _, r := range rows {
 		byName[r.Release] = r
 	}
-	// LOCKED TILL is 10 s ahead; the margin adds 1 s.
-	if got := byName["web"].TimeLeft; got != "11s" {
-		t.Errorf("web: TimeLeft = %q; want 11s", got)
+	// LOCKED TILL is 10 s ahead; the takeover margin adds 250 ms.
+	if got := byName["web"].TimeLeft; got != "10s" {
+		t.Errorf("web: TimeLeft = %q; want 10s", got)
 	}
-	// LOCKED TILL was 8m45s ago; takeover allowed 1 s later.
-	if got := byName["api"].ExpiredFor; got != "8m44s" {
-		t.Errorf("api: ExpiredFor = %q; want 8m44s", got)
+	// LOCKED TILL was 8m45s ago; takeover allowed 250 ms later.
+	if got := byName["api"].ExpiredFor; got != "8m45s" {
+		t.Errorf("api: ExpiredFor = %q; want 8m45s", got)
 	}
 	// Pending for 4 minutes of the default 15: recoverable 11 min (plus the
 	// timestamps' 1 s resolution) later.

@@ -37,9 +37,11 @@ package recovery
 //     test of ownership), has no helm.sh/resource-policy: keep (on the live
 //     object or in the manifest), and was created by the abandoned revision:
 //     its server-set creationTimestamp is not before the server-set
-//     creationTimestamp of the abandoned revision's Secret. An object that
-//     existed before (adopted with --take-ownership, or kept from an older
-//     revision) is left alone, because its earlier state is unknown.
+//     creationTimestamp of the abandoned revision's Secret, and, when both
+//     fall in the same second, no field manager but helm's wrote it (status
+//     writes aside). An object that existed before (adopted with
+//     --take-ownership, or kept from an older revision) is left alone,
+//     because its earlier state is unknown.
 //   - An object that is not owned by this release is never written, whether
 //     it is in one manifest or both.
 //   - An object only in the last deployed revision (the abandoned revision
@@ -850,12 +852,25 @@ func keepReason(live, rendered *unstructured.Unstructured, release, ns string, a
 	if abandonedCreated.IsZero() {
 		return "the abandoned revision's creation time is unknown"
 	}
-	// Both timestamps are the API server's, in whole seconds; an object
-	// created in the same second as the revision counts as created by it
-	// (helm writes the revision before it applies anything).
-	if created := live.GetCreationTimestamp().Time; created.Before(abandonedCreated) {
+	// Both timestamps are the API server's, in whole seconds.
+	created := live.GetCreationTimestamp().Time
+	if created.Before(abandonedCreated) {
 		return fmt.Sprintf("it existed before the abandoned revision (created %s, revision written %s)",
 			created.UTC().Format(time.RFC3339), abandonedCreated.UTC().Format(time.RFC3339))
+	}
+	// In the same second, the order is unknown (helm writes the revision
+	// before it applies anything, but a user may have created the object a
+	// moment before and let the revision adopt it). An object helm created
+	// has been written by helm's field manager only (controllers' status
+	// writes aside); one written by another manager too may have existed
+	// before, and deleting it could lose data.
+	if created.Equal(abandonedCreated) {
+		for _, mf := range live.GetManagedFields() {
+			if mf.Manager != HelmFieldManager && mf.Subresource == "" {
+				return fmt.Sprintf("it was created in the same second as the abandoned revision (%s) and also written by field manager %q, so it may have existed before",
+					created.UTC().Format(time.RFC3339), mf.Manager)
+			}
+		}
 	}
 	return ""
 }

@@ -320,6 +320,10 @@ func TestKeepReason(t *testing.T) {
 	}{
 		{"owned, created by the revision", liveObj(owned, helmLabel, revAt.Add(time.Second)), rendered, revAt, ""},
 		{"created in the same second as the revision", liveObj(owned, helmLabel, revAt), rendered, revAt, ""},
+		{"same second, written by helm only", managedBy(liveObj(owned, helmLabel, revAt), "helm"), rendered, revAt, ""},
+		{"same second, also written by another manager", managedBy(liveObj(owned, helmLabel, revAt), "kubectl-create", "helm"), rendered, revAt, `field manager "kubectl-create"`},
+		{"same second, a controller wrote its status", withStatusWriter(managedBy(liveObj(owned, helmLabel, revAt), "helm"), "kube-controller-manager"), rendered, revAt, ""},
+		{"a second later, also written by another manager", managedBy(liveObj(owned, helmLabel, revAt.Add(time.Second)), "kubectl-edit", "helm"), rendered, revAt, ""},
 		{"existed before (adopted)", liveObj(owned, helmLabel, revAt.Add(-time.Second)), rendered, revAt, "existed before the abandoned revision"},
 		{"creation time of the revision unknown", liveObj(owned, helmLabel, revAt), rendered, time.Time{}, "unknown"},
 		{"no annotations", liveObj(nil, helmLabel, revAt), rendered, revAt, "not owned by this release: annotation meta.helm.sh/release-name is \"\""},
@@ -339,6 +343,22 @@ func TestKeepReason(t *testing.T) {
 			t.Errorf("%s: reason %q, want it to contain %q", c.name, got, c.want)
 		}
 	}
+}
+
+// managedBy gives o a managedFields entry for each manager.
+func managedBy(o *unstructured.Unstructured, managers ...string) *unstructured.Unstructured {
+	var mf []metav1.ManagedFieldsEntry
+	for _, m := range managers {
+		mf = append(mf, metav1.ManagedFieldsEntry{Manager: m, Operation: metav1.ManagedFieldsOperationUpdate})
+	}
+	o.SetManagedFields(mf)
+	return o
+}
+
+// withStatusWriter adds a manager that wrote only the status subresource.
+func withStatusWriter(o *unstructured.Unstructured, manager string) *unstructured.Unstructured {
+	o.SetManagedFields(append(o.GetManagedFields(), metav1.ManagedFieldsEntry{Manager: manager, Operation: metav1.ManagedFieldsOperationUpdate, Subresource: "status"}))
+	return o
 }
 
 func TestConvergeWithoutDeployedRevision(t *testing.T) {
