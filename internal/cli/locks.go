@@ -577,7 +577,7 @@ func observedLock(st *lock.Status) recovery.LockInfo {
 	}
 	switch {
 	case st.HolderIdentity == "" && rec != nil:
-		return guard.LockInfo(rec, recovery.LockReleased)
+		return guard.PreviousLock(lock.Found(rec, lock.Free))
 	case st.HolderIdentity == "":
 		return recovery.LockInfo{State: recovery.LockNone}
 	case rec == nil || rec.Session != st.HolderIdentity:

@@ -94,7 +94,7 @@ func (o *recoverOptions) policy() recovery.Policy {
 	}
 }
 
-func (c *lockCmds) runRecover(ctx context.Context, o *recoverOptions, rel string) error {
+func (c *lockCmds) runRecover(ctx context.Context, o *recoverOptions, rel string) (err error) {
 	ns := c.settings.Namespace()
 	if err := validRelease(rel, ns); err != nil {
 		return err
@@ -194,18 +194,17 @@ func (c *lockCmds) runRecover(ctx context.Context, o *recoverOptions, rel string
 		stopKeep()
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 		defer cancel()
-		if err := held.Release(rctx); err != nil && !errors.Is(err, lock.ErrLost) {
+		// After a failed recovery, the record left hands an expired
+		// holder's revision on to the next client (lock.Record.Abandoned).
+		var abandoned *lock.Record
+		if prevRec, prevState := held.Previous(); err != nil && prevState == lock.Expired {
+			abandoned = prevRec
+		}
+		if err := held.ReleaseAbandoning(rctx, abandoned); err != nil && !errors.Is(err, lock.ErrLost) {
 			fmt.Fprintf(c.errOut, "Warning: releasing the lock of release %q in namespace %q: %v (it expires by itself within %s)\n", rel, ns, err, o.opts.LeaseDuration)
 		}
 	}()
-	prev := recovery.LockInfo{State: recovery.LockNone}
-	if prevRec, prevState := held.Previous(); prevRec != nil {
-		state := recovery.LockReleased
-		if prevState == lock.Expired {
-			state = recovery.LockExpired
-		}
-		prev = guard.LockInfo(prevRec, state)
-	}
+	prev := guard.PreviousLock(held.Previous())
 
 	for attempt := 0; attempt < 5; attempt++ {
 		if hist, err = cn.history(ctx, ns, rel); err != nil {

@@ -229,6 +229,12 @@ func (r *run) do(ctx context.Context, op func() error) (err error) {
 
 	latest, err := r.recover(ctx)
 	if err != nil {
+		// The revision an expired holder left pending may still be
+		// pending: the record left behind hands it on, so that the next
+		// client recovers it at once.
+		stopKeep()
+		r.releaseAbandoning()
+		released = true
 		return err
 	}
 	if err := r.recordRevision(ctx, latest); err != nil {
@@ -281,9 +287,17 @@ func (r *run) serverNow(ctx context.Context) (recovery.ServerTime, error) {
 // previousLock maps the record found when the lock was taken onto the
 // recovery decision's input.
 func (r *run) previousLock() recovery.LockInfo {
-	prev, prevState := r.held.Previous()
+	return PreviousLock(r.held.Previous())
+}
+
+// PreviousLock maps the record a lock was taken from (lock.Joint.Previous),
+// as found, onto the recovery decision's input.
+func PreviousLock(prev *lock.Record, found lock.State) recovery.LockInfo {
+	if prev == nil {
+		return recovery.LockInfo{State: recovery.LockNone}
+	}
 	state := recovery.LockReleased
-	if prevState == lock.Expired {
+	if found == lock.Expired {
 		state = recovery.LockExpired
 	}
 	return LockInfo(prev, state)
@@ -474,10 +488,28 @@ func (r *run) release(success bool) {
 	} else {
 		err = r.held.Release(ctx)
 	}
+	r.warnRelease(err)
+}
+
+func (r *run) warnRelease(err error) {
 	if err != nil && !errors.Is(err, lock.ErrLost) {
 		fmt.Fprintf(r.g.Stderr, "helm-autorecover: warning: releasing the lock of release %q in namespace %q: %v (it expires by itself within %s)\n",
 			r.t.Release, r.t.Namespace, err, r.g.Options.LeaseDuration)
 	}
+}
+
+// releaseAbandoning gives the lock back after recovery failed: when the lock
+// was taken over from an expired holder, the record left names that holder
+// (lock.Record.Abandoned).
+func (r *run) releaseAbandoning() {
+	prev, state := r.held.Previous()
+	if state != lock.Expired || prev == nil {
+		r.release(false)
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	r.warnRelease(r.held.ReleaseAbandoning(ctx, prev))
 }
 
 func (r *run) lost(err error) error {

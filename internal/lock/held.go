@@ -160,6 +160,19 @@ func (h *Held) Release(ctx context.Context) error {
 	return h.write(ctx, true, func(*Record) {})
 }
 
+// ReleaseAbandoning gives the lock back, as Release does, after this holder
+// failed to recover the revision that abandoned, an expired holder's record,
+// left pending: the record it leaves names that holder (Record.Abandoned), so
+// the next client recovers the revision at once. A nil abandoned is Release.
+func (h *Held) ReleaseAbandoning(ctx context.Context, abandoned *Record) error {
+	if abandoned == nil {
+		return h.Release(ctx)
+	}
+	a := *abandoned
+	a.Abandoned = nil
+	return h.write(ctx, true, func(r *Record) { r.Abandoned = &a })
+}
+
 // ReleaseAndDelete gives the lock back by deleting the Lease, for uninstall,
 // so nothing of the release is left behind. The delete is conditional on the
 // resourceVersion last seen. When waiters are queued it only releases, so

@@ -133,25 +133,33 @@ func (j *Joint) Valid() error {
 // the record of a part that was Expired (its holder died) if any, the one
 // naming the highest revision when several were; otherwise the first part's
 // (Free).
+//
+// A part released by a holder that failed to recover an expired holder's
+// revision counts as that expired holder's (see Found).
 func (j *Joint) Previous() (*Record, State) {
-	var best *Held
+	type found struct {
+		rec   *Record
+		state State
+	}
+	var best *found
 	for _, h := range j.parts {
-		if h.PreviousState != Expired {
+		rec, st := Found(h.Previous, h.PreviousState)
+		if st != Expired {
 			continue
 		}
-		if best == nil || best.Previous == nil || (h.Previous != nil && h.Previous.Revision > best.Previous.Revision) {
-			best = h
+		if best == nil || best.rec == nil || (rec != nil && rec.Revision > best.rec.Revision) {
+			best = &found{rec, st}
 		}
 	}
 	if best == nil {
-		best = j.parts[0]
+		best = &found{j.parts[0].Previous, j.parts[0].PreviousState}
 		for _, h := range j.parts {
-			if best.Previous == nil && h.Previous != nil {
-				best = h
+			if best.rec == nil && h.Previous != nil {
+				best = &found{h.Previous, h.PreviousState}
 			}
 		}
 	}
-	return best.Previous, best.PreviousState
+	return best.rec, best.state
 }
 
 // SetRevision records the revision being written in every part.
@@ -169,6 +177,16 @@ func (j *Joint) Release(ctx context.Context) error {
 	var errs []error
 	for i := len(j.parts) - 1; i >= 0; i-- {
 		errs = append(errs, j.parts[i].Release(ctx))
+	}
+	return errors.Join(errs...)
+}
+
+// ReleaseAbandoning gives every part back after a failed recovery of the
+// revision abandoned's holder left pending (see Held.ReleaseAbandoning).
+func (j *Joint) ReleaseAbandoning(ctx context.Context, abandoned *Record) error {
+	var errs []error
+	for i := len(j.parts) - 1; i >= 0; i-- {
+		errs = append(errs, j.parts[i].ReleaseAbandoning(ctx, abandoned))
 	}
 	return errors.Join(errs...)
 }

@@ -546,3 +546,53 @@ func TestWaitGivesUpAndLeavesQueue(t *testing.T) {
 		t.Errorf("queue entry left behind: %s", q)
 	}
 }
+
+// TestReleaseAbandoningHandsOn: a holder that took over an expired lock and
+// failed to recover leaves a record that names the expired holder, so the
+// next client finds that holder's revision abandoned (Expired), not a
+// revision pending under a released lock; a plain release does not.
+func TestReleaseAbandoningHandsOn(t *testing.T) {
+	w := newWorld(t)
+	a, b, c := w.backend(0), w.backend(0), w.backend(0)
+	ctx := context.Background()
+	dead, _, err := a.b.TryAcquire(ctx, req(OpUpgrade, 3*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := dead.SetRevision(ctx, 8); err != nil {
+		t.Fatal(err)
+	}
+	w.advance(6 * time.Second)
+	failed, _, err := b.b.TryAcquire(ctx, req(OpUpgrade, 3*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if failed.PreviousState != Expired {
+		t.Fatalf("takeover found %v, want expired", failed.PreviousState)
+	}
+	if err := failed.ReleaseAbandoning(ctx, failed.Previous); err != nil {
+		t.Fatal(err)
+	}
+	next, _, err := c.b.TryAcquire(ctx, req(OpUpgrade, 3*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if next.PreviousState != Free || next.Previous == nil || next.Previous.Session != failed.Session() {
+		t.Fatalf("next found %v %+v, want the failed holder's released record", next.PreviousState, next.Previous)
+	}
+	rec, st := (&Joint{parts: []*Held{next}}).Previous()
+	if st != Expired || rec == nil || rec.Session != dead.Session() || rec.Revision != 8 || rec.Abandoned != nil {
+		t.Errorf("Joint.Previous = %v %+v, want the dead holder's expired record of revision 8", st, rec)
+	}
+	// A plain release hands nothing on.
+	if err := next.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	last, _, err := a.b.TryAcquire(ctx, req(OpUpgrade, 3*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec, st := Found(last.Previous, last.PreviousState); st != Free || rec == nil || rec.Session != next.Session() {
+		t.Errorf("after a plain release, found %v %+v, want the released record", st, rec)
+	}
+}

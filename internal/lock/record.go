@@ -88,6 +88,24 @@ type Record struct {
 	// released it when that was not the holder itself.
 	ReleasedAt time.Time `json:"releasedAt,omitzero"`
 	ReleasedBy string    `json:"releasedBy,omitempty"`
+	// Abandoned is set by a holder that took over an expired lock, failed
+	// to recover the revision its holder left pending, and released: it is
+	// that expired holder's record. The next client then recovers the
+	// revision at once, as the failed holder would have, instead of taking
+	// a revision pending under a released lock for stock helm's (legacy).
+	// It never nests: it is the record of the holder that wrote the revision.
+	Abandoned *Record `json:"abandoned,omitempty"`
+}
+
+// Found returns what a lock taken from a holder with this record as found
+// stands for, for recovery: the record and state themselves, unless the lock
+// was released by a holder that failed to recover an expired holder's
+// revision (Abandoned), which then stands in as Expired.
+func Found(rec *Record, state State) (*Record, State) {
+	if state == Free && rec != nil && rec.Abandoned != nil {
+		return rec.Abandoned, Expired
+	}
+	return rec, state
 }
 
 // Encode returns the record as the JSON stored in AnnotationRecord.

@@ -200,9 +200,9 @@ func (c *Client) Recover(ctx context.Context, namespace, release string, p Polic
 // recovered at once. Policy.LockWait is ignored.
 func (l *Lock) Recover(ctx context.Context, p Policy) (Decision, error) {
 	info := recovery.LockInfo{State: recovery.LockNone}
-	if prev := l.held.Previous; prev != nil {
+	if prev, found := lock.Found(l.held.Previous, l.held.PreviousState); prev != nil {
 		state := recovery.LockReleased
-		if l.held.PreviousState == lock.Expired {
+		if found == lock.Expired {
 			state = recovery.LockExpired
 		}
 		info = lockInfo(state, prev)
@@ -254,6 +254,9 @@ func (c *Client) observedLock(ctx context.Context, namespace, release string) (r
 	case st.State == lock.Expired:
 		return lockInfo(recovery.LockExpired, rec), nil
 	case rec != nil:
+		if prev, found := lock.Found(rec, lock.Free); found == lock.Expired {
+			return lockInfo(recovery.LockExpired, prev), nil
+		}
 		return lockInfo(recovery.LockReleased, rec), nil
 	}
 	return recovery.LockInfo{State: recovery.LockNone}, nil
