@@ -541,3 +541,68 @@ func TestIntegrationRecoverAndInspect(t *testing.T) {
 		t.Fatalf("stock helm upgrade after recovery: %s", r.Stderr)
 	}
 }
+
+// TestIntegrationReleaseAfterFailedRecoverHandsOn: B takes over A's expired
+// lock, its Recover fails, it releases; C's Recover then recovers A's
+// revision at once, naming A, instead of taking it for stock helm's.
+func TestIntegrationReleaseAfterFailedRecoverHandsOn(t *testing.T) {
+	env := testenv.Get(t)
+	ns := env.Namespace(t)
+	ctx := context.Background()
+	installStock(t, env, ns)
+	a, b, c := newClient(t, env), newClient(t, env), newClient(t, env)
+	lkA, err := a.Acquire(ctx, autorecover.LockRequest{Release: releaseName, Namespace: ns, Operation: autorecover.OpUpgrade, Revision: 2, LeaseDuration: 3 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// (Renewed a second later, before the revision is written: see "in the
+	// middle of an upgrade" above.)
+	time.Sleep(1200 * time.Millisecond)
+	if err := lkA.Renew(ctx); err != nil {
+		t.Fatal(err)
+	}
+	stock := driver.NewSecrets(env.Client.CoreV1().Secrets(ns))
+	got, err := stock.Get("sh.helm.release.v1." + releaseName + ".v1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := got.(*rspb.Release)
+	r.Version, r.Info.Status, r.Info.Description = 2, common.StatusPendingUpgrade, "Preparing upgrade"
+	if err := stock.Create("sh.helm.release.v1."+releaseName+".v2", r); err != nil {
+		t.Fatal(err)
+	}
+
+	// A dies. B takes over and fails to recover (its context ends).
+	lkB, err := b.Acquire(ctx, autorecover.LockRequest{Release: releaseName, Namespace: ns, Operation: autorecover.OpUpgrade, Wait: 20 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lkB.PreviousState != autorecover.LockExpired {
+		t.Fatalf("B found %s, want A's expired lock", lkB.PreviousState)
+	}
+	ended, cancel := context.WithCancel(ctx)
+	cancel()
+	if _, err := lkB.Recover(ended, autorecover.Policy{}); err == nil {
+		t.Fatal("B's Recover with an ended context succeeded")
+	}
+	if err := lkB.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Join(env.Summary(t, ns, releaseName), " "); got != "1:deployed 2:pending-upgrade" {
+		t.Fatalf("history after B's failed recovery = %s", got)
+	}
+
+	lkC, err := c.Acquire(ctx, autorecover.LockRequest{Release: releaseName, Namespace: ns, Operation: autorecover.OpUpgrade})
+	if err != nil {
+		t.Fatal(err)
+	}
+	releaseAtEnd(t, lkC)
+	d, err := lkC.Recover(ctx, autorecover.Policy{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Verdict != autorecover.VerdictRecover || d.AbandonedBy == nil || d.AbandonedBy.Session != lkA.Session() || !equalInts(d.Marked, []int{2}) {
+		t.Fatalf("C's recovery = %+v (%s)", d, d.Reason)
+	}
+	t.Logf("recovered: %s", d.Reason)
+}

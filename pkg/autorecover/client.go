@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"k8s.io/client-go/kubernetes"
@@ -375,6 +376,11 @@ type Lock struct {
 	c                  *Client
 	held               *lock.Held
 	release, namespace string
+
+	mu sync.Mutex
+	// recoverFailed is set while the last Recover of an expired holder's
+	// revision failed.
+	recoverFailed bool
 }
 
 // ReleaseName is the name of the locked release.
@@ -425,8 +431,19 @@ func (l *Lock) SetRevision(ctx context.Context, rev int) error {
 // nothing to give back and Release returns nil. On
 // the way out of a cancelled operation, pass a context that is not already
 // cancelled, such as context.WithoutCancel(ctx) with a timeout.
+//
+// When this lock took over an expired holder's and Recover failed, the
+// record left names that holder, so the next client's Recover recovers its
+// revision at once rather than taking it for stock helm's.
 func (l *Lock) Release(ctx context.Context) error {
-	err := l.held.Release(ctx)
+	l.mu.Lock()
+	failed := l.recoverFailed
+	l.mu.Unlock()
+	var abandoned *lock.Record
+	if prev, found := lock.Found(l.held.Previous, l.held.PreviousState); failed && found == lock.Expired {
+		abandoned = prev
+	}
+	err := l.held.ReleaseAbandoning(ctx, abandoned)
 	if errors.Is(err, ErrLost) {
 		// Someone else holds it now or deleted it: nothing is left to give back.
 		return nil

@@ -211,7 +211,14 @@ func (l *Lock) Recover(ctx context.Context, p Policy) (Decision, error) {
 	if !p.DryRun {
 		writer = l
 	}
-	return l.c.recoverWith(ctx, l.namespace, l.release, info, p, writer)
+	d, err := l.c.recoverWith(ctx, l.namespace, l.release, info, p, writer)
+	if info.State == recovery.LockExpired && !p.DryRun {
+		// Release hands the expired holder on when recovery failed.
+		l.mu.Lock()
+		l.recoverFailed = err != nil
+		l.mu.Unlock()
+	}
+	return d, err
 }
 
 func lockInfo(state recovery.LockState, r *lock.Record) recovery.LockInfo {
