@@ -145,12 +145,23 @@ func pickStatus(sts []*lock.Status) *lock.Status {
 // list reports the lock of every release in ns in either store, one status
 // per release, chosen as inspect does.
 func (cn *conn) list(ctx context.Context, ns string) ([]lock.Status, error) {
+	out, unsettled, err := cn.listOnce(ctx, ns)
+	if err == nil && unsettled {
+		// As inspect does: one lock looked live only because the estimate
+		// was too wide; it has been settled, so read once more.
+		out, _, err = cn.listOnce(ctx, ns)
+	}
+	return out, err
+}
+
+func (cn *conn) listOnce(ctx context.Context, ns string) ([]lock.Status, bool, error) {
 	byRelease := map[string][]*lock.Status{}
 	var order []string
+	unsettled := false
 	for _, b := range cn.stores() {
 		sts, err := b.List(ctx, ns)
 		if err != nil {
-			return nil, err
+			return nil, false, err
 		}
 		for i := range sts {
 			k := sts[i].Namespace + "/" + sts[i].Release
@@ -158,13 +169,16 @@ func (cn *conn) list(ctx context.Context, ns string) ([]lock.Status, error) {
 				order = append(order, k)
 			}
 			byRelease[k] = append(byRelease[k], &sts[i])
+			// The estimate is shared: settling one lock takes at most the
+			// estimate's width, and each later one less.
+			unsettled = b.Settled(ctx, sts[i].State, sts[i].LockedTill) || unsettled
 		}
 	}
 	out := make([]lock.Status, 0, len(order))
 	for _, k := range order {
 		out = append(out, *pickStatus(byRelease[k]))
 	}
-	return out, nil
+	return out, unsettled, nil
 }
 
 // forceRelease releases session's lock in every store it holds one in.
