@@ -49,8 +49,8 @@
 // responses it receives (about a second of uncertainty, narrowed by timing
 // requests), writes every time as an upper bound of that estimate, and
 // declares another session's lock expired only when the lower bound has
-// passed its LOCKED TILL plus a one second margin. A holder, for its part,
-// considers its lock lost one margin before its lease ends, measured on its
+// passed its LOCKED TILL plus a 250 ms margin. A holder, for its part,
+// considers its lock lost one second before its lease ends, measured on its
 // own monotonic clock from the send time of its last renewal. A client whose
 // wall clock is minutes off therefore neither steals a live lock nor waits
 // longer than the lock's expiry.

@@ -19,7 +19,7 @@ const (
 	// LockLive: a holder has the lock and its LOCKED TILL has not certainly
 	// passed; its operation is protected.
 	LockLive LockState = "live"
-	// LockExpired: the holder's LOCKED TILL (plus a one second margin) has
+	// LockExpired: the holder's LOCKED TILL (plus a 250 ms margin) has
 	// certainly passed; it has stopped writing, and the next client takes
 	// the lock over and recovers what it abandoned.
 	LockExpired LockState = "expired"
