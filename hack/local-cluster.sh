@@ -28,7 +28,12 @@ alive() {
   local f="$PIDS/$1.pid" pid
   [[ -f $f ]] || return 1
   pid=$(cat "$f")
-  [[ -d /proc/$pid ]] && tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null | grep -q "$BIN_CACHE/$1"
+  # No pipe into grep -q here: with pipefail, tr dies of SIGPIPE when grep
+  # stops reading after its match, and a long command line (kube-apiserver's)
+  # then reads as "not running".
+  local cmd
+  cmd=$(tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null) || return 1
+  [[ $cmd == *"$BIN_CACHE/$1"* ]]
 }
 
 etcd_healthy() { curl -fsS -o /dev/null --max-time 1 "http://127.0.0.1:$1/health" 2>/dev/null; }
