@@ -107,7 +107,7 @@ func (cn *conn) stores() []*lock.LeaseBackend {
 // (within about a second; lock.LeaseBackend.Settled), so that every command
 // run after a lock expired sees it expired.
 func (cn *conn) inspect(ctx context.Context, ns, rel string) (*lock.Status, error) {
-	read := func() (*lock.Status, bool, error) {
+	return settledRead(func() (*lock.Status, bool, error) {
 		var sts []*lock.Status
 		unsettled := false
 		for _, b := range cn.stores() {
@@ -116,15 +116,21 @@ func (cn *conn) inspect(ctx context.Context, ns, rel string) (*lock.Status, erro
 				return nil, false, err
 			}
 			sts = append(sts, st)
-			unsettled = unsettled || b.Settled(ctx, st.State, st.LockedTill)
+			unsettled = b.Settled(ctx, st.State, st.LockedTill) || unsettled
 		}
 		return pickStatus(sts), unsettled, nil
-	}
-	st, unsettled, err := read()
+	})
+}
+
+// settledRead calls read, and once more when read had to settle a lock
+// judged live only for want of a narrow enough estimate of server time
+// (lock.LeaseBackend.Settled): the second read judges it anew.
+func settledRead[T any](read func() (T, bool, error)) (T, error) {
+	v, unsettled, err := read()
 	if err == nil && unsettled {
-		st, _, err = read()
+		v, _, err = read()
 	}
-	return st, err
+	return v, err
 }
 
 func pickStatus(sts []*lock.Status) *lock.Status {
@@ -145,13 +151,7 @@ func pickStatus(sts []*lock.Status) *lock.Status {
 // list reports the lock of every release in ns in either store, one status
 // per release, chosen as inspect does.
 func (cn *conn) list(ctx context.Context, ns string) ([]lock.Status, error) {
-	out, unsettled, err := cn.listOnce(ctx, ns)
-	if err == nil && unsettled {
-		// As inspect does: one lock looked live only because the estimate
-		// was too wide; it has been settled, so read once more.
-		out, _, err = cn.listOnce(ctx, ns)
-	}
-	return out, err
+	return settledRead(func() ([]lock.Status, bool, error) { return cn.listOnce(ctx, ns) })
 }
 
 func (cn *conn) listOnce(ctx context.Context, ns string) ([]lock.Status, bool, error) {

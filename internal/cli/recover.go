@@ -196,11 +196,11 @@ func (c *lockCmds) runRecover(ctx context.Context, o *recoverOptions, rel string
 		defer cancel()
 		// After a failed recovery, the record left hands an expired
 		// holder's revision on to the next client (lock.Record.Abandoned).
-		var abandoned *lock.Record
-		if prevRec, prevState := held.Previous(); err != nil && prevState == lock.Expired {
-			abandoned = prevRec
+		release := held.Release
+		if err != nil {
+			release = held.ReleaseAfterFailedRecovery
 		}
-		if err := held.ReleaseAbandoning(rctx, abandoned); err != nil && !errors.Is(err, lock.ErrLost) {
+		if err := release(rctx); err != nil && !errors.Is(err, lock.ErrLost) {
 			fmt.Fprintf(c.errOut, "Warning: releasing the lock of release %q in namespace %q: %v (it expires by itself within %s)\n", rel, ns, err, o.opts.LeaseDuration)
 		}
 	}()

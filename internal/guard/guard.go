@@ -502,14 +502,9 @@ func (r *run) warnRelease(err error) {
 // was taken over from an expired holder, the record left names that holder
 // (lock.Record.Abandoned).
 func (r *run) releaseAbandoning() {
-	prev, state := r.held.Previous()
-	if state != lock.Expired || prev == nil {
-		r.release(false)
-		return
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	r.warnRelease(r.held.ReleaseAbandoning(ctx, prev))
+	r.warnRelease(r.held.ReleaseAfterFailedRecovery(ctx))
 }
 
 func (r *run) lost(err error) error {

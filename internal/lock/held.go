@@ -173,6 +173,22 @@ func (h *Held) ReleaseAbandoning(ctx context.Context, abandoned *Record) error {
 	return h.write(ctx, true, func(r *Record) { r.Abandoned = &a })
 }
 
+// ReleaseAfterFailedRecovery is Release for a holder whose recovery of what
+// the previous holder abandoned failed: when that holder had let the lock
+// expire (or had been handed on itself, see Found), the record left names
+// it (ReleaseAbandoning).
+func (h *Held) ReleaseAfterFailedRecovery(ctx context.Context) error {
+	return h.ReleaseAbandoning(ctx, expiredOnly(Found(h.Previous, h.PreviousState)))
+}
+
+// expiredOnly is rec when it was found Expired, else nil.
+func expiredOnly(rec *Record, state State) *Record {
+	if state != Expired {
+		return nil
+	}
+	return rec
+}
+
 // ReleaseAndDelete gives the lock back by deleting the Lease, for uninstall,
 // so nothing of the release is left behind. The delete is conditional on the
 // resourceVersion last seen. When waiters are queued it only releases, so

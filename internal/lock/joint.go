@@ -181,9 +181,11 @@ func (j *Joint) Release(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// ReleaseAbandoning gives every part back after a failed recovery of the
-// revision abandoned's holder left pending (see Held.ReleaseAbandoning).
-func (j *Joint) ReleaseAbandoning(ctx context.Context, abandoned *Record) error {
+// ReleaseAfterFailedRecovery gives every part back after a failed recovery
+// of what the previous holder abandoned: when Previous found it Expired,
+// every part's record names it (see Held.ReleaseAbandoning).
+func (j *Joint) ReleaseAfterFailedRecovery(ctx context.Context) error {
+	abandoned := expiredOnly(j.Previous())
 	var errs []error
 	for i := len(j.parts) - 1; i >= 0; i-- {
 		errs = append(errs, j.parts[i].ReleaseAbandoning(ctx, abandoned))

@@ -570,7 +570,7 @@ func TestReleaseAbandoningHandsOn(t *testing.T) {
 	if failed.PreviousState != Expired {
 		t.Fatalf("takeover found %v, want expired", failed.PreviousState)
 	}
-	if err := failed.ReleaseAbandoning(ctx, failed.Previous); err != nil {
+	if err := failed.ReleaseAfterFailedRecovery(ctx); err != nil {
 		t.Fatal(err)
 	}
 	next, _, err := c.b.TryAcquire(ctx, req(OpUpgrade, 3*time.Second))

@@ -235,15 +235,11 @@ func (d *dateRecorder) RoundTrip(req *http.Request) (*http.Response, error) {
 // wrapper.
 func (d *dateRecorder) WrappedRoundTripper() http.RoundTripper { return d.next }
 
-// settleAt returns, for bounds that straddle t at local instant now, the
+// settleAt returns, for bounds b that straddle t at local instant now, the
 // local instant at which to look again and whether to send a probe then: the
 // moment the lower bound alone reaches t, or sooner a probe timed by
 // ProbeAt, no earlier than notBefore.
-func (e *Estimator) settleAt(now, notBefore, t time.Time, probing bool) (time.Time, bool) {
-	b, ok := e.Now()
-	if !ok {
-		return now, false
-	}
+func (e *Estimator) settleAt(b Bounds, now, notBefore, t time.Time, probing bool) (time.Time, bool) {
 	gap := t.Sub(b.Earliest)
 	// The lower bound grows by (1 - 1/driftDivisor) per local second.
 	reach := now.Add(gap + gap/(driftDivisor-1) + time.Millisecond)
@@ -280,7 +276,7 @@ func (e *Estimator) Settle(ctx context.Context, clk clock.Clock, t time.Time, pr
 			return false, nil
 		}
 		now := clk.Now()
-		at, doProbe := e.settleAt(now, notBefore, t, probing)
+		at, doProbe := e.settleAt(b, now, notBefore, t, probing)
 		timer := clk.NewTimer(at.Sub(now))
 		select {
 		case <-ctx.Done():

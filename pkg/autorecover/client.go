@@ -439,11 +439,11 @@ func (l *Lock) Release(ctx context.Context) error {
 	l.mu.Lock()
 	failed := l.recoverFailed
 	l.mu.Unlock()
-	var abandoned *lock.Record
-	if prev, found := lock.Found(l.held.Previous, l.held.PreviousState); failed && found == lock.Expired {
-		abandoned = prev
+	release := l.held.Release
+	if failed {
+		release = l.held.ReleaseAfterFailedRecovery
 	}
-	err := l.held.ReleaseAbandoning(ctx, abandoned)
+	err := release(ctx)
 	if errors.Is(err, ErrLost) {
 		// Someone else holds it now or deleted it: nothing is left to give back.
 		return nil
