@@ -108,7 +108,7 @@ func (c *lockCmds) runListLocks(cmd *cobra.Command) error {
 			Lock:    locks[releaseKey{r.Namespace, r.Name}],
 			Release: inspect.Release{Name: r.Name, Namespace: r.Namespace, Latest: latest},
 			Now:     now,
-			Margin:  cn.backend.Margin,
+			Margin:  cn.lease.Margin,
 		})
 		e.LockFields(row)
 		elems = append(elems, e)

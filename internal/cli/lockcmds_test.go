@@ -1,6 +1,11 @@
 package cli
 
 import (
+	"github.com/helm-autorecover/helm-autorecover/internal/protocol"
+	"github.com/helm-autorecover/helm-autorecover/internal/recovery"
+	"k8s.io/apimachinery/pkg/api/meta"
+	dynamicfake "k8s.io/client-go/dynamic/fake"
+
 	"bytes"
 	"encoding/json"
 	"errors"
@@ -84,7 +89,12 @@ func newFakeEnv(t *testing.T, objs ...runtime.Object) *fakeEnv {
 		in:         e.in,
 		isTerminal: func() bool { return e.tty },
 		connect: func() (*conn, error) {
-			return newConn(client, est, clk), nil
+			// Converge runs on a fake dynamic client: the fixtures' manifests
+			// are empty, so it finds nothing to undo.
+			kube := func() (*recovery.Kube, error) {
+				return &recovery.Kube{Dynamic: dynamicfake.NewSimpleDynamicClient(runtime.NewScheme()), Mapper: meta.NewDefaultRESTMapper(nil)}, nil
+			}
+			return newConn(protocol.NewConn(client, est, clk, "", kube)), nil
 		},
 		who: func() string { return "bob@laptop" },
 		newSession: func() string {
@@ -181,7 +191,7 @@ func record(rel, ns, session string, op lock.Operation, rev int, acquired, renew
 	}
 }
 
-// lease is the Lease lock.LeaseBackend writes for rec (held unless the
+// lease is the Lease lock.Backend writes for rec (held unless the
 // record is released).
 func lease(t *testing.T, rec *lock.Record) *coordinationv1.Lease {
 	t.Helper()

@@ -12,9 +12,9 @@ import (
 
 	"github.com/helm-autorecover/helm-autorecover/internal/events"
 	"github.com/helm-autorecover/helm-autorecover/internal/guard"
-	"github.com/helm-autorecover/helm-autorecover/internal/helmx"
 	"github.com/helm-autorecover/helm-autorecover/internal/inspect"
 	"github.com/helm-autorecover/helm-autorecover/internal/lock"
+	"github.com/helm-autorecover/helm-autorecover/internal/protocol"
 	"github.com/helm-autorecover/helm-autorecover/internal/recovery"
 	"github.com/helm-autorecover/helm-autorecover/internal/version"
 )
@@ -125,21 +125,18 @@ func (c *lockCmds) runRecover(ctx context.Context, o *recoverOptions, rel string
 	if err := badLock(st, rel, ns); err != nil {
 		return err
 	}
-	// Decide on the lock as read first: a dry run stops here, and a run
-	// that would not recover writes nothing, not even the Lease.
-	now, err := cn.serverNow(ctx)
+	// Decide on the lock as read first (the procedure with no writer): a
+	// dry run stops here, and a run that would not recover writes nothing,
+	// not even the lock.
+	observed := recovery.ObservedLock(st)
+	planned, err := cn.Recover(ctx, protocol.Procedure{Release: rel, Namespace: ns, Lock: observed, Policy: o.policy(), Next: lock.OpRecover})
 	if err != nil {
-		return fmt.Errorf("release %q in namespace %q: %w", rel, ns, err)
+		return err
 	}
-	observed := observedLock(st)
-	dec := recovery.Decide(recovery.Input{
-		Release: rel, Namespace: ns, History: hist, Lock: observed,
-		Now:    recovery.ServerTime{Earliest: now.Earliest, Latest: now.Latest},
-		Policy: o.policy(),
-	})
+	dec := planned.Decision
 	live := observed.State == recovery.LockLive
 	if o.dryRun {
-		if err := inspect.WriteReport(c.out, planReport(dec, rel, ns, now.Latest)); err != nil {
+		if err := inspect.WriteReport(c.out, planReport(dec, rel, ns, planned.At)); err != nil {
 			return err
 		}
 		return verdictError(dec, live)
@@ -166,27 +163,27 @@ func (c *lockCmds) runRecover(ctx context.Context, o *recoverOptions, rel string
 		Who:           c.who(),
 		ToolVersion:   version.Version,
 	}
-	held, err := lock.AcquireJoint(ctx, req, false, nil, cn.stores()...)
-	if le, ok := errIsLocked(err); ok && o.opts.LockTimeout > 0 {
+	held, err := cn.Acquire(ctx, req, cn.stores(), false, nil)
+	if le, ok := protocol.IsLocked(err); ok && o.opts.LockTimeout > 0 {
 		fmt.Fprintf(c.errOut, "helm-autorecover: %v; waiting up to %s\n", le, o.opts.LockTimeout)
 		wctx, cancel := context.WithTimeout(ctx, o.opts.LockTimeout)
-		held, err = lock.AcquireJoint(wctx, req, true, nil, cn.stores()...)
+		held, err = cn.Acquire(wctx, req, cn.stores(), true, nil)
 		cancel()
 	}
 	if err != nil {
-		if le, ok := errIsLocked(err); ok && le.State != lock.Live {
-			return &guard.ExitError{Code: guard.ExitLocked, Err: err}
+		le, ok := protocol.IsLocked(err)
+		if !ok {
+			return err
 		}
-		if le, ok := errIsLocked(err); ok {
-			dec := c.decideLive(ctx, cn, o, le, hist, rel, ns)
+		if le.State == lock.Live {
+			dec := c.decideLive(ctx, cn, o, le, rel, ns)
+			_ = inspect.WriteReport(c.out, inspect.Report{Release: rel, Namespace: ns, Decision: dec})
 			if dec.Verdict == recovery.Proceed {
 				// Someone is operating on a release that is not stuck.
-				return inspect.WriteReport(c.out, inspect.Report{Release: rel, Namespace: ns, Decision: dec})
+				return nil
 			}
-			_ = inspect.WriteReport(c.out, inspect.Report{Release: rel, Namespace: ns, Decision: dec})
-			return &guard.ExitError{Code: guard.ExitLocked, Err: err}
 		}
-		return err
+		return &guard.ExitError{Code: guard.ExitLocked, Err: err}
 	}
 	keepCtx, stopKeep := context.WithCancel(ctx)
 	go held.Keep(keepCtx, func(error) {})
@@ -194,94 +191,52 @@ func (c *lockCmds) runRecover(ctx context.Context, o *recoverOptions, rel string
 		stopKeep()
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 		defer cancel()
-		// After a failed recovery, the record left hands an expired
-		// holder's revision on to the next client (lock.Record.Abandoned).
-		release := held.Release
-		if err != nil {
-			release = held.ReleaseAfterFailedRecovery
-		}
-		if err := release(rctx); err != nil && !errors.Is(err, lock.ErrLost) {
+		if err := held.Release(rctx); err != nil && !errors.Is(err, lock.ErrLost) {
 			fmt.Fprintf(c.errOut, "Warning: releasing the lock of release %q in namespace %q: %v (it expires by itself within %s)\n", rel, ns, err, o.opts.LeaseDuration)
 		}
 	}()
-	prev := guard.PreviousLock(held.Previous())
 
-	for attempt := 0; attempt < 5; attempt++ {
-		if hist, err = cn.history(ctx, ns, rel); err != nil {
+	out, err := held.Recover(ctx, protocol.Procedure{
+		Policy:   o.policy(),
+		Next:     lock.OpRecover,
+		Rollback: rollbackFunc(c.settings),
+		Log:      c.errOut,
+	})
+	rep := inspect.Report{Release: rel, Namespace: ns, Decision: out.Decision, RolledBack: out.RolledBack}
+	for _, m := range out.Marked {
+		rep.Writes = append(rep.Writes, inspect.Write{Revision: m.Release.Revision, RecordKind: m.Release.RecordKind, RecordName: m.Release.RecordName, From: m.Release.Status, Description: m.Description})
+	}
+	if len(out.Marked) > 0 {
+		rep.Event = events.ReasonRecovered
+		note := fmt.Sprintf("Recovered by %s with helm-autorecover recover (session %s): %s", c.who(), held.Session(), out.Decision.Reason)
+		if eerr := events.Emit(ctx, cn.Client(), events.Event{
+			Regarding: out.Marked[0].Record.Ref(), Type: corev1.EventTypeNormal, Reason: events.ReasonRecovered,
+			Action: "Recover", Note: note, At: out.At, Instance: c.who(),
+		}); eerr != nil {
+			rep.Event = ""
+			fmt.Fprintf(c.errOut, "Warning: %v\n", eerr)
+		}
+	}
+	if err != nil {
+		if len(out.Marked) > 0 {
+			_ = inspect.WriteReport(c.out, rep)
+		}
+		if errors.Is(err, lock.ErrLost) {
+			return &guard.ExitError{Code: guard.ExitLockLost, Err: err}
+		}
+		return err
+	}
+	switch out.Decision.Verdict {
+	case recovery.NoRelease:
+		return exitError(ExitNotFound, "%s (it was uninstalled meanwhile)", out.Decision.Reason)
+	case recovery.Blocked:
+		if err := inspect.WriteReport(c.out, rep); err != nil {
 			return err
 		}
-		now, err := cn.serverNow(ctx)
-		if err != nil {
-			return fmt.Errorf("release %q in namespace %q: %w", rel, ns, err)
-		}
-		dec := recovery.Decide(recovery.Input{
-			Release: rel, Namespace: ns, History: hist, Lock: prev,
-			Now:    recovery.ServerTime{Earliest: now.Earliest, Latest: now.Latest},
-			Policy: o.policy(),
-		})
-		rep := inspect.Report{Release: rel, Namespace: ns, Decision: dec}
-		switch dec.Verdict {
-		case recovery.NoRelease:
-			return exitError(ExitNotFound, "%s (it was uninstalled meanwhile)", dec.Reason)
-		case recovery.Proceed:
-			return inspect.WriteReport(c.out, rep)
-		case recovery.Blocked:
-			if err := inspect.WriteReport(c.out, rep); err != nil {
-				return err
-			}
-			return verdictError(dec, false)
-		case recovery.Recover, recovery.RecoverThenRollback:
-		}
-		by := recovery.Recoverer{Session: held.Session(), At: now.Latest}
-		var written []helmx.Record
-		conflict := false
-		for _, a := range append([]recovery.Abandonment{dec.Target}, dec.Stray...) {
-			if err := held.Valid(); err != nil {
-				return &guard.ExitError{Code: guard.ExitLockLost, Err: fmt.Errorf("release %q in namespace %q: %w", rel, ns, err)}
-			}
-			desc := recovery.DescribeAbandoned(a, by)
-			s, err := recovery.MarkFailed(ctx, cn.recs, ns, a.Release, desc, now.Latest)
-			switch {
-			case err == nil:
-				written = append(written, s)
-				rep.Writes = append(rep.Writes, inspect.Write{Revision: a.Release.Revision, RecordKind: a.Release.RecordKind, RecordName: a.Release.RecordName, From: a.Release.Status, Description: desc})
-			case errors.Is(err, recovery.ErrNotPending):
-			case errors.Is(err, recovery.ErrConflict):
-				conflict = true
-			default:
-				return err
-			}
-			if conflict {
-				break
-			}
-		}
-		if conflict {
-			continue
-		}
-		if len(written) > 0 {
-			rep.Event = events.ReasonRecovered
-			note := fmt.Sprintf("Recovered by %s with helm-autorecover recover (session %s): %s", c.who(), held.Session(), dec.Reason)
-			if err := events.Emit(ctx, cn.client, events.Event{
-				Regarding: written[0].Ref(), Type: corev1.EventTypeNormal, Reason: events.ReasonRecovered,
-				Action: "Recover", Note: note, At: now.Latest, Instance: c.who(),
-			}); err != nil {
-				rep.Event = ""
-				fmt.Fprintf(c.errOut, "Warning: %v\n", err)
-			}
-		}
-		if dec.Verdict == recovery.RecoverThenRollback {
-			if err := held.Valid(); err != nil {
-				return &guard.ExitError{Code: guard.ExitLockLost, Err: fmt.Errorf("release %q in namespace %q: %w", rel, ns, err)}
-			}
-			if err := rollbackFunc(c.settings)(rel, dec.RollbackTo); err != nil {
-				_ = inspect.WriteReport(c.out, rep)
-				return fmt.Errorf("release %q in namespace %q: rollback to revision %d after recovery: %w", rel, ns, dec.RollbackTo, err)
-			}
-			rep.RolledBack = true
-		}
-		return inspect.WriteReport(c.out, rep)
+		return verdictError(out.Decision, false)
+	case recovery.Proceed, recovery.Recover, recovery.RecoverThenRollback:
 	}
-	return fmt.Errorf("release %q in namespace %q: other writers kept changing the release during recovery; try again", rel, ns)
+	return inspect.WriteReport(c.out, rep)
 }
 
 // planReport is what a recovery would write, as a dry run shows it.
@@ -310,16 +265,12 @@ func verdictError(dec recovery.Decision, live bool) error {
 }
 
 // decideLive decides on a release whose lock a live holder has.
-func (c *lockCmds) decideLive(ctx context.Context, cn *conn, o *recoverOptions, le *lock.LockedError, hist []helmx.Summary, rel, ns string) recovery.Decision {
+func (c *lockCmds) decideLive(ctx context.Context, cn *conn, o *recoverOptions, le *lock.LockedError, rel, ns string) recovery.Decision {
 	info := recovery.LockInfo{State: recovery.LockLive, Session: le.HolderIdentity, LockedTill: le.LockedTill}
 	if le.Holder != nil {
-		info = guard.LockInfo(le.Holder, recovery.LockLive)
+		info = recovery.FromRecord(le.Holder, recovery.LockLive)
 		info.LockedTill = le.LockedTill
 	}
-	now, _ := cn.serverNow(ctx)
-	return recovery.Decide(recovery.Input{
-		Release: rel, Namespace: ns, History: hist, Lock: info,
-		Now:    recovery.ServerTime{Earliest: now.Earliest, Latest: now.Latest},
-		Policy: o.policy(),
-	})
+	out, _ := cn.Recover(ctx, protocol.Procedure{Release: rel, Namespace: ns, Lock: info, Policy: o.policy(), Next: lock.OpRecover})
+	return out.Decision
 }

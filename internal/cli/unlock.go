@@ -15,6 +15,7 @@ import (
 	"github.com/helm-autorecover/helm-autorecover/internal/guard"
 	"github.com/helm-autorecover/helm-autorecover/internal/helmx"
 	"github.com/helm-autorecover/helm-autorecover/internal/lock"
+	"github.com/helm-autorecover/helm-autorecover/internal/protocol"
 	"github.com/helm-autorecover/helm-autorecover/internal/recovery"
 )
 
@@ -111,76 +112,75 @@ func (c *lockCmds) runUnlock(ctx context.Context, o *unlockOptions, rel string) 
 	}
 
 	by := c.who()
-	var writes []helmx.Record
-	var marked []recovery.Abandonment
-	var dec recovery.Decision
-	for attempt := 0; ; attempt++ {
-		if attempt == 5 {
-			return fmt.Errorf("release %q in namespace %q: other writers kept changing the release; nothing more was written. Try again", rel, ns)
-		}
-		if attempt > 0 {
-			if hist, err = cn.history(ctx, ns, rel); err != nil {
-				return err
-			}
-		}
-		now, err := cn.serverNow(ctx)
-		if err != nil {
-			return fmt.Errorf("release %q in namespace %q: %w", rel, ns, err)
-		}
-		info := guard.LockInfo(rec, recovery.LockExpired)
-		info.LockedTill = st.LockedTill
-		// The person asserts the holder is dead: its revision is abandoned
-		// now. Legacy revisions are not its, and stay (LegacyAfter 0).
-		dec = recovery.Decide(recovery.Input{
-			Release: rel, Namespace: ns, History: hist, Lock: info,
-			Now:    recovery.ServerTime{Earliest: now.Earliest, Latest: now.Latest},
-			Policy: recovery.Policy{Autorecover: true},
-		})
-		if dec.Verdict != recovery.Recover {
-			break
-		}
-		conflict := false
-		writes, marked = nil, nil
-		for _, a := range append([]recovery.Abandonment{dec.Target}, dec.Stray...) {
-			desc := unlockDescription(a, live, by, now.Latest)
-			s, err := recovery.MarkFailed(ctx, cn.recs, ns, a.Release, desc, now.Latest)
-			switch {
-			case err == nil:
-				writes = append(writes, s)
-				marked = append(marked, a)
-			case errors.Is(err, recovery.ErrNotPending):
-			case errors.Is(err, recovery.ErrConflict):
-				conflict = true
-			default:
-				return err
-			}
-			if conflict {
-				break
-			}
-		}
-		if !conflict {
-			break
-		}
-	}
-
 	if _, err := cn.forceRelease(ctx, ns, rel, o.session, by); err != nil {
 		cur, ierr := cn.inspect(ctx, ns, rel)
 		if ierr == nil && cur.HolderIdentity != o.session {
-			return exitError(ExitWrongSession, "release %q in namespace %q: session %s no longer holds the lock (now held by %q); it was released or taken over meanwhile%s",
-				rel, ns, o.session, cur.HolderIdentity, markedNote(marked))
+			return exitError(ExitWrongSession, "release %q in namespace %q: session %s no longer holds the lock (now held by %q); it was released or taken over meanwhile; nothing was written",
+				rel, ns, o.session, cur.HolderIdentity)
 		}
-		return fmt.Errorf("%w%s", err, markedNote(marked))
+		return fmt.Errorf("%w; nothing was written", err)
 	}
-
 	fmt.Fprintf(c.out, "Released the lock of release %q in namespace %q held by session %s (%s).\n", rel, ns, o.session, holderText(rec, o.session))
-	for _, a := range marked {
-		fmt.Fprintf(c.out, "Marked revision %d (%s) failed.\n", a.Release.Revision, a.Release.Status)
+
+	// Recover what the holder left pending under a lock of our own, as any
+	// client taking the lock next would: the released record hands the
+	// holder on (lock.Record.Abandoned). The person asserts it is dead, so
+	// its revision is abandoned now; legacy revisions are not its, and stay.
+	out, err := c.recoverUnlocked(ctx, cn, rel, ns, func(a recovery.Abandonment, r recovery.Recoverer) string {
+		return unlockDescription(a, live, by, r.At)
+	})
+	if le, ok := protocol.IsLocked(err); ok {
+		fmt.Fprintf(c.out, "Another client took the lock first (%v); it recovers what the holder left pending.\n", le)
+		c.unlockEvent(ctx, cn, hist, nil, rec, o.session, live, by)
+		return nil
 	}
-	if len(marked) == 0 {
-		fmt.Fprintf(c.out, "Nothing was marked failed: %s.\n", strings.TrimSuffix(dec.Reason, "."))
+	for _, m := range out.Marked {
+		fmt.Fprintf(c.out, "Marked revision %d (%s) failed.\n", m.Release.Revision, m.Release.Status)
 	}
-	c.unlockEvent(ctx, cn, hist, writes, rec, o.session, live, by, marked)
+	if err != nil {
+		c.unlockEvent(ctx, cn, hist, out.Marked, rec, o.session, live, by)
+		if errors.Is(err, lock.ErrLost) {
+			return &guard.ExitError{Code: guard.ExitLockLost, Err: err}
+		}
+		return fmt.Errorf("%w; the lock was released naming the holder, so the next install, upgrade, rollback or uninstall (or helm-autorecover recover %s -n %s) retries the recovery", err, rel, ns)
+	}
+	if len(out.Marked) == 0 {
+		fmt.Fprintf(c.out, "Nothing was marked failed: %s.\n", strings.TrimSuffix(out.Decision.Reason, "."))
+	}
+	c.unlockEvent(ctx, cn, hist, out.Marked, rec, o.session, live, by)
 	return nil
+}
+
+// recoverUnlocked takes the lock released by unlock and runs the one
+// recovery procedure under it, with unlock's descriptions.
+func (c *lockCmds) recoverUnlocked(ctx context.Context, cn *conn, rel, ns string, describe func(recovery.Abandonment, recovery.Recoverer) string) (protocol.Outcome, error) {
+	req := lock.Request{
+		Release:   rel,
+		Namespace: ns,
+		Operation: lock.OpRecover,
+		Session:   c.newSession(),
+		Who:       c.who(),
+	}
+	held, err := cn.Acquire(ctx, req, cn.stores(), false, nil)
+	if err != nil {
+		return protocol.Outcome{}, err
+	}
+	keepCtx, stopKeep := context.WithCancel(ctx)
+	go held.Keep(keepCtx, func(error) {})
+	defer func() {
+		stopKeep()
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		if err := held.Release(rctx); err != nil && !errors.Is(err, lock.ErrLost) {
+			fmt.Fprintf(c.errOut, "Warning: releasing the lock of release %q in namespace %q: %v (it expires by itself)\n", rel, ns, err)
+		}
+	}()
+	return held.Recover(ctx, protocol.Procedure{
+		Policy:   recovery.Policy{Autorecover: true},
+		Next:     lock.OpRecover,
+		Describe: describe,
+		Log:      c.errOut,
+	})
 }
 
 // checkUnlock makes every refusal before anything is written.
@@ -251,13 +251,14 @@ func unlockDescription(a recovery.Abandonment, forced bool, by string, at time.T
 	return fmt.Sprintf(DescriptionUnlocked, a.Release.Status, h, by, stamp(at))
 }
 
-func (c *lockCmds) unlockEvent(ctx context.Context, cn *conn, hist []helmx.Summary, writes []helmx.Record, rec *lock.Record, session string, forced bool, by string, marked []recovery.Abandonment) {
+func (c *lockCmds) unlockEvent(ctx context.Context, cn *conn, hist []helmx.Summary, marked []protocol.Mark, rec *lock.Record, session string, forced bool, by string) {
 	var regarding helmx.Record
 	switch {
-	case len(writes) > 0:
-		regarding = writes[0]
+	case len(marked) > 0:
+		regarding = marked[0].Record
 	case len(hist) > 0:
-		s, err := events.ReleaseRecord(ctx, cn.recs, hist[len(hist)-1])
+		recs, _ := cn.Records()
+		s, err := events.ReleaseRecord(ctx, recs, hist[len(hist)-1])
 		if err != nil {
 			fmt.Fprintf(c.errOut, "Warning: %v\n", err)
 			return
@@ -271,11 +272,11 @@ func (c *lockCmds) unlockEvent(ctx context.Context, cn *conn, hist []helmx.Summa
 		reason, typ, verb = events.ReasonForceUnlocked, corev1.EventTypeWarning, "force-released (it was live)"
 	}
 	note := fmt.Sprintf("Lock of session %s (%s) %s by %s with helm-autorecover unlock", session, holderText(rec, session), verb, by)
-	for _, a := range marked {
-		note += fmt.Sprintf("; revision %d (%s) marked failed", a.Release.Revision, a.Release.Status)
+	for _, m := range marked {
+		note += fmt.Sprintf("; revision %d (%s) marked failed", m.Release.Revision, m.Release.Status)
 	}
 	now, _ := cn.serverNow(ctx)
-	err := events.Emit(ctx, cn.client, events.Event{
+	err := events.Emit(ctx, cn.Client(), events.Event{
 		Regarding: regarding.Ref(),
 		Type:      typ,
 		Reason:    reason,
@@ -287,17 +288,6 @@ func (c *lockCmds) unlockEvent(ctx context.Context, cn *conn, hist []helmx.Summa
 	if err != nil {
 		fmt.Fprintf(c.errOut, "Warning: %v\n", err)
 	}
-}
-
-func markedNote(marked []recovery.Abandonment) string {
-	if len(marked) == 0 {
-		return "; nothing was written"
-	}
-	revs := make([]string, len(marked))
-	for i, a := range marked {
-		revs[i] = fmt.Sprint(a.Release.Revision)
-	}
-	return "; revision(s) " + strings.Join(revs, ", ") + " had already been marked failed"
 }
 
 // holderText describes the holder of session: who, pid, operation,

@@ -9,6 +9,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/helm-autorecover/helm-autorecover/internal/lock"
+	"github.com/helm-autorecover/helm-autorecover/internal/protocol"
 	"github.com/helm-autorecover/helm-autorecover/internal/recovery"
 )
 
@@ -37,7 +38,7 @@ const (
 
 // Defaults.
 const (
-	DefaultLockBackend        = BackendAuto
+	DefaultLockBackend        = protocol.BackendAuto
 	DefaultRecoverLegacyAfter = 15 * time.Minute
 	// maxHoldFactor and maxHoldSlack give the default --lock-max-hold:
 	// 5 x --timeout + 1m. Helm applies --timeout per hook and per wait, so an
@@ -107,7 +108,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) error {
 // Validate checks the options; the error names the flag.
 func (o *Options) Validate() error {
 	switch o.LockBackend {
-	case BackendAuto, BackendLease, BackendRelease:
+	case protocol.BackendAuto, protocol.BackendLease, protocol.BackendRelease:
 	default:
 		return fmt.Errorf("--lock-backend=%q: must be auto, lease or release", o.LockBackend)
 	}

@@ -22,7 +22,7 @@ type Held struct {
 	Previous      *Record
 	PreviousState State
 
-	b   *LeaseBackend
+	b   *Backend
 	req Request
 
 	// writeMu serialises writes; mu guards the fields below it.
@@ -46,7 +46,7 @@ type Held struct {
 	done     chan struct{}
 }
 
-func (b *LeaseBackend) newHeld(req *Request, l *coordinationv1.Lease, rec Record, sent time.Time, prev *Record, prevState State) *Held {
+func (b *Backend) newHeld(req *Request, l *coordinationv1.Lease, rec Record, sent time.Time, prev *Record, prevState State) *Held {
 	h := &Held{
 		Previous:      prev,
 		PreviousState: prevState,

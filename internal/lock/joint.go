@@ -28,8 +28,8 @@ const maxJointRetries = 5
 // one session. With wait false it fails at once when any part is held by a
 // live client (releasing the parts it took); with wait true it waits for
 // each in turn until ctx ends, keeping the parts it holds renewed. onProgress
-// is passed to LeaseBackend.Wait.
-func AcquireJoint(ctx context.Context, req Request, wait bool, onProgress func(*Record, time.Duration), backends ...*LeaseBackend) (*Joint, error) {
+// is passed to Backend.Wait.
+func AcquireJoint(ctx context.Context, req Request, wait bool, onProgress func(*Record, time.Duration), backends ...*Backend) (*Joint, error) {
 	if len(backends) == 0 {
 		return nil, errors.New("acquire lock: no backend")
 	}

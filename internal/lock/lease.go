@@ -57,12 +57,12 @@ type Request struct {
 	Backend string
 }
 
-// LeaseBackend runs the lock protocol (acquire, renew, wait in arrival order,
+// Backend runs the lock protocol (acquire, renew, wait in arrival order,
 // release, inspect) over one store: coordination.k8s.io/v1 Leases
 // (NewLeaseBackend), or the release's own latest storage record, shown to the
 // protocol as a virtual Lease (NewReleaseBackend, see release.go). The
 // protocol, its time rules and its conditional writes are the same for both.
-type LeaseBackend struct {
+type Backend struct {
 	client kubernetes.Interface
 	time   *servertime.Estimator
 	clock  clock.Clock
@@ -104,37 +104,37 @@ type leaseAPI interface {
 // configuration instrumented by est (servertime.Estimator.Instrument or
 // WrapTransport) so that its responses feed est; clk must be the clock est
 // reads (clock.RealClock{} in production).
-func NewLeaseBackend(client kubernetes.Interface, est *servertime.Estimator, clk clock.Clock) *LeaseBackend {
-	return &LeaseBackend{
+func NewLeaseBackend(client kubernetes.Interface, est *servertime.Estimator, clk clock.Clock) *Backend {
+	return &Backend{
 		client: client, time: est, clock: clk, Margin: TakeoverMargin, RenewMargin: RenewMargin, store: StoreLease,
 		api: func(ns string) leaseAPI { return client.CoordinationV1().Leases(ns) },
 	}
 }
 
 // Store tells where this backend keeps its locks.
-func (b *LeaseBackend) Store() Store { return b.store }
+func (b *Backend) Store() Store { return b.store }
 
-func (b *LeaseBackend) margin() time.Duration {
+func (b *Backend) margin() time.Duration {
 	if b.Margin <= 0 {
 		return TakeoverMargin
 	}
 	return b.Margin
 }
 
-func (b *LeaseBackend) renewMargin() time.Duration {
+func (b *Backend) renewMargin() time.Duration {
 	if b.RenewMargin <= 0 {
 		return RenewMargin
 	}
 	return b.RenewMargin
 }
 
-func (b *LeaseBackend) leases(ns string) leaseAPI {
+func (b *Backend) leases(ns string) leaseAPI {
 	return b.api(ns)
 }
 
 // serverNow returns the server-time bounds, syncing once if nothing has been
 // observed yet.
-func (b *LeaseBackend) serverNow(ctx context.Context) (servertime.Bounds, error) {
+func (b *Backend) serverNow(ctx context.Context) (servertime.Bounds, error) {
 	if now, ok := b.time.Now(); ok {
 		return now, nil
 	}
@@ -146,7 +146,7 @@ func (b *LeaseBackend) serverNow(ctx context.Context) (servertime.Bounds, error)
 }
 
 // complete fills the defaults of req and validates it.
-func (b *LeaseBackend) complete(req Request) (Request, error) {
+func (b *Backend) complete(req Request) (Request, error) {
 	if err := ValidateReleaseName(req.Release); err != nil {
 		return req, fmt.Errorf("lock release in namespace %q: %w", req.Namespace, err)
 	}
@@ -187,7 +187,7 @@ func (b *LeaseBackend) complete(req Request) (Request, error) {
 // A takeover of an Expired lock is reported in Held.PreviousState and
 // Held.Previous, so the caller can recover the revision the previous holder
 // abandoned.
-func (b *LeaseBackend) TryAcquire(ctx context.Context, req Request) (*Held, *Record, error) {
+func (b *Backend) TryAcquire(ctx context.Context, req Request) (*Held, *Record, error) {
 	req, err := b.complete(req)
 	if err != nil {
 		return nil, nil, err
@@ -215,7 +215,7 @@ func (b *LeaseBackend) TryAcquire(ctx context.Context, req Request) (*Held, *Rec
 // judge it Expired. It returns false at once for any other lock, and when
 // the wait fails. Without it, a client asking just after a lock expired
 // could be refused although another, luckier one would not.
-func (b *LeaseBackend) Settled(ctx context.Context, state State, lockedTill time.Time) bool {
+func (b *Backend) Settled(ctx context.Context, state State, lockedTill time.Time) bool {
 	if state != Live || lockedTill.IsZero() {
 		return false
 	}
@@ -237,7 +237,7 @@ type view struct {
 	live   []Waiter
 }
 
-func (b *LeaseBackend) decode(l *coordinationv1.Lease, now servertime.Bounds) view {
+func (b *Backend) decode(l *coordinationv1.Lease, now servertime.Bounds) view {
 	v := view{lease: l}
 	if s, ok := l.Annotations[AnnotationRecord]; ok {
 		v.rec, v.recErr = DecodeRecord(s)
@@ -267,7 +267,7 @@ type attemptResult struct {
 
 // attempt makes one decision on fresh data: take the lock, or report who has
 // it (and, for a waiter, make sure it is queued and its entry fresh).
-func (b *LeaseBackend) attempt(ctx context.Context, req *Request, w *waitState) (attemptResult, error) {
+func (b *Backend) attempt(ctx context.Context, req *Request, w *waitState) (attemptResult, error) {
 	name := LeaseName(req.Release)
 	for range maxConflicts {
 		if err := ctx.Err(); err != nil {
@@ -319,7 +319,7 @@ func (b *LeaseBackend) attempt(ctx context.Context, req *Request, w *waitState) 
 	return attemptResult{}, fmt.Errorf("lock release %q in namespace %q: lease %s changed %d times while deciding; retry", req.Release, req.Namespace, name, maxConflicts)
 }
 
-func (b *LeaseBackend) lockedError(req *Request, v view, now servertime.Bounds, ahead int) *LockedError {
+func (b *Backend) lockedError(req *Request, v view, now servertime.Bounds, ahead int) *LockedError {
 	e := &LockedError{
 		Release:        req.Release,
 		Namespace:      req.Namespace,
@@ -433,7 +433,7 @@ func ptr[T any](v T) *T { return &v }
 
 // create makes the Lease with the caller as holder. It fails with
 // AlreadyExists when someone else created it first.
-func (b *LeaseBackend) create(ctx context.Context, req *Request) (*Held, error) {
+func (b *Backend) create(ctx context.Context, req *Request) (*Held, error) {
 	sent := b.clock.Now()
 	now, err := b.serverNow(ctx)
 	if err != nil {
@@ -461,7 +461,7 @@ func (b *LeaseBackend) create(ctx context.Context, req *Request) (*Held, error) 
 
 // take updates a Free or Expired Lease to name the caller as holder,
 // conditional on the resourceVersion of v.
-func (b *LeaseBackend) take(ctx context.Context, req *Request, v view) (*Held, error) {
+func (b *Backend) take(ctx context.Context, req *Request, v view) (*Held, error) {
 	sent := b.clock.Now()
 	now, err := b.serverNow(ctx)
 	if err != nil {
@@ -506,7 +506,7 @@ func (b *LeaseBackend) take(ctx context.Context, req *Request, v view) (*Held, e
 // enqueue makes sure the waiter has a fresh entry in the queue, writing only
 // when it is missing or its heartbeat is due. It returns the Lease as
 // written (or as read, when nothing had to be written).
-func (b *LeaseBackend) enqueue(ctx context.Context, req *Request, w *waitState, v view) (*coordinationv1.Lease, error) {
+func (b *Backend) enqueue(ctx context.Context, req *Request, w *waitState, v view) (*coordinationv1.Lease, error) {
 	i := slices.IndexFunc(v.live, func(x Waiter) bool { return x.Session == req.Session })
 	sent := b.clock.Now()
 	if i >= 0 && !w.lastBeat.IsZero() && sent.Sub(w.lastBeat) < req.LeaseDuration/3 {
@@ -544,7 +544,7 @@ func (b *LeaseBackend) enqueue(ctx context.Context, req *Request, w *waitState, 
 
 // dequeue removes session from the queue, best effort, when a waiter gives
 // up.
-func (b *LeaseBackend) dequeue(ctx context.Context, req *Request) error {
+func (b *Backend) dequeue(ctx context.Context, req *Request) error {
 	name := LeaseName(req.Release)
 	for range maxConflicts {
 		cur, err := b.leases(req.Namespace).Get(ctx, name, metav1.GetOptions{})
@@ -599,7 +599,7 @@ type Status struct {
 }
 
 // Inspect reads and judges the lock of one release without changing it.
-func (b *LeaseBackend) Inspect(ctx context.Context, namespace, release string) (*Status, error) {
+func (b *Backend) Inspect(ctx context.Context, namespace, release string) (*Status, error) {
 	l, err := b.leases(namespace).Get(ctx, LeaseName(release), metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		now, _ := b.time.Now()
@@ -616,7 +616,7 @@ func (b *LeaseBackend) Inspect(ctx context.Context, namespace, release string) (
 }
 
 // List reports every lock in namespace ("" for all namespaces).
-func (b *LeaseBackend) List(ctx context.Context, namespace string) ([]Status, error) {
+func (b *Backend) List(ctx context.Context, namespace string) ([]Status, error) {
 	ls, err := b.leases(namespace).List(ctx, metav1.ListOptions{LabelSelector: LabelManagedBy + "=" + ManagedBy})
 	if err != nil {
 		return nil, fmt.Errorf("list locks in namespace %q: %w", namespace, err)
@@ -632,7 +632,7 @@ func (b *LeaseBackend) List(ctx context.Context, namespace string) ([]Status, er
 	return out, nil
 }
 
-func (b *LeaseBackend) status(l *coordinationv1.Lease, now servertime.Bounds) *Status {
+func (b *Backend) status(l *coordinationv1.Lease, now servertime.Bounds) *Status {
 	v := b.decode(l, now)
 	st := &Status{
 		Release:        l.Labels[LabelRelease],
@@ -666,9 +666,10 @@ func (b *LeaseBackend) status(l *coordinationv1.Lease, now servertime.Bounds) *S
 // ForceRelease releases the lock of release on behalf of by (a person), but
 // only while session still holds it, so a lock taken since the caller looked
 // is never broken. It returns the record of the session it released. Use it
-// for a holder known to be dead whose lock has not expired yet; the next
-// operation then recovers its release.
-func (b *LeaseBackend) ForceRelease(ctx context.Context, namespace, release, session, by string) (*Record, error) {
+// for a holder known to be dead; the record left hands that holder on
+// (Record.Abandoned), so the next client to take the lock recovers the
+// revision it left pending at once, as after an expiry.
+func (b *Backend) ForceRelease(ctx context.Context, namespace, release, session, by string) (*Record, error) {
 	name := LeaseName(release)
 	for range maxConflicts {
 		cur, err := b.leases(namespace).Get(ctx, name, metav1.GetOptions{})
@@ -686,6 +687,13 @@ func (b *LeaseBackend) ForceRelease(ctx context.Context, namespace, release, ses
 		if recErr != nil || rec.Session != session {
 			// Keep what can be told about the holder and mark it released.
 			rec = &Record{Schema: SchemaVersion, Session: session, Release: release, Namespace: namespace}
+		} else {
+			// The holder is declared dead: its record is handed on
+			// (Record.Abandoned), so whoever takes the lock next recovers
+			// the revision it left pending at once.
+			abandoned := *rec
+			abandoned.Abandoned = nil
+			rec.Abandoned = &abandoned
 		}
 		rec.ReleasedAt = ceilMilli(now.Latest)
 		rec.ReleasedBy = by

@@ -27,7 +27,7 @@ type client struct {
 	skew time.Duration
 	clk  *clocktesting.FakeClock
 	est  *servertime.Estimator
-	b    *LeaseBackend
+	b    *Backend
 }
 
 func newWorld(t *testing.T) *world {

@@ -33,7 +33,7 @@ func (c skewedClock) Since(t time.Time) time.Duration { return c.Now().Sub(t) }
 
 // newBackend is one independent client: its own clock, server-time
 // estimator and HTTP connections.
-func newBackend(t *testing.T, env *testenv.Env, skew time.Duration) *lock.LeaseBackend {
+func newBackend(t *testing.T, env *testenv.Env, skew time.Duration) *lock.Backend {
 	t.Helper()
 	clk := skewedClock{skew: skew}
 	est := servertime.New(clk)
@@ -55,7 +55,7 @@ func request(ns, release string, lease time.Duration) lock.Request {
 // this machine, so it is this machine's unskewed clock.
 func serverNow() time.Time { return time.Now() }
 
-func waitQueued(t *testing.T, b *lock.LeaseBackend, ns, release string, n int) {
+func waitQueued(t *testing.T, b *lock.Backend, ns, release string, n int) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
@@ -80,7 +80,7 @@ func TestIntegrationRaceOneWinner(t *testing.T) {
 	env := testenv.Get(t)
 	ns := env.Namespace(t)
 	ctx := context.Background()
-	clients := []*lock.LeaseBackend{newBackend(t, env, 10*time.Minute), newBackend(t, env, -10*time.Minute)}
+	clients := []*lock.Backend{newBackend(t, env, 10*time.Minute), newBackend(t, env, -10*time.Minute)}
 	const rounds = 20
 	for round := range rounds {
 		release := fmt.Sprintf("race-%d", round)

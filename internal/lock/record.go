@@ -89,8 +89,9 @@ type Record struct {
 	ReleasedAt time.Time `json:"releasedAt,omitzero"`
 	ReleasedBy string    `json:"releasedBy,omitempty"`
 	// Abandoned is set by a holder that took over an expired lock, failed
-	// to recover the revision its holder left pending, and released: it is
-	// that expired holder's record. The next client then recovers the
+	// to recover the revision its holder left pending, and released, or by
+	// a person's unlock of a dead holder (ForceRelease): it is that
+	// holder's record. The next client then recovers the
 	// revision at once, as the failed holder would have, instead of taking
 	// a revision pending under a released lock for stock helm's (legacy).
 	// It never nests: it is the record of the holder that wrote the revision.

@@ -62,9 +62,9 @@ const unreadableHolder = "unreadable-lock-record"
 // Stock helm rebuilds a record when it rewrites it (annotations vanish) and
 // never copies annotations to the next revision, so a lock never outlives a
 // stock helm write and a stale lock is never carried forward.
-func NewReleaseBackend(client kubernetes.Interface, est *servertime.Estimator, clk clock.Clock, driver records.Driver) *LeaseBackend {
+func NewReleaseBackend(client kubernetes.Interface, est *servertime.Estimator, clk clock.Clock, driver records.Driver) *Backend {
 	store := records.New(client, driver)
-	return &LeaseBackend{
+	return &Backend{
 		client: client, time: est, clock: clk, Margin: TakeoverMargin, RenewMargin: RenewMargin, store: StoreRelease,
 		api: func(ns string) leaseAPI { return &releaseStore{records: store, ns: ns} },
 	}

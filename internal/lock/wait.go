@@ -42,7 +42,7 @@ const probeWidth = 50 * time.Millisecond
 //
 // When ctx ends first, Wait leaves the queue and returns an error wrapping
 // both ctx's cause and the last *LockedError (so errors.Is(err, ErrLocked)).
-func (b *LeaseBackend) Wait(ctx context.Context, req Request, onProgress func(holder *Record, left time.Duration)) (*Held, error) {
+func (b *Backend) Wait(ctx context.Context, req Request, onProgress func(holder *Record, left time.Duration)) (*Held, error) {
 	req, err := b.complete(req)
 	if err != nil {
 		return nil, err
@@ -59,7 +59,7 @@ func (b *LeaseBackend) Wait(ctx context.Context, req Request, onProgress func(ho
 	return held, err
 }
 
-func (b *LeaseBackend) waitLoop(ctx context.Context, req *Request, w *waitState, onProgress func(*Record, time.Duration)) (*Held, error) {
+func (b *Backend) waitLoop(ctx context.Context, req *Request, w *waitState, onProgress func(*Record, time.Duration)) (*Held, error) {
 	var last *LockedError
 	for {
 		res, err := b.attempt(ctx, req, w)
@@ -93,14 +93,14 @@ func (b *LeaseBackend) waitLoop(ctx context.Context, req *Request, w *waitState,
 	}
 }
 
-func (b *LeaseBackend) gaveUp(ctx context.Context, last *LockedError) error {
+func (b *Backend) gaveUp(ctx context.Context, last *LockedError) error {
 	return fmt.Errorf("gave up waiting (%w): %w", context.Cause(ctx), last)
 }
 
 // waitForChange blocks until the Lease changes, the next decision is due
 // (holder expiry, a queued entry ahead expiring, our own heartbeat), or ctx
 // ends.
-func (b *LeaseBackend) waitForChange(ctx context.Context, req *Request, w *waitState, res attemptResult, onProgress func(*Record, time.Duration)) error {
+func (b *Backend) waitForChange(ctx context.Context, req *Request, w *waitState, res attemptResult, onProgress func(*Record, time.Duration)) error {
 	clk := b.clock
 	var events <-chan watch.Event
 	watcher, err := b.leases(req.Namespace).Watch(ctx, metav1.ListOptions{
@@ -177,7 +177,7 @@ func (b *LeaseBackend) waitForChange(ctx context.Context, req *Request, w *waitS
 	}
 }
 
-func (b *LeaseBackend) progress(lk *LockedError, f func(*Record, time.Duration)) {
+func (b *Backend) progress(lk *LockedError, f func(*Record, time.Duration)) {
 	if f == nil || lk == nil {
 		return
 	}
@@ -206,7 +206,7 @@ func retriable(err error) bool {
 // nextDecision returns how long until something can change without the
 // Lease changing: the holder's lock certainly expiring, the entry of a
 // waiter ahead certainly expiring, or our own heartbeat falling due.
-func (b *LeaseBackend) nextDecision(req *Request, w *waitState, seen *coordinationv1.Lease, lk *LockedError) time.Duration {
+func (b *Backend) nextDecision(req *Request, w *waitState, seen *coordinationv1.Lease, lk *LockedError) time.Duration {
 	// A millisecond past the instant, because expiry is strictly "after".
 	const past = time.Millisecond
 	next := req.LeaseDuration / 3

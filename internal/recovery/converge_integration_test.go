@@ -134,7 +134,7 @@ func convergeUpgradeScenario(t *testing.T, env *testenv.Env, installer, upgrader
 
 	// A holder that lost its lock writes nothing.
 	lost := errors.New("lock lost (test)")
-	_, err = ConvergeAbandoned(ctx, env.Config, helmx.SecretRecords(env.Client), abandoned, ConvergeOptions{BeforeWrite: func() error { return lost }})
+	_, err = ConvergeAbandoned(ctx, func() (*Kube, error) { return NewKube(env.Config) }, helmx.SecretRecords(env.Client), abandoned, ConvergeOptions{BeforeWrite: func() error { return lost }})
 	if !errors.Is(err, ErrFenced) || !errors.Is(err, lost) {
 		t.Fatalf("fenced Converge: %v, want ErrFenced wrapping the lock error", err)
 	}
@@ -145,7 +145,7 @@ func convergeUpgradeScenario(t *testing.T, env *testenv.Env, installer, upgrader
 	writes := 0
 	opts := ConvergeOptions{BeforeWrite: func() error { writes++; return nil }}
 	convStart := time.Now()
-	rep, err := ConvergeAbandoned(ctx, env.Config, helmx.SecretRecords(env.Client), abandoned, opts)
+	rep, err := ConvergeAbandoned(ctx, func() (*Kube, error) { return NewKube(env.Config) }, helmx.SecretRecords(env.Client), abandoned, opts)
 	if err != nil {
 		t.Fatalf("Converge: %v\nreport: %s", err, rep.Summary())
 	}
@@ -198,7 +198,7 @@ func convergeUpgradeScenario(t *testing.T, env *testenv.Env, installer, upgrader
 
 	// Converge is idempotent.
 	writes = 0
-	rep2, err := ConvergeAbandoned(ctx, env.Config, helmx.SecretRecords(env.Client), abandoned, opts)
+	rep2, err := ConvergeAbandoned(ctx, func() (*Kube, error) { return NewKube(env.Config) }, helmx.SecretRecords(env.Client), abandoned, opts)
 	if err != nil || rep2.Changed() || writes != 0 {
 		t.Errorf("second Converge: changed %v, %d writes, err %v: %s", rep2.Changed(), writes, err, rep2.Summary())
 	}
@@ -257,7 +257,7 @@ func TestIntegrationConvergeAbandonedInstall(t *testing.T) {
 		t.Fatal(err)
 	}
 	writes := 0
-	rep, err := ConvergeAbandoned(ctx, env.Config, helmx.SecretRecords(env.Client), abandoned, ConvergeOptions{BeforeWrite: func() error { writes++; return nil }})
+	rep, err := ConvergeAbandoned(ctx, func() (*Kube, error) { return NewKube(env.Config) }, helmx.SecretRecords(env.Client), abandoned, ConvergeOptions{BeforeWrite: func() error { writes++; return nil }})
 	if err != nil {
 		t.Fatal(err)
 	}

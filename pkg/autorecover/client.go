@@ -61,7 +61,7 @@ const (
 type Client struct {
 	kube    kubernetes.Interface
 	est     *servertime.Estimator
-	backend *lock.LeaseBackend
+	backend *lock.Backend
 	clock   clock.Clock
 }
 

@@ -1,4 +1,4 @@
-package guard
+package protocol
 
 import (
 	"context"
@@ -6,19 +6,15 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
-	"sync"
 
 	authorizationv1 "k8s.io/api/authorization/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/utils/clock"
 
 	"github.com/helm-autorecover/helm-autorecover/internal/lock"
 	"github.com/helm-autorecover/helm-autorecover/internal/records"
-	"github.com/helm-autorecover/helm-autorecover/internal/servertime"
 )
 
-// The values of --lock-backend.
+// The lock backends a client may choose (the CLI's --lock-backend).
 const (
 	BackendAuto    = "auto"
 	BackendLease   = "lease"
@@ -28,10 +24,6 @@ const (
 // leaseVerbs are the rights on Leases that --lock-backend=auto asks for
 // before it picks the lease backend.
 var leaseVerbs = []string{"get", "create", "update"}
-
-// autoChoice caches auto's decision per namespace: it is made once per
-// process.
-var autoChoice sync.Map // namespace -> string
 
 // Choice is a decision of --lock-backend=auto, with its reason.
 type Choice struct {
@@ -62,11 +54,12 @@ func DecideAuto(allowed map[string]bool, reviewErr error) Choice {
 }
 
 // chooseAuto asks the API server (SelfSubjectAccessReview) which Lease verbs
-// the caller has in ns, once per process and namespace.
-func chooseAuto(ctx context.Context, client kubernetes.Interface, ns string) Choice {
-	if c, ok := autoChoice.Load(ns); ok {
-		return c.(Choice)
+// the caller has in ns, once per connection and namespace.
+func (c *Conn) chooseAuto(ctx context.Context, ns string) Choice {
+	if ch, ok := c.autoChoice.Load(ns); ok {
+		return ch.(Choice)
 	}
+	client := c.client
 	allowed := map[string]bool{}
 	var reviewErr error
 	for _, verb := range leaseVerbs {
@@ -81,37 +74,42 @@ func chooseAuto(ctx context.Context, client kubernetes.Interface, ns string) Cho
 		}
 		allowed[verb] = r.Status.Allowed
 	}
-	c := DecideAuto(allowed, reviewErr)
-	autoChoice.Store(ns, c)
-	return c
+	ch := DecideAuto(allowed, reviewErr)
+	c.autoChoice.Store(ns, ch)
+	return ch
 }
 
-// backends resolves --lock-backend for the operation's namespace and helm
-// driver into the stores to take, in order: the release record's lock first
-// (every client takes it, so clients of either backend exclude each other),
-// then the Lease for the lease backend. The sql driver has no record: lease
-// takes the Lease alone, release is refused.
-func (g *Guard) backends(ctx context.Context, client kubernetes.Interface, est *servertime.Estimator, clk clock.Clock, ns string) (string, []*lock.LeaseBackend, error) {
-	choice := g.Options.LockBackend
-	driver, driverErr := records.ParseDriver(g.HelmDriver)
+// Stores resolves a lock backend choice (BackendAuto, BackendLease or
+// BackendRelease) for a namespace into the stores to take, in order: the
+// release record's lock first (every client takes it, so clients of either
+// backend exclude each other), then the Lease for the lease backend. The sql
+// driver has no record: lease takes the Lease alone, release is refused. It
+// returns the backend chosen (auto resolved).
+func (c *Conn) Stores(ctx context.Context, ns, choice string) (string, []*lock.Backend, error) {
+	driver, driverErr := records.ParseDriver(c.driver)
 	if choice == BackendAuto {
-		c := chooseAuto(ctx, client, ns)
-		choice = c.Backend
-		slog.Debug("helm-autorecover: --lock-backend=auto chose "+choice, slog.String("namespace", ns), slog.String("reason", c.Reason))
+		ch := c.chooseAuto(ctx, ns)
+		choice = ch.Backend
+		slog.Debug("helm-autorecover: lock backend auto chose "+choice, slog.String("namespace", ns), slog.String("reason", ch.Reason))
 		if choice == BackendRelease && errors.Is(driverErr, records.ErrNoReleaseRecords) {
-			return "", nil, fmt.Errorf("--lock-backend=auto: %s, and %w; grant those verbs (see docs/rbac.md) or pass --lock-backend=lease once they are granted", c.Reason, driverErr)
+			return "", nil, fmt.Errorf("lock backend auto: %s, and %w; grant those verbs (see docs/rbac.md) or choose the lease backend once they are granted", ch.Reason, driverErr)
 		}
 	}
-	leases := lock.NewLeaseBackend(client, est, clk)
+	switch choice {
+	case BackendLease, BackendRelease:
+	default:
+		return "", nil, fmt.Errorf("lock backend %q: must be auto, lease or release", choice)
+	}
+	leases := lock.NewLeaseBackend(c.client, c.est, c.clock)
 	switch {
 	case errors.Is(driverErr, records.ErrNoReleaseRecords) && choice == BackendLease:
-		return choice, []*lock.LeaseBackend{leases}, nil
+		return choice, []*lock.Backend{leases}, nil
 	case driverErr != nil:
-		return "", nil, fmt.Errorf("--lock-backend=%s: %w", choice, driverErr)
+		return "", nil, fmt.Errorf("lock backend %s: %w", choice, driverErr)
 	}
-	records := lock.NewReleaseBackend(client, est, clk, driver)
+	recs := lock.NewReleaseBackend(c.client, c.est, c.clock, driver)
 	if choice == BackendLease {
-		return choice, []*lock.LeaseBackend{records, leases}, nil
+		return choice, []*lock.Backend{recs, leases}, nil
 	}
-	return choice, []*lock.LeaseBackend{records}, nil
+	return choice, []*lock.Backend{recs}, nil
 }

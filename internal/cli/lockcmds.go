@@ -1,0 +1,166 @@
+package cli
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+	"golang.org/x/term"
+	helmcli "helm.sh/helm/v4/pkg/cli"
+	"helm.sh/helm/v4/pkg/cli/output"
+	"k8s.io/utils/clock"
+
+	"github.com/helm-autorecover/helm-autorecover/internal/guard"
+	"github.com/helm-autorecover/helm-autorecover/internal/helmx"
+	"github.com/helm-autorecover/helm-autorecover/internal/inspect"
+	"github.com/helm-autorecover/helm-autorecover/internal/lock"
+	"github.com/helm-autorecover/helm-autorecover/internal/protocol"
+	"github.com/helm-autorecover/helm-autorecover/internal/recovery"
+)
+
+// Exit codes of the locks, unlock and recover commands, documented in
+// docs/exit-codes.md next to the guard's (2 to 6).
+const (
+	// ExitNotFound: the release is unknown (no stored revision and no
+	// lock), has no stored revision, or has no lock to release.
+	ExitNotFound = 7
+	// ExitWrongSession: --session does not name the lock's holder; the
+	// message names the holder's session.
+	ExitWrongSession = 8
+	// ExitBadLock: the release's Lease or lock record cannot be trusted
+	// (unreadable, written by a newer or foreign tool, edited by hand).
+	ExitBadLock = 9
+	// ExitDeclined: a forced unlock of a live lock was not confirmed.
+	ExitDeclined = 10
+)
+
+// lockCmds holds what the lock commands (locks, unlock, recover, list
+// --locks) share: helm's settings, the streams, and the seams tests replace.
+type lockCmds struct {
+	settings    *helmcli.EnvSettings
+	out, errOut io.Writer
+	in          io.Reader
+	// isTerminal reports whether in is a terminal a person can answer on.
+	isTerminal func() bool
+	// connect builds the clients; tests give a fake clientset and a fixed
+	// server clock.
+	connect func() (*conn, error)
+	// who names the person running the command (user@host).
+	who func() string
+	// newSession returns the session ID of a lock this process takes.
+	newSession func() string
+}
+
+// addLockCommands adds locks, unlock and recover to root and --locks to
+// helm's list.
+func addLockCommands(root *cobra.Command, settings *helmcli.EnvSettings, out, errOut io.Writer) {
+	c := &lockCmds{
+		settings:   settings,
+		out:        out,
+		errOut:     errOut,
+		in:         os.Stdin,
+		isTerminal: func() bool { return term.IsTerminal(int(os.Stdin.Fd())) },
+		who:        lock.DefaultWho,
+		newSession: lock.NewSession,
+	}
+	c.connect = c.realConnect
+	root.AddCommand(usageErrors(newLocksCmd(c)), usageErrors(newUnlockCmd(c)), usageErrors(newRecoverCmd(c)))
+	wrapList(root, c)
+}
+
+func (c *lockCmds) realConnect() (*conn, error) {
+	cfg, err := c.settings.RESTClientGetter().ToRESTConfig()
+	if err != nil {
+		return nil, fmt.Errorf("loading the kubernetes configuration: %w", err)
+	}
+	pc, err := protocol.Connect(cfg, clock.RealClock{}, os.Getenv("HELM_DRIVER"))
+	if err != nil {
+		return nil, err
+	}
+	return newConn(pc), nil
+}
+
+// exitError gives err a documented exit code.
+func exitError(code int, format string, args ...any) error {
+	return &guard.ExitError{Code: code, Err: fmt.Errorf(format, args...)}
+}
+
+// validRelease checks a release name argument (exit code 2).
+func validRelease(name, ns string) error {
+	if err := lock.ValidateReleaseName(name); err != nil {
+		return exitError(guard.ExitUsage, "release in namespace %q: %w", ns, err)
+	}
+	return nil
+}
+
+// usageErrors gives cmd's flag errors exit code 2, as for the guard's flags.
+func usageErrors(cmd *cobra.Command) *cobra.Command {
+	cmd.SetFlagErrorFunc(func(_ *cobra.Command, err error) error {
+		return &guard.ExitError{Code: guard.ExitUsage, Err: err}
+	})
+	return cmd
+}
+
+// oneRelease and atMostOneRelease check the arguments (exit code 2).
+func oneRelease(cmd *cobra.Command, args []string) error {
+	if len(args) != 1 {
+		return exitError(guard.ExitUsage, "%s: needs exactly one argument, the release name; got %d (see %s --help)", cmd.Name(), len(args), cmd.Name())
+	}
+	return nil
+}
+
+func atMostOneRelease(cmd *cobra.Command, args []string) error {
+	if len(args) > 1 {
+		return exitError(guard.ExitUsage, "%s: takes at most one argument, a release name; got %d (see %s --help)", cmd.Name(), len(args), cmd.Name())
+	}
+	return nil
+}
+
+// legacyAfterFlag registers --recover-legacy-after with the guard's default
+// and environment variable.
+func legacyAfterFlag(fs *pflag.FlagSet, v *time.Duration, usage string) error {
+	*v = guard.DefaultRecoverLegacyAfter
+	if s := os.Getenv(guard.EnvRecoverLegacyAfter); s != "" {
+		d, err := time.ParseDuration(s)
+		if err != nil {
+			return fmt.Errorf("bad helm-autorecover environment: %s=%q: %w", guard.EnvRecoverLegacyAfter, s, err)
+		}
+		*v = d
+	}
+	fs.DurationVar(v, "recover-legacy-after", *v, usage+" ["+guard.EnvRecoverLegacyAfter+"]")
+	return nil
+}
+
+// outputFlag registers -o/--output.
+func outputFlag(cmd *cobra.Command, v *string) {
+	cmd.Flags().StringVarP(v, "output", "o", string(output.Table), "prints the output in the specified format. Allowed values: table, json, yaml")
+	_ = cmd.RegisterFlagCompletionFunc("output", func(*cobra.Command, []string, string) ([]string, cobra.ShellCompDirective) {
+		return []string{"table\thuman-readable table", "json\tJSON", "yaml\tYAML"}, cobra.ShellCompDirectiveNoFileComp
+	})
+}
+
+func parseOutput(s string) (output.Format, error) {
+	f, err := output.ParseFormat(s)
+	if err != nil {
+		return "", exitError(guard.ExitUsage, "--output=%q: must be table, json or yaml", s)
+	}
+	return f, nil
+}
+
+func unknownRelease(ns, rel string) error {
+	return exitError(ExitNotFound, "release %q not found in namespace %q: it has no stored revision and no lock. Check the name and the namespace (-n), or list releases with: helm-autorecover list -A", rel, ns)
+}
+
+// badLock refuses to write under a lock that cannot be trusted.
+func badLock(st *lock.Status, rel, ns string) error {
+	p := inspect.Problem(st)
+	if p == "" {
+		return nil
+	}
+	return exitError(ExitBadLock, "release %q in namespace %q: %s", rel, ns, inspect.BadLockAdvice(st, rel, ns, p, "; nothing was written."))
+}
+
+func isPending(s *helmx.Summary) bool { return recovery.IsPending(s.Status) }

@@ -1,0 +1,120 @@
+package protocol
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/utils/clock"
+
+	"github.com/helm-autorecover/helm-autorecover/internal/helmx"
+	"github.com/helm-autorecover/helm-autorecover/internal/recovery"
+	"github.com/helm-autorecover/helm-autorecover/internal/servertime"
+)
+
+// ErrNoRecords reports a storage driver that keeps no Kubernetes record of
+// the release history (sql): there is nothing here to read or recover.
+var ErrNoRecords = errors.New("the storage driver keeps no release records in the cluster")
+
+// Conn is one connection to a cluster as the protocol uses it: a client
+// whose responses feed an estimate of the API server's clock, helm's release
+// records for the storage driver in use, and the cluster access that
+// converging an abandoned revision needs. It is safe for concurrent use.
+type Conn struct {
+	client     kubernetes.Interface
+	est        *servertime.Estimator
+	clock      clock.Clock
+	driver     string
+	records    helmx.Records
+	recordsErr error
+
+	// kube builds the cluster access converge needs, once.
+	kube       func() (*recovery.Kube, error)
+	kubeOnce   sync.Once
+	kubeCached *recovery.Kube
+	kubeErr    error
+
+	// autoChoice caches BackendAuto's decision per namespace.
+	autoChoice sync.Map
+}
+
+// Connect returns a connection to the cluster cfg points at, for helm's
+// storage driver helmDriver ("" is secret). cfg itself is not modified.
+func Connect(cfg *rest.Config, clk clock.Clock, helmDriver string) (*Conn, error) {
+	if cfg == nil {
+		return nil, errors.New("no REST configuration given")
+	}
+	est := servertime.New(clk)
+	client, err := kubernetes.NewForConfig(est.Instrument(cfg))
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes client: %w", err)
+	}
+	return NewConn(client, est, clk, helmDriver, func() (*recovery.Kube, error) { return recovery.NewKube(cfg) }), nil
+}
+
+// NewConn returns a connection over client, whose responses must feed est
+// (servertime.Estimator.Instrument), and clk, the clock est reads. kube
+// builds the cluster access converge needs; nil means none (converging a
+// revision that has a deployed predecessor then fails, and recovery with
+// it: the revision stays pending).
+func NewConn(client kubernetes.Interface, est *servertime.Estimator, clk clock.Clock, helmDriver string, kube func() (*recovery.Kube, error)) *Conn {
+	c := &Conn{client: client, est: est, clock: clk, driver: helmDriver, kube: kube}
+	c.records, c.recordsErr = helmx.NewRecords(client, helmDriver)
+	if c.recordsErr != nil {
+		c.recordsErr = fmt.Errorf("%w: %w", ErrNoRecords, c.recordsErr)
+	}
+	return c
+}
+
+// Client is the connection's clientset.
+func (c *Conn) Client() kubernetes.Interface { return c.client }
+
+// Estimator is the connection's estimate of the API server's clock.
+func (c *Conn) Estimator() *servertime.Estimator { return c.est }
+
+// Clock is the local clock elapsed time is measured with.
+func (c *Conn) Clock() clock.Clock { return c.clock }
+
+// Driver is helm's storage driver name ("" is secret).
+func (c *Conn) Driver() string { return c.driver }
+
+// Records are helm's release records; the error wraps ErrNoRecords when
+// the driver keeps none.
+func (c *Conn) Records() (helmx.Records, error) { return c.records, c.recordsErr }
+
+// History reads every stored revision of the release, oldest first, with
+// their resourceVersions. With a driver that keeps no Kubernetes record it
+// returns an error wrapping ErrNoRecords.
+func (c *Conn) History(ctx context.Context, ns, release string) ([]helmx.Summary, error) {
+	if c.recordsErr != nil {
+		return nil, fmt.Errorf("release %q in namespace %q: %w", release, ns, c.recordsErr)
+	}
+	return helmx.ReadHistory(ctx, c.records, ns, release)
+}
+
+// ServerNow returns bounds on the API server's clock, asking the server
+// once when nothing has been observed yet.
+func (c *Conn) ServerNow(ctx context.Context) (servertime.Bounds, error) {
+	if b, ok := c.est.Now(); ok {
+		return b, nil
+	}
+	if err := c.est.Sync(ctx, c.client.Discovery()); err != nil {
+		return servertime.Bounds{}, fmt.Errorf("reading the API server's clock: %w", err)
+	}
+	b, _ := c.est.Now()
+	return b, nil
+}
+
+func (c *Conn) clusterAccess() (*recovery.Kube, error) {
+	c.kubeOnce.Do(func() {
+		if c.kube == nil {
+			c.kubeErr = errors.New("no cluster access to converge with")
+			return
+		}
+		c.kubeCached, c.kubeErr = c.kube()
+	})
+	return c.kubeCached, c.kubeErr
+}

@@ -1,0 +1,234 @@
+package protocol
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/helm-autorecover/helm-autorecover/internal/helmx"
+	"github.com/helm-autorecover/helm-autorecover/internal/lock"
+	"github.com/helm-autorecover/helm-autorecover/internal/recovery"
+)
+
+// Writer is the lock recovery writes under: Valid is asked before every
+// write (nil: still held), and Session names the recovering session in the
+// descriptions it writes.
+type Writer interface {
+	Valid() error
+	Session() string
+}
+
+// Procedure describes one recovery: which release, what was found of its
+// lock, the user's policy, and what follows it under the same lock.
+type Procedure struct {
+	Release   string
+	Namespace string
+	// Lock is the release's lock as found: what the lock was taken from
+	// (Lock.Recover sets it), or as observed for a dry run.
+	Lock   recovery.LockInfo
+	Policy recovery.Policy
+	// Next is the operation that runs under the same lock once recovery is
+	// done; lock.OpRecover when none does (recover, unlock, the
+	// controller, an embedder's Recover). It decides whether recovery
+	// converges first (see converges).
+	Next lock.Operation
+	// Writer is the lock the writes are made under (Lock.Recover sets it);
+	// nil decides and writes nothing (a dry run).
+	Writer Writer
+	// Describe writes the description of an abandoned revision; nil is
+	// recovery.DescribeAbandoned. unlock names the person instead.
+	Describe func(a recovery.Abandonment, by recovery.Recoverer) string
+	// Rollback rolls the release back with helm's own action, for a
+	// RecoverThenRollback verdict; nil leaves the release as marked (the
+	// caller is told by the verdict). It runs under the lock, after the
+	// abandoned revision was marked failed.
+	Rollback func(release string, revision int) error
+	// Log receives converge's summary when it did something notable or
+	// failed; nil discards it.
+	Log io.Writer
+}
+
+// Outcome is what a recovery found and did.
+type Outcome struct {
+	// Decision is the last decision made (after a conflict, the release is
+	// read and judged again).
+	Decision recovery.Decision
+	// Latest is the highest stored revision read, or -1 after a rollback
+	// (a new revision whose number was not read).
+	Latest int
+	// Marked lists the revisions marked failed, in the order written.
+	Marked []Mark
+	// Converged reports what undoing the abandoned revision's changes did.
+	Converged recovery.ConvergeReport
+	// RolledBack is set when Rollback ran and succeeded.
+	RolledBack bool
+	// At is the server time (upper bound) the recovery was judged at.
+	At time.Time
+}
+
+// Mark is one revision recovery marked failed.
+type Mark struct {
+	recovery.Abandonment
+	// Description is what was written into it; Record is its record as
+	// written.
+	Description string
+	Record      helmx.Record
+}
+
+// Recovered reports whether the outcome marked anything failed.
+func (o Outcome) Recovered() bool { return len(o.Marked) > 0 }
+
+// ErrConverge wraps a failure to undo what the abandoned revision applied:
+// the revision stays pending and the next attempt converges again.
+var ErrConverge = errors.New("undoing what the abandoned revision applied failed")
+
+// maxRecoverAttempts bounds how often recovery reads the release again after
+// a concurrent write; each conflict means another writer made progress.
+const maxRecoverAttempts = 5
+
+// converges reports whether recovery undoes what the abandoned revision
+// applied before next runs: helm's upgrade and install diff against the
+// last deployed revision and would keep those leftovers, and with no
+// operation to follow the release must end as it was last deployed; helm's
+// rollback and uninstall diff against the abandoned revision themselves.
+func converges(next lock.Operation, rollingBack bool) bool {
+	if rollingBack {
+		return false
+	}
+	switch next {
+	case lock.OpUpgrade, lock.OpInstall, lock.OpRecover:
+		return true
+	case lock.OpRollback, lock.OpUninstall:
+	}
+	return false
+}
+
+// Recover is the one recovery procedure every entry point runs (the guard,
+// the recover and unlock commands, pkg/autorecover, the controller): read
+// the history and the server's clock, decide (recovery.Decide), and when the
+// decision is to recover and p.Writer is set, undo what the abandoned
+// revision applied (converge), mark it and older pending revisions failed
+// (writes conditional on the resourceVersion read), and roll back when the
+// strategy asks. A conflict reads and decides again, up to a bound.
+//
+// A Blocked or Proceed decision is returned with a nil error: what it means
+// for the caller is the caller's to say. Errors: lock.ErrLost when the lock
+// was lost before a write (nothing more was written); ErrConverge when
+// undoing the abandoned revision's changes failed (it stays pending); any
+// other read or write failure.
+func (c *Conn) Recover(ctx context.Context, p Procedure) (Outcome, error) {
+	subject := fmt.Sprintf("release %q in namespace %q", p.Release, p.Namespace)
+	describe := p.Describe
+	if describe == nil {
+		describe = recovery.DescribeAbandoned
+	}
+	var out Outcome
+	for range maxRecoverAttempts {
+		hist, err := c.History(ctx, p.Namespace, p.Release)
+		if err != nil {
+			return out, err
+		}
+		if n := len(hist); n > 0 {
+			out.Latest = hist[n-1].Revision
+		}
+		now, err := c.ServerNow(ctx)
+		if err != nil {
+			return out, fmt.Errorf("%s: %w", subject, err)
+		}
+		out.At = now.Latest
+		out.Decision = recovery.Decide(recovery.Input{
+			Release:   p.Release,
+			Namespace: p.Namespace,
+			History:   hist,
+			Lock:      p.Lock,
+			Now:       recovery.ServerTime{Earliest: now.Earliest, Latest: now.Latest},
+			Policy:    p.Policy,
+		})
+		dec := out.Decision
+		if dec.Verdict != recovery.Recover && dec.Verdict != recovery.RecoverThenRollback {
+			return out, nil
+		}
+		if p.Writer == nil {
+			return out, nil
+		}
+		rollingBack := dec.Verdict == recovery.RecoverThenRollback && p.Rollback != nil && p.Next != lock.OpRollback
+		// Undo what the abandoned revision applied before marking it failed,
+		// so that a failure here leaves it pending and the next attempt
+		// converges again.
+		if converges(p.Next, rollingBack) {
+			if err := c.converge(ctx, p, &out, dec.Target.Release); err != nil {
+				return out, err
+			}
+		}
+		conflict, err := c.markAbandoned(ctx, p, &out, describe, now.Latest)
+		if err != nil {
+			return out, err
+		}
+		if conflict {
+			continue
+		}
+		if rollingBack {
+			if err := p.Writer.Valid(); err != nil {
+				return out, fmt.Errorf("%s: stopped before rolling back to revision %d: %w", subject, dec.RollbackTo, err)
+			}
+			if err := p.Rollback(p.Release, dec.RollbackTo); err != nil {
+				return out, fmt.Errorf("%s: rollback to revision %d after recovery: %w", subject, dec.RollbackTo, err)
+			}
+			out.RolledBack = true
+			out.Latest = -1
+		}
+		return out, nil
+	}
+	return out, fmt.Errorf("%s: other writers kept changing the release during recovery; try again: %w", subject, helmx.ErrConflict)
+}
+
+// converge undoes what the abandoned revision applied (fields it changed,
+// objects it created), so that the release starts from its last deployed
+// state; see recovery.ConvergeAbandoned.
+func (c *Conn) converge(ctx context.Context, p Procedure, out *Outcome, abandoned helmx.Summary) error {
+	rep, err := recovery.ConvergeAbandoned(ctx, c.clusterAccess, c.records, abandoned,
+		recovery.ConvergeOptions{BeforeWrite: p.Writer.Valid})
+	out.Converged = rep
+	if (rep.Notable() || err != nil) && p.Log != nil {
+		fmt.Fprintf(p.Log, "helm-autorecover: %s\n", rep.Summary())
+	}
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, recovery.ErrFenced):
+		return fmt.Errorf("release %q in namespace %q: %w: %w", p.Release, p.Namespace, lock.ErrLost, err)
+	}
+	next := "the next attempt retries"
+	if p.Next != lock.OpRecover {
+		next = fmt.Sprintf("helm's %s did not run (it would keep those leftovers); %s", p.Next, next)
+	}
+	return fmt.Errorf("release %q in namespace %q: %w: abandoned revision %d stays pending and %s: %w",
+		p.Release, p.Namespace, ErrConverge, abandoned.Revision, next, err)
+}
+
+// markAbandoned marks the decision's target and strays failed, checking the
+// lock before each write. It reports conflict when a revision changed since
+// it was read.
+func (c *Conn) markAbandoned(ctx context.Context, p Procedure, out *Outcome, describe func(recovery.Abandonment, recovery.Recoverer) string, at time.Time) (conflict bool, err error) {
+	dec := out.Decision
+	by := recovery.Recoverer{Session: p.Writer.Session(), At: at}
+	for _, a := range append([]recovery.Abandonment{dec.Target}, dec.Stray...) {
+		if err := p.Writer.Valid(); err != nil {
+			return false, fmt.Errorf("release %q in namespace %q: stopped before marking revision %d failed: %w", p.Release, p.Namespace, a.Release.Revision, err)
+		}
+		desc := describe(a, by)
+		rec, err := recovery.MarkFailed(ctx, c.records, p.Namespace, a.Release, desc, at)
+		switch {
+		case err == nil:
+			out.Marked = append(out.Marked, Mark{Abandonment: a, Description: desc, Record: rec})
+		case errors.Is(err, recovery.ErrNotPending):
+		case errors.Is(err, recovery.ErrConflict):
+			return true, nil
+		default:
+			return false, err
+		}
+	}
+	return false, nil
+}

@@ -1,0 +1,97 @@
+package recovery
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+)
+
+// Helm's ownership metadata and resource policy.
+const (
+	AnnotationReleaseName      = "meta.helm.sh/release-name"
+	AnnotationReleaseNamespace = "meta.helm.sh/release-namespace"
+	LabelManagedBy             = "app.kubernetes.io/managed-by"
+	ManagedByHelm              = "Helm"
+	AnnotationResourcePolicy   = "helm.sh/resource-policy"
+	ResourcePolicyKeep         = "keep"
+
+	// HelmFieldManager is the field manager stock helm 3 and 4, and this
+	// tool, write objects under.
+	HelmFieldManager = "helm"
+)
+
+// withOwnership is the object as helm wrote it: rendered, plus the
+// ownership label and annotations helm adds to every object of a release.
+func withOwnership(o *unstructured.Unstructured, release, ns string) *unstructured.Unstructured {
+	c := o.DeepCopy()
+	labels := c.GetLabels()
+	if labels == nil {
+		labels = map[string]string{}
+	}
+	labels[LabelManagedBy] = ManagedByHelm
+	c.SetLabels(labels)
+	ann := c.GetAnnotations()
+	if ann == nil {
+		ann = map[string]string{}
+	}
+	ann[AnnotationReleaseName] = release
+	ann[AnnotationReleaseNamespace] = ns
+	c.SetAnnotations(ann)
+	return c
+}
+
+// notOwned says why live does not belong to the release, or "" when it does
+// (helm's own test: managed-by label and both annotations).
+func notOwned(live *unstructured.Unstructured, release, ns string) string {
+	ann := live.GetAnnotations()
+	switch {
+	case ann[AnnotationReleaseName] != release:
+		return fmt.Sprintf("not owned by this release: annotation %s is %q", AnnotationReleaseName, ann[AnnotationReleaseName])
+	case ann[AnnotationReleaseNamespace] != ns:
+		return fmt.Sprintf("not owned by this release: annotation %s is %q", AnnotationReleaseNamespace, ann[AnnotationReleaseNamespace])
+	case live.GetLabels()[LabelManagedBy] != ManagedByHelm:
+		return fmt.Sprintf("not owned by this release: label %s is %q", LabelManagedBy, live.GetLabels()[LabelManagedBy])
+	}
+	return ""
+}
+
+func hasKeepPolicy(o *unstructured.Unstructured) bool {
+	return strings.EqualFold(strings.TrimSpace(o.GetAnnotations()[AnnotationResourcePolicy]), ResourcePolicyKeep)
+}
+
+// keepReason says why an object only the abandoned revision renders must
+// not be deleted, or "" when it may be.
+func keepReason(live, rendered *unstructured.Unstructured, release, ns string, abandonedCreated time.Time) string {
+	if why := notOwned(live, release, ns); why != "" {
+		return why
+	}
+	if hasKeepPolicy(live) || hasKeepPolicy(rendered) {
+		return AnnotationResourcePolicy + ": " + ResourcePolicyKeep
+	}
+	if abandonedCreated.IsZero() {
+		return "the abandoned revision's creation time is unknown"
+	}
+	// Both timestamps are the API server's, in whole seconds.
+	created := live.GetCreationTimestamp().Time
+	if created.Before(abandonedCreated) {
+		return fmt.Sprintf("it existed before the abandoned revision (created %s, revision written %s)",
+			created.UTC().Format(time.RFC3339), abandonedCreated.UTC().Format(time.RFC3339))
+	}
+	// In the same second, the order is unknown (helm writes the revision
+	// before it applies anything, but a user may have created the object a
+	// moment before and let the revision adopt it). An object helm created
+	// has been written by helm's field manager only (controllers' status
+	// writes aside); one written by another manager too may have existed
+	// before, and deleting it could lose data.
+	if created.Equal(abandonedCreated) {
+		for _, mf := range live.GetManagedFields() {
+			if mf.Manager != HelmFieldManager && mf.Subresource == "" {
+				return fmt.Sprintf("it was created in the same second as the abandoned revision (%s) and also written by field manager %q, so it may have existed before",
+					created.UTC().Format(time.RFC3339), mf.Manager)
+			}
+		}
+	}
+	return ""
+}

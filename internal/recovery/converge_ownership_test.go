@@ -1,0 +1,84 @@
+package recovery
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+)
+
+func liveObj(ann, labels map[string]string, created time.Time) *unstructured.Unstructured {
+	u := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "v1", "kind": "ConfigMap", "metadata": map[string]any{"name": "web-extra"}}}
+	u.SetAnnotations(ann)
+	u.SetLabels(labels)
+	u.SetCreationTimestamp(metav1.NewTime(created))
+	return u
+}
+
+func TestKeepReason(t *testing.T) {
+	revAt := t0
+	owned := map[string]string{AnnotationReleaseName: "web", AnnotationReleaseNamespace: "shop"}
+	helmLabel := map[string]string{LabelManagedBy: "Helm"}
+	with := func(m map[string]string, k, v string) map[string]string {
+		out := map[string]string{}
+		for a, b := range m {
+			out[a] = b
+		}
+		out[k] = v
+		return out
+	}
+	rendered := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "v1", "kind": "ConfigMap", "metadata": map[string]any{"name": "web-extra"}}}
+	renderedKeep := rendered.DeepCopy()
+	renderedKeep.SetAnnotations(map[string]string{AnnotationResourcePolicy: "keep"})
+
+	cases := []struct {
+		name     string
+		live     *unstructured.Unstructured
+		rendered *unstructured.Unstructured
+		created  time.Time
+		want     string // "" = delete; otherwise a substring of the reason
+	}{
+		{"owned, created by the revision", liveObj(owned, helmLabel, revAt.Add(time.Second)), rendered, revAt, ""},
+		{"created in the same second as the revision", liveObj(owned, helmLabel, revAt), rendered, revAt, ""},
+		{"same second, written by helm only", managedBy(liveObj(owned, helmLabel, revAt), "helm"), rendered, revAt, ""},
+		{"same second, also written by another manager", managedBy(liveObj(owned, helmLabel, revAt), "kubectl-create", "helm"), rendered, revAt, `field manager "kubectl-create"`},
+		{"same second, a controller wrote its status", withStatusWriter(managedBy(liveObj(owned, helmLabel, revAt), "helm"), "kube-controller-manager"), rendered, revAt, ""},
+		{"a second later, also written by another manager", managedBy(liveObj(owned, helmLabel, revAt.Add(time.Second)), "kubectl-edit", "helm"), rendered, revAt, ""},
+		{"existed before (adopted)", liveObj(owned, helmLabel, revAt.Add(-time.Second)), rendered, revAt, "existed before the abandoned revision"},
+		{"creation time of the revision unknown", liveObj(owned, helmLabel, revAt), rendered, time.Time{}, "unknown"},
+		{"no annotations", liveObj(nil, helmLabel, revAt), rendered, revAt, "not owned by this release: annotation meta.helm.sh/release-name is \"\""},
+		{"another release", liveObj(with(owned, AnnotationReleaseName, "shop"), helmLabel, revAt), rendered, revAt, `is "shop"`},
+		{"same release name, another namespace", liveObj(with(owned, AnnotationReleaseNamespace, "other"), helmLabel, revAt), rendered, revAt, "release-namespace"},
+		{"not managed by Helm", liveObj(owned, nil, revAt), rendered, revAt, "managed-by"},
+		{"keep on the live object", liveObj(with(owned, AnnotationResourcePolicy, "keep"), helmLabel, revAt), rendered, revAt, "keep"},
+		{"Keep, spaced", liveObj(with(owned, AnnotationResourcePolicy, " Keep "), helmLabel, revAt), rendered, revAt, "keep"},
+		{"keep in the manifest only", liveObj(owned, helmLabel, revAt), renderedKeep, revAt, "keep"},
+	}
+	for _, c := range cases {
+		got := keepReason(c.live, c.rendered, "web", "shop", c.created)
+		switch {
+		case c.want == "" && got != "":
+			t.Errorf("%s: kept (%s), want deleted", c.name, got)
+		case c.want != "" && !strings.Contains(got, c.want):
+			t.Errorf("%s: reason %q, want it to contain %q", c.name, got, c.want)
+		}
+	}
+}
+
+// managedBy gives o a managedFields entry for each manager.
+func managedBy(o *unstructured.Unstructured, managers ...string) *unstructured.Unstructured {
+	var mf []metav1.ManagedFieldsEntry
+	for _, m := range managers {
+		mf = append(mf, metav1.ManagedFieldsEntry{Manager: m, Operation: metav1.ManagedFieldsOperationUpdate})
+	}
+	o.SetManagedFields(mf)
+	return o
+}
+
+// withStatusWriter adds a manager that wrote only the status subresource.
+func withStatusWriter(o *unstructured.Unstructured, manager string) *unstructured.Unstructured {
+	o.SetManagedFields(append(o.GetManagedFields(), metav1.ManagedFieldsEntry{Manager: manager, Operation: metav1.ManagedFieldsOperationUpdate, Subresource: "status"}))
+	return o
+}

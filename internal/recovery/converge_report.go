@@ -1,0 +1,112 @@
+package recovery
+
+import (
+	"fmt"
+	"strings"
+)
+
+// ObjectRef names one Kubernetes object.
+type ObjectRef struct {
+	APIVersion, Kind, Namespace, Name string
+}
+
+func (o ObjectRef) String() string {
+	if o.Namespace == "" {
+		return o.Kind + " " + o.Name
+	}
+	return o.Kind + " " + o.Namespace + "/" + o.Name
+}
+
+// ConvergeAction is what Converge did with one object.
+type ConvergeAction string
+
+const (
+	// Reverted: fields set by the abandoned revision were set back.
+	ActionReverted ConvergeAction = "reverted"
+	// Deleted: an object only the abandoned revision created was deleted.
+	ActionDeleted ConvergeAction = "deleted"
+	// InSync: the object needed no write (its renderings are equal, or the
+	// patch was empty, or it is already gone).
+	ActionInSync ConvergeAction = "in-sync"
+	// Kept: the object was left alone on purpose; Reason says why.
+	ActionKept ConvergeAction = "kept"
+	// Failed: the object could not be converged; Reason has the error.
+	ActionFailed ConvergeAction = "failed"
+)
+
+// ObjectResult is the outcome for one object.
+type ObjectResult struct {
+	Object ObjectRef
+	Action ConvergeAction
+	Reason string
+}
+
+// ConvergeReport tells what Converge did.
+type ConvergeReport struct {
+	Release, Namespace string
+	// Abandoned and Base are the revision numbers; Base is 0 when no
+	// revision is deployed.
+	Abandoned, Base int
+	Method          ApplyMethod
+	// Skipped, when set, says why nothing was compared at all.
+	Skipped string
+	Objects []ObjectResult
+}
+
+// Changed reports whether Converge wrote anything.
+func (r ConvergeReport) Changed() bool {
+	for _, o := range r.Objects {
+		if o.Action == ActionReverted || o.Action == ActionDeleted {
+			return true
+		}
+	}
+	return false
+}
+
+// Notable reports whether the report is worth showing: something was
+// written, kept on purpose, or failed.
+func (r ConvergeReport) Notable() bool {
+	for _, o := range r.Objects {
+		if o.Action != ActionInSync {
+			return true
+		}
+	}
+	return false
+}
+
+// Summary is one line for people: what was reverted, deleted and kept.
+func (r ConvergeReport) Summary() string {
+	subject := fmt.Sprintf("release %q in namespace %q", r.Release, r.Namespace)
+	if r.Skipped != "" {
+		return fmt.Sprintf("%s: revision %d left as it is: %s", subject, r.Abandoned, r.Skipped)
+	}
+	var parts []string
+	for _, a := range []ConvergeAction{ActionReverted, ActionDeleted, ActionKept, ActionFailed} {
+		var items []string
+		for _, o := range r.Objects {
+			if o.Action != a {
+				continue
+			}
+			s := o.Object.String()
+			if o.Reason != "" && a != ActionReverted && a != ActionDeleted {
+				s += " (" + o.Reason + ")"
+			}
+			items = append(items, s)
+		}
+		if len(items) > 0 {
+			parts = append(parts, string(a)+" "+strings.Join(items, ", "))
+		}
+	}
+	if len(parts) == 0 {
+		parts = append(parts, "nothing to undo")
+	}
+	return fmt.Sprintf("%s: undid what abandoned revision %d applied, back to deployed revision %d (%s apply): %s",
+		subject, r.Abandoned, r.Base, methodName(r.Method), strings.Join(parts, "; "))
+}
+
+func methodName(m ApplyMethod) string {
+	if m == ServerSideApply {
+		return "server-side"
+	}
+	return "client-side"
+}
