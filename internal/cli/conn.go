@@ -48,87 +48,14 @@ func (cn *conn) stores() []*lock.Backend {
 	return []*lock.Backend{cn.records, cn.lease}
 }
 
-// inspect reads the lock of rel in both stores and returns the one that
-// matters: a live one first (the record's before the Lease's), then an
-// expired one, then one that names a last holder, else the Lease's.
-//
-// A lock that looks live only because this process's estimate of server
-// time is still too wide to tell is read again once the estimate can tell
-// (within about a second; lock.Backend.Settled), so that every command
-// run after a lock expired sees it expired.
+// inspect reads the lock of rel in every store (protocol.Conn.Inspect).
 func (cn *conn) inspect(ctx context.Context, ns, rel string) (*lock.Status, error) {
-	return settledRead(func() (*lock.Status, bool, error) {
-		var sts []*lock.Status
-		unsettled := false
-		for _, b := range cn.stores() {
-			st, err := b.Inspect(ctx, ns, rel)
-			if err != nil {
-				return nil, false, err
-			}
-			sts = append(sts, st)
-			unsettled = b.Settled(ctx, st.State, st.LockedTill) || unsettled
-		}
-		return pickStatus(sts), unsettled, nil
-	})
+	return cn.Inspect(ctx, ns, rel, cn.stores())
 }
 
-// settledRead calls read, and once more when read had to settle a lock
-// judged live only for want of a narrow enough estimate of server time
-// (lock.Backend.Settled): the second read judges it anew.
-func settledRead[T any](read func() (T, bool, error)) (T, error) {
-	v, unsettled, err := read()
-	if err == nil && unsettled {
-		v, _, err = read()
-	}
-	return v, err
-}
-
-func pickStatus(sts []*lock.Status) *lock.Status {
-	for _, want := range []func(*lock.Status) bool{
-		func(s *lock.Status) bool { return s.State == lock.Live },
-		func(s *lock.Status) bool { return s.State == lock.Expired },
-		func(s *lock.Status) bool { return s.Record != nil || s.RecordErr != nil },
-	} {
-		for _, s := range sts {
-			if want(s) {
-				return s
-			}
-		}
-	}
-	return sts[len(sts)-1]
-}
-
-// list reports the lock of every release in ns in either store, one status
-// per release, chosen as inspect does.
+// list reports the lock of every release in ns (protocol.Conn.List).
 func (cn *conn) list(ctx context.Context, ns string) ([]lock.Status, error) {
-	return settledRead(func() ([]lock.Status, bool, error) { return cn.listOnce(ctx, ns) })
-}
-
-func (cn *conn) listOnce(ctx context.Context, ns string) ([]lock.Status, bool, error) {
-	byRelease := map[string][]*lock.Status{}
-	var order []string
-	unsettled := false
-	for _, b := range cn.stores() {
-		sts, err := b.List(ctx, ns)
-		if err != nil {
-			return nil, false, err
-		}
-		for i := range sts {
-			k := sts[i].Namespace + "/" + sts[i].Release
-			if _, ok := byRelease[k]; !ok {
-				order = append(order, k)
-			}
-			byRelease[k] = append(byRelease[k], &sts[i])
-			// The estimate is shared: settling one lock takes at most the
-			// estimate's width, and each later one less.
-			unsettled = b.Settled(ctx, sts[i].State, sts[i].LockedTill) || unsettled
-		}
-	}
-	out := make([]lock.Status, 0, len(order))
-	for _, k := range order {
-		out = append(out, *pickStatus(byRelease[k]))
-	}
-	return out, unsettled, nil
+	return cn.List(ctx, ns, cn.stores())
 }
 
 // forceRelease releases session's lock in every store it holds one in.

@@ -125,6 +125,14 @@ func WrapGetter(getter genericclioptions.RESTClientGetter, w *WriteFence) error 
 	return nil
 }
 
+// Wrap returns a copy of cfg whose requests go through w, for clients built
+// outside helm's command tree (an embedder's helm actions).
+func (w *WriteFence) Wrap(cfg *rest.Config) *rest.Config {
+	out := rest.CopyConfig(cfg)
+	out.Wrap(func(rt http.RoundTripper) http.RoundTripper { return &fenceRT{next: rt, w: w} })
+	return out
+}
+
 type fenceRT struct {
 	next http.RoundTripper
 	w    *WriteFence

@@ -162,6 +162,17 @@ func (j *Joint) Previous() (*Record, State) {
 	return best.rec, best.state
 }
 
+// Renew extends every part by one lease from now; the first error stops it
+// (see Held.Renew).
+func (j *Joint) Renew(ctx context.Context) error {
+	for _, h := range j.parts {
+		if err := h.Renew(ctx); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // SetRevision records the revision being written in every part.
 func (j *Joint) SetRevision(ctx context.Context, rev int) error {
 	for _, h := range j.parts {

@@ -58,6 +58,9 @@ func (l *Lock) Valid() error { return l.joint.Valid() }
 // Previous maps what the lock was taken from onto recovery's input.
 func (l *Lock) Previous() recovery.LockInfo { return recovery.PreviousLock(l.joint.Previous()) }
 
+// Renew extends every part by one lease from now.
+func (l *Lock) Renew(ctx context.Context) error { return l.joint.Renew(ctx) }
+
 // SetRevision records the revision the operation is about to write.
 func (l *Lock) SetRevision(ctx context.Context, rev int) error {
 	return l.joint.SetRevision(ctx, rev)

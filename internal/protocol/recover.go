@@ -80,6 +80,10 @@ type Mark struct {
 // Recovered reports whether the outcome marked anything failed.
 func (o Outcome) Recovered() bool { return len(o.Marked) > 0 }
 
+// ErrConflict: other writers kept changing the release while recovery read
+// and wrote it; nothing was overwritten. Read again and decide again.
+var ErrConflict = errors.New("the release kept changing during recovery")
+
 // ErrConverge wraps a failure to undo what the abandoned revision applied:
 // the revision stays pending and the next attempt converges again.
 var ErrConverge = errors.New("undoing what the abandoned revision applied failed")
@@ -181,7 +185,7 @@ func (c *Conn) Recover(ctx context.Context, p Procedure) (Outcome, error) {
 		}
 		return out, nil
 	}
-	return out, fmt.Errorf("%s: other writers kept changing the release during recovery; try again: %w", subject, helmx.ErrConflict)
+	return out, fmt.Errorf("%s: other writers kept changing the release during recovery; try again: %w", subject, ErrConflict)
 }
 
 // converge undoes what the abandoned revision applied (fields it changed,

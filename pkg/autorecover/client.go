@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"sync"
 	"time"
 
 	"k8s.io/client-go/kubernetes"
@@ -14,7 +13,7 @@ import (
 
 	"github.com/helm-autorecover/helm-autorecover/internal/helmx"
 	"github.com/helm-autorecover/helm-autorecover/internal/lock"
-	"github.com/helm-autorecover/helm-autorecover/internal/servertime"
+	"github.com/helm-autorecover/helm-autorecover/internal/protocol"
 )
 
 var (
@@ -29,10 +28,11 @@ var (
 	// ErrMaxHold: the lock was held longer than LockRequest.MaxHold; Keep
 	// reports it and stops renewing, and the operation must abort.
 	ErrMaxHold = lock.ErrMaxHold
-	// ErrConflict: a fenced write found the release record changed since it
-	// was read, and was refused rather than overwrite the other writer; or
-	// recovery kept meeting concurrent writers. Read again and decide again.
-	ErrConflict = helmx.ErrConflict
+	// ErrConflict: recovery kept meeting concurrent writers of the release,
+	// and overwrote none of them. Read again and decide again. (A fenced
+	// rewrite of a release record that changed since it was read fails as
+	// the API server's conflict, apierrors.IsConflict.)
+	ErrConflict = protocol.ErrConflict
 )
 
 // DefaultLeaseDuration is the lease of a lock whose request sets none. A
@@ -59,17 +59,35 @@ const (
 // Client locks, inspects and recovers Helm releases of one cluster. It is
 // safe for concurrent use.
 type Client struct {
-	kube    kubernetes.Interface
-	est     *servertime.Estimator
-	backend *lock.Backend
-	clock   clock.Clock
+	conn    *protocol.Conn
+	config  *rest.Config
+	backend Backend
 }
+
+// Backend is where a release's lock lives; see WithLockBackend.
+type Backend string
+
+// The lock backends, as the helm-autorecover CLI's --lock-backend names them.
+const (
+	// BackendAuto picks BackendLease when the caller may get, create and
+	// update Leases in the release's namespace, BackendRelease otherwise
+	// (asked once per namespace with SelfSubjectAccessReviews).
+	BackendAuto Backend = protocol.BackendAuto
+	// BackendLease keeps the lock on the release's newest stored record and
+	// in a coordination.k8s.io/v1 Lease helm-autorecover.v1.<release>.
+	BackendLease Backend = protocol.BackendLease
+	// BackendRelease keeps it on the release's newest stored record alone:
+	// it needs no rights beyond helm's own.
+	BackendRelease Backend = protocol.BackendRelease
+)
 
 // Option configures a Client.
 type Option func(*clientOptions)
 
 type clientOptions struct {
-	clock clock.Clock
+	clock   clock.Clock
+	backend Backend
+	driver  string
 }
 
 // WithClock sets the local clock the client measures elapsed time with
@@ -79,6 +97,20 @@ func WithClock(c clock.Clock) Option {
 	return func(o *clientOptions) { o.clock = c }
 }
 
+// WithLockBackend chooses where locks live (BackendAuto by default). Every
+// client, whichever backend it chose, takes the lock on the release's newest
+// stored record first, so clients of different backends (this package, the
+// helm-autorecover CLI, its controller) exclude each other.
+func WithLockBackend(b Backend) Option {
+	return func(o *clientOptions) { o.backend = b }
+}
+
+// WithStorageDriver names helm's storage driver the releases are kept with:
+// "secret" (the default, also "") or "configmap", as helm's HELM_DRIVER.
+func WithStorageDriver(name string) Option {
+	return func(o *clientOptions) { o.driver = name }
+}
+
 // NewClient returns a Client for the cluster cfg points at. Its requests
 // feed an estimate of the API server's clock (from the responses' Date
 // headers), in which every expiry is judged; cfg itself is not modified.
@@ -86,26 +118,30 @@ func NewClient(cfg *rest.Config, opts ...Option) (*Client, error) {
 	if cfg == nil {
 		return nil, errors.New("autorecover: no REST configuration given")
 	}
-	o := clientOptions{clock: clock.RealClock{}}
+	o := clientOptions{clock: clock.RealClock{}, backend: BackendAuto}
 	for _, opt := range opts {
 		opt(&o)
 	}
-	est := servertime.New(o.clock)
-	cs, err := kubernetes.NewForConfig(est.Instrument(cfg))
-	if err != nil {
-		return nil, fmt.Errorf("autorecover: kubernetes client: %w", err)
+	switch o.backend {
+	case BackendAuto, BackendLease, BackendRelease:
+	default:
+		return nil, fmt.Errorf("autorecover: lock backend %q: must be %s, %s or %s", o.backend, BackendAuto, BackendLease, BackendRelease)
 	}
-	return &Client{
-		kube:    cs,
-		est:     est,
-		backend: lock.NewLeaseBackend(cs, est, o.clock),
-		clock:   o.clock,
-	}, nil
+	switch o.driver {
+	case "", "secret", "secrets", "configmap", "configmaps":
+	default:
+		return nil, fmt.Errorf("autorecover: storage driver %q: only helm's secret and configmap drivers keep releases where the lock can fence them", o.driver)
+	}
+	conn, err := protocol.Connect(cfg, o.clock, o.driver)
+	if err != nil {
+		return nil, fmt.Errorf("autorecover: %w", err)
+	}
+	return &Client{conn: conn, config: rest.CopyConfig(cfg), backend: o.backend}, nil
 }
 
 // Kubernetes returns the client's clientset. Requests made with it feed the
 // client's estimate of the API server's clock.
-func (c *Client) Kubernetes() kubernetes.Interface { return c.kube }
+func (c *Client) Kubernetes() kubernetes.Interface { return c.conn.Client() }
 
 // TimeBounds bracket the API server's clock: the true server time lies
 // between Earliest and Latest.
@@ -117,10 +153,10 @@ type TimeBounds struct {
 // ServerTime returns the client's current estimate of the API server's
 // clock, making one request when nothing is known yet.
 func (c *Client) ServerTime(ctx context.Context) (TimeBounds, error) {
-	if err := c.est.Sync(ctx, c.kube.Discovery()); err != nil {
+	b, err := c.conn.ServerNow(ctx)
+	if err != nil {
 		return TimeBounds{}, fmt.Errorf("autorecover: %w", err)
 	}
-	b, _ := c.est.Now()
 	return TimeBounds{Earliest: b.Earliest, Latest: b.Latest}, nil
 }
 
@@ -324,63 +360,60 @@ func translate(waitCtx context.Context, err error) error {
 	return pub
 }
 
-// Acquire takes the lock of req.Release. When a live holder has it, Acquire
-// fails at once with a *LockedError, or with req.Wait waits for it (then an
-// error wrapping both the *LockedError and the context's error when it gives
-// up). A lock whose holder let it expire is taken over; Lock.Previous then
-// describes that holder, and Lock.Recover recovers what it abandoned.
+// Acquire takes the lock of req.Release in the client's backend. When a live
+// holder has it, Acquire fails at once with a *LockedError, or with
+// req.Wait waits for it (then an error wrapping both the *LockedError and
+// the context's error when it gives up). A lock whose holder let it expire
+// is taken over; Lock.Previous then describes that holder, and Lock.Recover
+// recovers what it abandoned.
 //
-// The caller must Release the lock, and keep it alive with Keep (or Renew
-// every third of its lease) while its operation runs.
+// The caller must Release the lock, and keep it alive with Keep while its
+// operation runs. Run does all of this around one helm action.
 func (c *Client) Acquire(ctx context.Context, req LockRequest) (*Lock, error) {
+	if err := lock.ValidateReleaseName(req.Release); err != nil {
+		return nil, fmt.Errorf("autorecover: lock release in namespace %q: %w", req.Namespace, err)
+	}
+	if req.Operation == "" {
+		return nil, fmt.Errorf("autorecover: lock release %q in namespace %q: no operation given", req.Release, req.Namespace)
+	}
+	backend, stores, err := c.conn.Stores(ctx, req.Namespace, string(c.backend))
+	if err != nil {
+		return nil, fmt.Errorf("autorecover: release %q in namespace %q: %w", req.Release, req.Namespace, err)
+	}
 	ireq := req.internal()
-	var held *lock.Held
-	var err error
+	ireq.Backend = backend
 	wctx := ctx
-	if req.Wait == 0 {
-		held, _, err = c.backend.TryAcquire(ctx, ireq)
-	} else {
+	var progress func(*lock.Record, time.Duration)
+	if req.Wait != 0 {
 		if req.Wait > 0 {
 			var cancel context.CancelFunc
 			wctx, cancel = context.WithTimeout(ctx, req.Wait)
 			defer cancel()
 		}
-		var progress func(*lock.Record, time.Duration)
 		if req.OnWait != nil {
 			progress = func(r *lock.Record, left time.Duration) { req.OnWait(holderFrom(r), left) }
 		}
-		held, err = c.backend.Wait(wctx, ireq, progress)
 	}
+	held, err := c.conn.Acquire(wctx, ireq, stores, req.Wait != 0, progress)
 	if err != nil {
 		return nil, translate(wctx, err)
 	}
-	l := &Lock{c: c, held: held, release: req.Release, namespace: req.Namespace}
-	if held.Previous != nil {
-		l.Previous = holderFrom(held.Previous)
-		l.PreviousState = stateFrom(held.PreviousState)
-	}
+	l := &Lock{c: c, held: held, op: req.Operation, release: req.Release, namespace: req.Namespace, fence: &helmx.WriteFence{}}
+	recs, _ := c.conn.Records()
+	// The fence stays on for the lock's whole life: once the lock is
+	// released or lost, Valid refuses every write that would go through it.
+	l.fence.Guard(helmx.GuardedWrites{Namespace: req.Namespace, Release: req.Release, Resource: recs.Resource(), Lock: held})
 	return l, nil
 }
 
 // Lock is a release lock this process holds. Its methods are safe for
 // concurrent use.
 type Lock struct {
-	// Previous is the record of the session that held the lock before
-	// (nil when there was none, or it was unreadable), and PreviousState how
-	// it was found: LockFree when that session released it, LockExpired when
-	// it died or stalled and this lock took over; the revision it was writing
-	// may then be pending, and Recover recovers it.
-	Previous      *Holder
-	PreviousState LockState
-
 	c                  *Client
-	held               *lock.Held
+	held               *protocol.Lock
+	op                 Operation
 	release, namespace string
-
-	mu sync.Mutex
-	// recoverFailed is set while the last Recover of an expired holder's
-	// revision failed.
-	recoverFailed bool
+	fence              *helmx.WriteFence
 }
 
 // ReleaseName is the name of the locked release.
@@ -389,7 +422,7 @@ func (l *Lock) ReleaseName() string { return l.release }
 // Namespace is the namespace of the locked release.
 func (l *Lock) Namespace() string { return l.namespace }
 
-// Session is this lock's session ID (the Lease's holderIdentity).
+// Session is this lock's session ID.
 func (l *Lock) Session() string { return l.held.Session() }
 
 // Holder returns this lock's record as last written.
@@ -398,29 +431,32 @@ func (l *Lock) Holder() Holder {
 	return *holderFrom(&r)
 }
 
+// Previous describes the session that held the lock before, and how it was
+// found: LockFree when it released the lock, LockExpired when it died or
+// stalled and this lock took over (the revision it was writing may then be
+// pending, and Recover recovers it). The holder is nil when there was none
+// or its record was unreadable.
+func (l *Lock) Previous() (*Holder, LockState) {
+	rec, st := l.held.Joint().Previous()
+	rec, st = lock.Found(rec, st)
+	return holderFrom(rec), stateFrom(st)
+}
+
 // Valid reports whether it is still safe to write under this lock: nil while
 // the lock is held and its renew deadline has not passed, an error wrapping
-// ErrLost otherwise. Check it before every write the lock protects; the
-// fenced storage driver does so before every release write.
+// ErrLost otherwise. The fenced configuration (ActionConfig, FencedStorage)
+// asks it before every write.
 func (l *Lock) Valid() error { return l.held.Valid() }
-
-// Deadline is the renew deadline on the client's local clock: unless a
-// renewal succeeds first, the lock counts as lost from then on. It is the
-// send time of the last successful renewal plus the lease, less a one second
-// margin, so it falls before any other client may take the lock over.
-func (l *Lock) Deadline() time.Time { return l.held.Deadline() }
-
-// Done is closed once the lock is released or lost.
-func (l *Lock) Done() <-chan struct{} { return l.held.Done() }
 
 // Renew extends the lock by one lease from now. An error wrapping ErrLost
 // means the lock is gone and the caller must stop writing; ErrMaxHold means
 // the maximum hold time has passed; any other error is transient and the
-// lock stays valid until Deadline.
+// lock stays valid until its renew deadline. Keep renews by itself.
 func (l *Lock) Renew(ctx context.Context) error { return l.held.Renew(ctx) }
 
 // SetRevision records the revision the operation is writing, renewing the
-// lock in the same write.
+// lock in the same write. Whoever finds that revision abandoned then
+// recovers it at once. Run records it itself.
 func (l *Lock) SetRevision(ctx context.Context, rev int) error {
 	return l.held.SetRevision(ctx, rev)
 }
@@ -428,22 +464,16 @@ func (l *Lock) SetRevision(ctx context.Context, rev int) error {
 // Release gives the lock back; it is idempotent, and safe after the lock
 // was lost: the write is conditional on this session still holding it, and
 // when another session holds the lock already (or deleted it) there is
-// nothing to give back and Release returns nil. On
-// the way out of a cancelled operation, pass a context that is not already
-// cancelled, such as context.WithoutCancel(ctx) with a timeout.
+// nothing to give back and Release returns nil. On the way out of a
+// cancelled operation, pass a context that is not already cancelled, such
+// as context.WithoutCancel(ctx) with a timeout.
 //
-// When this lock took over an expired holder's and Recover failed, the
-// record left names that holder, so the next client's Recover recovers its
-// revision at once rather than taking it for stock helm's.
+// When this lock took over an expired holder whose revision was not
+// recovered (Recover failed, was blocked, or was not called), the record
+// left names that holder, so the next client recovers its revision at once
+// rather than taking it for stock helm's.
 func (l *Lock) Release(ctx context.Context) error {
-	l.mu.Lock()
-	failed := l.recoverFailed
-	l.mu.Unlock()
-	release := l.held.Release
-	if failed {
-		release = l.held.ReleaseAfterFailedRecovery
-	}
-	err := release(ctx)
+	err := l.held.Release(ctx)
 	if errors.Is(err, ErrLost) {
 		// Someone else holds it now or deleted it: nothing is left to give back.
 		return nil
@@ -455,7 +485,7 @@ func (l *Lock) Release(ctx context.Context) error {
 // is released or lost, and blocks until then: run it in its own goroutine.
 // It calls onLost once, with an error wrapping ErrLost or ErrMaxHold, when
 // the lock was taken, could not be renewed before its deadline, or was held
-// past MaxHold; the caller must then stop its operation before writing the
-// release again (the fenced storage driver refuses such writes anyway).
-// Transient renewal errors are retried until the deadline.
+// past MaxHold; the caller must then stop its operation (the fenced
+// configuration refuses its writes anyway). Transient renewal errors are
+// retried until the deadline.
 func (l *Lock) Keep(ctx context.Context, onLost func(error)) { l.held.Keep(ctx, onLost) }

@@ -6,39 +6,64 @@
 // stock helm 3 and 4 read them, and the helm-autorecover CLI and controller
 // respect the locks it takes (and it theirs).
 //
-// # The contract
+// # Run
 //
-// A mutating operation on a release (install, upgrade, rollback, uninstall)
-// runs like this:
+// Client.Run is the whole protocol around one helm action, in the manner of
+// client-go's leaderelection.RunOrDie:
+//
+//	c, err := autorecover.NewClient(restConfig)
+//	err = c.Run(ctx, autorecover.RunConfig{
+//		Lock:   autorecover.LockRequest{Release: "web", Namespace: "shop", Operation: autorecover.OpUpgrade, Wait: time.Minute},
+//		Policy: autorecover.Policy{LegacyAfter: autorecover.DefaultLegacyAfter},
+//	}, func(ctx context.Context, cfg *action.Configuration) error {
+//		up := action.NewUpgrade(cfg)
+//		_, err := up.RunWithContext(ctx, "web", chrt, values)
+//		return err
+//	})
+//
+// It takes the lock (or waits for it in arrival order), recovers what a
+// dead holder left, keeps the lock renewed, runs the action with a
+// configuration whose every write is fenced by the lock, and releases the
+// lock. examples/embed in this module is a complete program.
+//
+// # The contract, step by step
+//
+// For those who drive the steps themselves, a mutating operation on a
+// release (install, upgrade, rollback, uninstall) runs like this:
 //
 //  1. Client.Acquire takes the release's lock before the release is read
-//     for modification. The lock is a coordination.k8s.io/v1 Lease in the
-//     release namespace, named helm-autorecover.v1.<release>, whose holder is
-//     a session ID unique to the operation and whose record says who holds
-//     it, for what, since when and until when (LOCKED TILL). If a live
-//     holder has it, Acquire fails at once with a *LockedError
+//     for modification: on the release's newest stored record (every
+//     client of the protocol takes this one, so clients of either backend
+//     exclude each other) and, with BackendLease (what BackendAuto picks
+//     when the caller may use Leases), in a coordination.k8s.io/v1 Lease
+//     helm-autorecover.v1.<release>. The lock's record says who holds it,
+//     for what, since when and until when (LOCKED TILL). If a live holder
+//     has it, Acquire fails at once with a *LockedError
 //     (errors.Is(err, ErrLocked)) naming the holder, or waits for it in
 //     arrival order when LockRequest.Wait is set.
 //  2. Lock.Recover, right after Acquire, recovers what a holder that died
-//     left behind: a pending revision written under a lock that has since
-//     expired is marked failed at once, with a description naming who
-//     abandoned it and when; a pending revision no lock covers (stock helm)
-//     only after Policy.LegacyAfter of server time.
+//     left behind, exactly as the helm-autorecover CLI does: a pending
+//     revision written under a lock that has since expired is recovered at
+//     once (what it applied is undone, and it is marked failed with a
+//     description naming who abandoned it and when); a pending revision no
+//     lock covers (stock helm) only after Policy.LegacyAfter of server
+//     time.
 //  3. Lock.Keep runs beside the operation and renews the lock every third of
 //     its lease. When it cannot (the renew deadline passed, someone took the
 //     lock over, or LockRequest.MaxHold ran out) it calls onLost, and the
 //     caller must stop the operation.
-//  4. FencedStorage puts a fenced storage driver into the operation's
-//     action.Configuration. Before every release write it checks
-//     Lock.Valid and refuses with ErrLost once the lock is lost, so a holder
-//     that outlived its lock cannot write again; and its updates carry the
-//     resourceVersion they read, so a concurrent writer (stock helm, another
-//     tool) makes them fail with ErrConflict instead of being overwritten.
+//  4. Lock.ActionConfig gives the operation a helm configuration whose
+//     every request goes through the lock's write fence (FencedStorage
+//     fences an existing configuration's release storage): no write leaves
+//     once the lock is lost; helm's create of the pending revision carries
+//     the lock, in one atomic write; its rewrites of release records are
+//     conditional on the resourceVersion read and refused when another
+//     session's lock is on them.
 //  5. Lock.Release gives the lock back when the operation ends, success or
 //     failure.
 //
 // Client.Recover does steps 1, 2 and 5 alone, for tools that only clean up
-// (with Policy.DryRun it takes no lock and writes nothing), and
+// (with RecoverRequest.DryRun it takes no lock and writes nothing), and
 // Client.Inspect reads a release's lock and whether its latest revision is
 // pending, without changing anything.
 //
@@ -59,11 +84,10 @@
 //
 // The check and the write are not atomic: a process paused for longer than
 // its lease between Lock.Valid and the request that follows can still send
-// one write after its lock was taken over. Updates and deletes of existing
-// records are still safe then, being conditional on the resourceVersion
-// read; a Create of a new revision is not. Fencing covers the release
-// records only: the Kubernetes objects helm applies are not fenced, which is
-// why the operation must stop when Keep reports the loss.
+// one write after its lock was taken over. Rewrites of existing records are
+// still refused then when the new holder's lock is on them; the objects
+// helm applies are written by then, which is why the operation must stop
+// when Keep reports the loss (Run cancels its context).
 //
 // Helm applies objects with server-side apply under a field manager named
 // after the program (kube.ManagedFieldsManager, default the executable's

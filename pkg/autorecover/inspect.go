@@ -77,9 +77,9 @@ func (c *Client) Inspect(ctx context.Context, namespace, release string) (*LockS
 	if err := lock.ValidateReleaseName(release); err != nil {
 		return nil, fmt.Errorf("autorecover: inspect release in namespace %q: %w", namespace, err)
 	}
-	st, err := c.backend.Inspect(ctx, namespace, release)
+	st, err := c.inspectLock(ctx, namespace, release)
 	if err != nil {
-		return nil, fmt.Errorf("autorecover: %w", err)
+		return nil, err
 	}
 	hist, err := c.history(ctx, namespace, release)
 	if err != nil {
@@ -100,7 +100,7 @@ func (c *Client) Inspect(ctx context.Context, namespace, release string) (*LockS
 		// While held, only the holder's own record describes the holder.
 		out.Holder = holderFrom(st.Record)
 	}
-	if b, ok := c.est.Now(); ok && out.ServerTime.Earliest.IsZero() {
+	if b, ok := c.conn.Estimator().Now(); ok && out.ServerTime.Earliest.IsZero() {
 		// No Lease: the history read is the first response that told the time.
 		out.ServerTime = TimeBounds{Earliest: b.Earliest, Latest: b.Latest}
 	}
@@ -113,10 +113,24 @@ func (c *Client) Inspect(ctx context.Context, namespace, release string) (*LockS
 	return out, nil
 }
 
+// inspectLock reads the release's lock in every store of the client's
+// backend, as a client taking it would find it.
+func (c *Client) inspectLock(ctx context.Context, namespace, release string) (*lock.Status, error) {
+	_, stores, err := c.conn.Stores(ctx, namespace, string(c.backend))
+	if err != nil {
+		return nil, fmt.Errorf("autorecover: release %q in namespace %q: %w", release, namespace, err)
+	}
+	st, err := c.conn.Inspect(ctx, namespace, release, stores)
+	if err != nil {
+		return nil, fmt.Errorf("autorecover: %w", err)
+	}
+	return st, nil
+}
+
 // history reads every stored revision of the release, oldest first, with
 // their resourceVersions.
 func (c *Client) history(ctx context.Context, namespace, release string) ([]helmx.Summary, error) {
-	h, err := helmx.ReadHistory(ctx, helmx.SecretRecords(c.kube), namespace, release)
+	h, err := c.conn.History(ctx, namespace, release)
 	if err != nil {
 		return nil, fmt.Errorf("autorecover: %w", err)
 	}

@@ -6,8 +6,8 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/helm-autorecover/helm-autorecover/internal/helmx"
 	"github.com/helm-autorecover/helm-autorecover/internal/lock"
+	"github.com/helm-autorecover/helm-autorecover/internal/protocol"
 	"github.com/helm-autorecover/helm-autorecover/internal/recovery"
 )
 
@@ -39,13 +39,10 @@ type Policy struct {
 	LegacyAfter time.Duration
 	// Strategy is StrategyFail when empty.
 	Strategy Strategy
-	// DryRun decides and reports without taking the lock or writing
-	// anything.
-	DryRun bool
-	// LockWait is how long Client.Recover waits for the release's lock when
-	// someone holds it (see LockRequest.Wait); 0 fails at once with a
-	// *LockedError.
-	LockWait time.Duration
+}
+
+func (p Policy) internal() recovery.Policy {
+	return recovery.Policy{Autorecover: true, LegacyAfter: p.LegacyAfter, Strategy: recovery.Strategy(p.Strategy)}
 }
 
 // Verdict is recovery's judgement of a release.
@@ -148,39 +145,45 @@ func decisionFrom(d recovery.Decision) Decision {
 // its tenure is recovered early.
 const revisionNone = -1
 
+// RecoverRequest names the release Client.Recover recovers and how.
+type RecoverRequest struct {
+	Release   string
+	Namespace string
+	Policy    Policy
+	// DryRun decides and reports without taking the lock or writing
+	// anything, judging the lock as it is now.
+	DryRun bool
+	// Wait is how long to wait for the release's lock when someone holds it
+	// (see LockRequest.Wait); 0 fails at once with a *LockedError.
+	Wait time.Duration
+}
+
 // Recover recovers a release whose latest revision was abandoned pending: it
-// takes the release's lock (as operation upgrade, writing no revision of its
-// own), decides as the helm-autorecover CLI does, marks the abandoned
-// revision (and older pending ones) failed with a description that says who
-// abandoned what and when, and releases the lock. Every write is conditional
-// on the resourceVersion read; when a concurrent writer gets in between, the
-// release is read and judged again. Nothing is deleted.
+// takes the release's lock (writing no revision of its own), runs the same
+// recovery as the helm-autorecover CLI (it undoes what the abandoned
+// revision applied, bringing the release's objects back to the last
+// deployed revision, and marks the abandoned revision, and older pending
+// ones, failed with a description that says who abandoned what and when),
+// and releases the lock. Every write is conditional on the resourceVersion
+// read; when a concurrent writer gets in between, the release is read and
+// judged again. No revision is deleted.
 //
-// With Policy.DryRun it takes no lock and writes nothing: the Decision says
-// what would be done, judging the lock as it is now.
-//
-// When someone holds the lock, Recover returns the Blocked decision together
-// with a *LockedError.
-func (c *Client) Recover(ctx context.Context, namespace, release string, p Policy) (Decision, error) {
-	if p.DryRun {
-		info, err := c.observedLock(ctx, namespace, release)
-		if err != nil {
-			return Decision{}, err
-		}
-		return c.recoverWith(ctx, namespace, release, info, p, nil)
+// When someone holds the lock, Recover returns the decision a dry run makes
+// together with a *LockedError.
+func (c *Client) Recover(ctx context.Context, req RecoverRequest) (Decision, error) {
+	if req.DryRun {
+		return c.plan(ctx, req.Namespace, req.Release, req.Policy)
 	}
 	l, err := c.Acquire(ctx, LockRequest{
-		Release:   release,
-		Namespace: namespace,
+		Release:   req.Release,
+		Namespace: req.Namespace,
 		Operation: OpRecover,
 		Revision:  revisionNone,
-		Wait:      p.LockWait,
+		Wait:      req.Wait,
 	})
 	if err != nil {
 		if errors.Is(err, ErrLocked) {
-			dry := p
-			dry.DryRun = true
-			if d, derr := c.Recover(ctx, namespace, release, dry); derr == nil {
+			if d, derr := c.plan(ctx, req.Namespace, req.Release, req.Policy); derr == nil {
 				return d, err
 			}
 		}
@@ -191,162 +194,57 @@ func (c *Client) Recover(ctx context.Context, namespace, release string, p Polic
 		defer cancel()
 		_ = l.Release(rctx)
 	}()
-	return l.Recover(ctx, p)
+	return l.Recover(ctx, req.Policy)
 }
 
 // Recover recovers what the previous holder abandoned, under this lock: see
 // Client.Recover. Call it right after Acquire, before the operation reads
 // the release; a revision left pending by an expired holder is then
-// recovered at once. Policy.LockWait is ignored.
+// recovered at once. With the lock's operation install or upgrade (or
+// recover), what the abandoned revision applied is undone first, since
+// helm diffs against the last deployed revision; rollback and uninstall
+// diff against the abandoned revision themselves.
 func (l *Lock) Recover(ctx context.Context, p Policy) (Decision, error) {
-	info := recovery.LockInfo{State: recovery.LockNone}
-	if prev, found := lock.Found(l.held.Previous, l.held.PreviousState); prev != nil {
-		state := recovery.LockReleased
-		if found == lock.Expired {
-			state = recovery.LockExpired
-		}
-		info = lockInfo(state, prev)
-	}
-	var writer *Lock
-	if !p.DryRun {
-		writer = l
-	}
-	d, err := l.c.recoverWith(ctx, l.namespace, l.release, info, p, writer)
-	if info.State == recovery.LockExpired && !p.DryRun {
-		// Release hands the expired holder on when recovery failed.
-		l.mu.Lock()
-		l.recoverFailed = err != nil
-		l.mu.Unlock()
-	}
-	return d, err
+	out, err := l.recover(ctx, p, nil)
+	return decisionOf(out), err
 }
 
-func lockInfo(state recovery.LockState, r *lock.Record) recovery.LockInfo {
-	info := recovery.LockInfo{State: state}
-	if r != nil {
-		info.Session = r.Session
-		info.Who = r.Who
-		info.Operation = string(r.Operation)
-		info.Revision = r.Revision
-		info.AcquiredAt = r.AcquiredAt
-		info.LockedTill = r.LockedTill
+func (l *Lock) recover(ctx context.Context, p Policy, rollback func(string, int) error) (protocol.Outcome, error) {
+	out, err := l.held.Recover(ctx, protocol.Procedure{
+		Policy:   p.internal(),
+		Next:     lock.Operation(l.op),
+		Rollback: rollback,
+	})
+	if err != nil {
+		err = fmt.Errorf("autorecover: %w", err)
 	}
-	return info
+	return out, err
 }
 
-// observedLock judges the lock as a dry run sees it: what a client taking
-// it now would find.
-func (c *Client) observedLock(ctx context.Context, namespace, release string) (recovery.LockInfo, error) {
+func decisionOf(out protocol.Outcome) Decision {
+	d := decisionFrom(out.Decision)
+	for _, m := range out.Marked {
+		d.Marked = append(d.Marked, m.Release.Revision)
+	}
+	return d
+}
+
+// plan judges the lock as a dry run sees it: what a client taking it now
+// would find, and decides with no writer.
+func (c *Client) plan(ctx context.Context, namespace, release string, p Policy) (Decision, error) {
 	if err := lock.ValidateReleaseName(release); err != nil {
-		return recovery.LockInfo{}, fmt.Errorf("autorecover: recover release in namespace %q: %w", namespace, err)
+		return Decision{}, fmt.Errorf("autorecover: recover release in namespace %q: %w", namespace, err)
 	}
-	st, err := c.backend.Inspect(ctx, namespace, release)
+	st, err := c.inspectLock(ctx, namespace, release)
 	if err != nil {
-		return recovery.LockInfo{}, fmt.Errorf("autorecover: %w", err)
+		return Decision{}, err
 	}
-	rec := st.Record
-	if st.RecordErr != nil {
-		rec = nil
-	}
-	switch {
-	case !st.Exists:
-		return recovery.LockInfo{State: recovery.LockNone}, nil
-	case st.State == lock.Live:
-		if rec != nil && rec.Session != st.HolderIdentity {
-			rec = nil
-		}
-		info := lockInfo(recovery.LockLive, rec)
-		info.LockedTill = st.LockedTill
-		return info, nil
-	case st.State == lock.Expired:
-		return lockInfo(recovery.LockExpired, rec), nil
-	case rec != nil:
-		if prev, found := lock.Found(rec, lock.Free); found == lock.Expired {
-			return lockInfo(recovery.LockExpired, prev), nil
-		}
-		return lockInfo(recovery.LockReleased, rec), nil
-	}
-	return recovery.LockInfo{State: recovery.LockNone}, nil
-}
-
-func (c *Client) serverNow(ctx context.Context) (recovery.ServerTime, error) {
-	b, err := c.ServerTime(ctx)
+	out, err := c.conn.Recover(ctx, protocol.Procedure{
+		Release: release, Namespace: namespace,
+		Lock: recovery.ObservedLock(st), Policy: p.internal(), Next: lock.OpRecover,
+	})
 	if err != nil {
-		return recovery.ServerTime{}, err
+		return Decision{}, fmt.Errorf("autorecover: %w", err)
 	}
-	return recovery.ServerTime{Earliest: b.Earliest, Latest: b.Latest}, nil
-}
-
-// maxRecoverAttempts bounds how often recovery re-reads the release after a
-// concurrent write; each conflict means another writer made progress.
-const maxRecoverAttempts = 5
-
-// recoverWith decides and, when writer is not nil, marks the abandoned
-// revisions failed under writer's lock.
-func (c *Client) recoverWith(ctx context.Context, namespace, release string, info recovery.LockInfo, p Policy, writer *Lock) (Decision, error) {
-	subject := fmt.Sprintf("release %q in namespace %q", release, namespace)
-	var marked []int
-	var acted *Decision
-	for range maxRecoverAttempts {
-		hist, err := c.history(ctx, namespace, release)
-		if err != nil {
-			return Decision{}, err
-		}
-		now, err := c.serverNow(ctx)
-		if err != nil {
-			return Decision{}, fmt.Errorf("autorecover: %s: %w", subject, err)
-		}
-		dec := recovery.Decide(recovery.Input{
-			Release:   release,
-			Namespace: namespace,
-			History:   hist,
-			Lock:      info,
-			Now:       now,
-			Policy: recovery.Policy{
-				Autorecover: true,
-				LegacyAfter: p.LegacyAfter,
-				Strategy:    recovery.Strategy(p.Strategy),
-			},
-		})
-		out := decisionFrom(dec)
-		recoverable := dec.Verdict == recovery.Recover || dec.Verdict == recovery.RecoverThenRollback
-		if !recoverable && acted != nil {
-			// An earlier attempt recovered part of it before a conflict;
-			// report what it did.
-			return *acted, nil
-		}
-		if writer == nil || !recoverable {
-			return out, nil
-		}
-		by := recovery.Recoverer{Session: writer.Session(), At: now.Latest}
-		conflict := false
-		for _, a := range append([]recovery.Abandonment{dec.Target}, dec.Stray...) {
-			if err := writer.Valid(); err != nil {
-				out.Marked = marked
-				return out, fmt.Errorf("autorecover: %s: stopped before marking revision %d failed: %w", subject, a.Release.Revision, err)
-			}
-			_, err := recovery.MarkFailed(ctx, helmx.SecretRecords(c.kube), namespace, a.Release, recovery.DescribeAbandoned(a, by), now.Latest)
-			switch {
-			case err == nil:
-				marked = append(marked, a.Release.Revision)
-			case errors.Is(err, recovery.ErrNotPending):
-			case errors.Is(err, recovery.ErrConflict):
-				conflict = true
-			default:
-				out.Marked = marked
-				return out, fmt.Errorf("autorecover: %w", err)
-			}
-			if conflict {
-				break
-			}
-		}
-		out.Marked = marked
-		if !conflict {
-			return out, nil
-		}
-		if len(marked) > 0 {
-			acted = &out
-		}
-	}
-	return Decision{Marked: marked}, fmt.Errorf("autorecover: %s: other writers kept changing the release during recovery; try again: %w", subject, ErrConflict)
+	return decisionOf(out), nil
 }

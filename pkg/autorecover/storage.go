@@ -3,57 +3,65 @@ package autorecover
 import (
 	"errors"
 	"fmt"
-	"time"
+	"sync"
 
 	"helm.sh/helm/v4/pkg/action"
+	"helm.sh/helm/v4/pkg/kube"
 	"helm.sh/helm/v4/pkg/storage"
 	"helm.sh/helm/v4/pkg/storage/driver"
-	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
-
-	"github.com/helm-autorecover/helm-autorecover/internal/helmx"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/client-go/discovery"
+	"k8s.io/client-go/discovery/cached/memory"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/restmapper"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 )
 
-// Fence is what a fenced storage driver asks before every write: nil means
-// the caller still holds its lock. *Lock implements it.
-type Fence interface {
-	Valid() error
+// fencedConfig is the client's REST configuration with every request going
+// through this lock's write fence: the same fence the helm-autorecover CLI
+// puts on helm's own clients.
+//
+//   - Every write (POST, PUT, PATCH, DELETE) first asks Valid; once the lock
+//     is lost or released the request is not sent and fails with an error
+//     wrapping ErrLost.
+//   - helm's create of the release's next revision record carries the lock
+//     record: the pending revision and its lock are one atomic write.
+//   - helm's update of a release record (a blind overwrite in helm's own
+//     driver) becomes conditional on the resourceVersion read, and is
+//     refused when another session's lock is on the record.
+func (l *Lock) fencedConfig() *rest.Config {
+	return l.fence.Wrap(l.c.conn.Estimator().Instrument(l.c.config))
 }
 
-// NewFencedDriver returns a helm storage driver that stores releases exactly
-// as helm's "secret" driver does (same Secrets, encoding and labels, so
-// stock helm 3 and 4 read them), through secrets, a Secrets client of the
-// release namespace, and fences every write:
-//
-//   - Create, Update and Delete ask fence first and, when it reports the lock
-//     lost, fail with an error wrapping ErrLost without sending anything.
-//   - Update carries the resourceVersion the driver last observed for the
-//     record (from a Get, List, Query, Create or Update response), so a
-//     record someone else wrote in between makes it fail with an error
-//     wrapping ErrConflict (and satisfying apierrors.IsConflict) instead of
-//     overwriting them; helm's own driver overwrites blindly. A record never
-//     read through the driver is not updated at all.
-//   - Delete refuses a record changed since it was read, and is itself
-//     conditional on the record's uid and resourceVersion.
-//
-// Install it with storage.Init, or use FencedStorage.
-func NewFencedDriver(secrets corev1client.SecretInterface, fence Fence) (driver.Driver, error) {
-	d, err := helmx.NewFencedSecrets(secrets, fence, helmx.FencedOptions{})
-	if err != nil {
-		return nil, fmt.Errorf("autorecover: %w", err)
+// ActionConfig returns a helm action configuration for the locked release's
+// namespace whose every Kubernetes request, release records and applied
+// objects alike, goes through the lock's write fence (see FencedStorage),
+// with the client's storage driver. Run hands one to its operation.
+func (l *Lock) ActionConfig() (*action.Configuration, error) {
+	cfg := action.NewConfiguration()
+	getter := &fencedGetter{config: l.fencedConfig(), namespace: l.namespace}
+	if err := cfg.Init(getter, l.namespace, l.c.conn.Driver()); err != nil {
+		return nil, fmt.Errorf("autorecover: helm configuration for release %q in namespace %q: %w", l.release, l.namespace, err)
 	}
-	return d, nil
+	if kc, ok := cfg.KubeClient.(*kube.Client); ok {
+		kc.Namespace = l.namespace
+	}
+	return cfg, nil
 }
 
-// FencedStorage makes cfg store releases through a fenced driver (see
-// NewFencedDriver) that checks l before every release write. Call it after
-// cfg.Init and before running any action; cfg must be for the namespace of
-// the locked release, with helm's "secret" storage (the default). The
-// previous storage's MaxHistory is kept. The createdAt and modifiedAt labels
-// are stamped from the API server's clock, as estimated by l's Client.
+// FencedStorage makes cfg store releases through helm's own storage driver
+// (the client's: secret or configmap) over a client whose requests go
+// through the lock's write fence: no release write leaves once the lock is
+// lost, the pending revision is created carrying the lock, and rewrites are
+// conditional on the resourceVersion read. Call it after cfg.Init and
+// before running any action; cfg must be for the namespace of the locked
+// release. The previous storage's MaxHistory is kept.
 //
-// Fencing stops this process from writing once its lock is lost; helm keeps
-// running whatever it was doing (waiting, running hooks), so also stop the
-// action when Keep reports the loss.
+// Only the release records are fenced this way; the objects helm applies go
+// through cfg's own clients, so also stop the action when Keep reports the
+// loss. ActionConfig fences both.
 func FencedStorage(cfg *action.Configuration, l *Lock) error {
 	if cfg == nil {
 		return errors.New("autorecover: fenced storage: no action configuration given")
@@ -61,25 +69,71 @@ func FencedStorage(cfg *action.Configuration, l *Lock) error {
 	if l == nil {
 		return errors.New("autorecover: fenced storage: no lock given")
 	}
-	if cfg.Releases != nil && cfg.Releases.Driver != nil && cfg.Releases.Name() != driver.SecretsDriverName {
-		return fmt.Errorf("autorecover: fenced storage: the configuration stores releases with the %q driver; only helm's secret driver can be fenced", cfg.Releases.Name())
-	}
-	c := l.c
-	now := func() time.Time {
-		if b, ok := c.est.Now(); ok {
-			return b.Latest
-		}
-		return c.clock.Now()
-	}
-	d, err := helmx.NewFencedSecrets(c.kube.CoreV1().Secrets(l.namespace), l, helmx.FencedOptions{Now: now})
+	cs, err := kubernetes.NewForConfig(l.fencedConfig())
 	if err != nil {
 		return fmt.Errorf("autorecover: fenced storage for release %q in namespace %q: %w", l.release, l.namespace, err)
 	}
-	d.SetLogger(cfg.Logger().Handler())
+	var d driver.Driver
+	switch name := l.c.conn.Driver(); name {
+	case "", "secret", "secrets":
+		if cfg.Releases != nil && cfg.Releases.Driver != nil && cfg.Releases.Name() != driver.SecretsDriverName {
+			return fmt.Errorf("autorecover: fenced storage: the configuration stores releases with the %q driver, the client with helm's secret driver", cfg.Releases.Name())
+		}
+		s := driver.NewSecrets(cs.CoreV1().Secrets(l.namespace))
+		s.SetLogger(cfg.Logger().Handler())
+		d = s
+	default:
+		if cfg.Releases != nil && cfg.Releases.Driver != nil && cfg.Releases.Name() != driver.ConfigMapsDriverName {
+			return fmt.Errorf("autorecover: fenced storage: the configuration stores releases with the %q driver, the client with helm's configmap driver", cfg.Releases.Name())
+		}
+		c := driver.NewConfigMaps(cs.CoreV1().ConfigMaps(l.namespace))
+		c.SetLogger(cfg.Logger().Handler())
+		d = c
+	}
 	s := storage.Init(d)
 	if cfg.Releases != nil {
 		s.MaxHistory = cfg.Releases.MaxHistory
 	}
 	cfg.Releases = s
 	return nil
+}
+
+// fencedGetter hands helm the fenced REST configuration, and one cached
+// discovery client and mapper over it.
+type fencedGetter struct {
+	config    *rest.Config
+	namespace string
+
+	once   sync.Once
+	dc     discovery.CachedDiscoveryInterface
+	mapper meta.RESTMapper
+	err    error
+}
+
+func (g *fencedGetter) ToRESTConfig() (*rest.Config, error) { return rest.CopyConfig(g.config), nil }
+
+func (g *fencedGetter) discovery() {
+	g.once.Do(func() {
+		dc, err := discovery.NewDiscoveryClientForConfig(g.config)
+		if err != nil {
+			g.err = err
+			return
+		}
+		g.dc = memory.NewMemCacheClient(dc)
+		g.mapper = restmapper.NewDeferredDiscoveryRESTMapper(g.dc)
+	})
+}
+
+func (g *fencedGetter) ToDiscoveryClient() (discovery.CachedDiscoveryInterface, error) {
+	g.discovery()
+	return g.dc, g.err
+}
+
+func (g *fencedGetter) ToRESTMapper() (meta.RESTMapper, error) {
+	g.discovery()
+	return g.mapper, g.err
+}
+
+func (g *fencedGetter) ToRawKubeConfigLoader() clientcmd.ClientConfig {
+	return clientcmd.NewDefaultClientConfig(clientcmdapi.Config{}, &clientcmd.ConfigOverrides{Context: clientcmdapi.Context{Namespace: g.namespace}})
 }

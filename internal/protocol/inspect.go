@@ -1,0 +1,90 @@
+package protocol
+
+import (
+	"context"
+
+	"github.com/helm-autorecover/helm-autorecover/internal/lock"
+)
+
+// Inspect reads the lock of rel in every store and returns the one that
+// matters: a live one first (the record's before the Lease's), then an
+// expired one, then one that names a last holder, else the Lease's.
+//
+// A lock that looks live only because this process's estimate of server
+// time is still too wide to tell is read again once the estimate can tell
+// (within about a second; lock.Backend.Settled), so that every command
+// run after a lock expired sees it expired.
+func (c *Conn) Inspect(ctx context.Context, ns, rel string, stores []*lock.Backend) (*lock.Status, error) {
+	return settledRead(func() (*lock.Status, bool, error) {
+		var sts []*lock.Status
+		unsettled := false
+		for _, b := range stores {
+			st, err := b.Inspect(ctx, ns, rel)
+			if err != nil {
+				return nil, false, err
+			}
+			sts = append(sts, st)
+			unsettled = b.Settled(ctx, st.State, st.LockedTill) || unsettled
+		}
+		return pickStatus(sts), unsettled, nil
+	})
+}
+
+// settledRead calls read, and once more when read had to settle a lock
+// judged live only for want of a narrow enough estimate of server time
+// (lock.Backend.Settled): the second read judges it anew.
+func settledRead[T any](read func() (T, bool, error)) (T, error) {
+	v, unsettled, err := read()
+	if err == nil && unsettled {
+		v, _, err = read()
+	}
+	return v, err
+}
+
+func pickStatus(sts []*lock.Status) *lock.Status {
+	for _, want := range []func(*lock.Status) bool{
+		func(s *lock.Status) bool { return s.State == lock.Live },
+		func(s *lock.Status) bool { return s.State == lock.Expired },
+		func(s *lock.Status) bool { return s.Record != nil || s.RecordErr != nil },
+	} {
+		for _, s := range sts {
+			if want(s) {
+				return s
+			}
+		}
+	}
+	return sts[len(sts)-1]
+}
+
+// List reports the lock of every release in ns ("" for all namespaces) in
+// any store, one status per release, chosen as Inspect does.
+func (c *Conn) List(ctx context.Context, ns string, stores []*lock.Backend) ([]lock.Status, error) {
+	return settledRead(func() ([]lock.Status, bool, error) { return listOnce(ctx, ns, stores) })
+}
+
+func listOnce(ctx context.Context, ns string, stores []*lock.Backend) ([]lock.Status, bool, error) {
+	byRelease := map[string][]*lock.Status{}
+	var order []string
+	unsettled := false
+	for _, b := range stores {
+		sts, err := b.List(ctx, ns)
+		if err != nil {
+			return nil, false, err
+		}
+		for i := range sts {
+			k := sts[i].Namespace + "/" + sts[i].Release
+			if _, ok := byRelease[k]; !ok {
+				order = append(order, k)
+			}
+			byRelease[k] = append(byRelease[k], &sts[i])
+			// The estimate is shared: settling one lock takes at most the
+			// estimate's width, and each later one less.
+			unsettled = b.Settled(ctx, sts[i].State, sts[i].LockedTill) || unsettled
+		}
+	}
+	out := make([]lock.Status, 0, len(order))
+	for _, k := range order {
+		out = append(out, *pickStatus(byRelease[k]))
+	}
+	return out, unsettled, nil
+}
