@@ -1,11 +1,6 @@
 package cli
 
 import (
-	"github.com/helm-autorecover/helm-autorecover/internal/protocol"
-	"github.com/helm-autorecover/helm-autorecover/internal/recovery"
-	"k8s.io/apimachinery/pkg/api/meta"
-	dynamicfake "k8s.io/client-go/dynamic/fake"
-
 	"bytes"
 	"encoding/json"
 	"errors"
@@ -22,14 +17,18 @@ import (
 	"helm.sh/helm/v4/pkg/release/common"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	dynamicfake "k8s.io/client-go/dynamic/fake"
 	"k8s.io/client-go/kubernetes/fake"
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/helm-autorecover/helm-autorecover/internal/guard"
 	"github.com/helm-autorecover/helm-autorecover/internal/helmx"
 	"github.com/helm-autorecover/helm-autorecover/internal/lock"
+	"github.com/helm-autorecover/helm-autorecover/internal/protocol"
+	"github.com/helm-autorecover/helm-autorecover/internal/recovery"
 	"github.com/helm-autorecover/helm-autorecover/internal/servertime"
 )
 

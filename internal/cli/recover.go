@@ -33,17 +33,23 @@ lower the flag if you know no helm process is running). A pending revision
 under a live lock is never recovered. This is the same decision install,
 upgrade, rollback and uninstall make before they run.
 
-Recovering takes the release's lock first (as the guarded commands do), marks
-the pending revision (and any older stray pending revision) failed with a
-description of who abandoned what and when, and releases the lock. Nothing is
-deleted; helm history keeps every revision. With --recover-strategy=rollback
-it then rolls back to the last deployed revision.
+Recovering takes the release's lock first (as the guarded commands do) and
+runs the same recovery they run: it undoes what the abandoned revision
+applied (fields it changed go back to the last deployed revision, objects
+only it created are removed, never those annotated
+helm.sh/resource-policy: keep), marks the pending revision (and any older
+stray pending revision) failed with a description of who abandoned what and
+when, and releases the lock. No revision is deleted; helm history keeps every
+one. With --recover-strategy=rollback it rolls back to the last deployed
+revision instead of undoing the changes itself.
 
-Touches: the Lease helm-autorecover.v1.RELEASE (taken, then released), the
-Secret of each pending revision (status and description only, a write
-conditional on the resourceVersion read), one Event (Recovered) regarding the
-release's latest Secret, and, with --recover-strategy=rollback, a new
-revision. --dry-run reads the same and writes nothing.
+Touches: the release's lock (on its newest stored record, and the Lease
+helm-autorecover.v1.RELEASE; taken, then released), the objects the
+abandoned revision changed or created, the Secret of each pending revision
+(status and description only, a write conditional on the resourceVersion
+read), one Event (Recovered) regarding the release's latest Secret, and, with
+--recover-strategy=rollback, a new revision. --dry-run reads the same and
+writes nothing.
 
 Exit codes (the same with --dry-run): 0 recovered, recoverable, or nothing to
 recover; 3 a live holder has the lock; 5 pending but not recoverable now (the

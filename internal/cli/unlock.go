@@ -45,12 +45,17 @@ Refusals (nothing is written):
     (exit 7);
   - its Lease or lock record is unreadable, foreign or edited by hand (exit 9).
 
-Touches: the Lease helm-autorecover.v1.RELEASE (holderIdentity cleared, the
-record marked released by you), the Secret of the pending revision the holder
-was writing (status and description only, a write conditional on the
-resourceVersion read), and one Event (Unlocked or ForceUnlocked) regarding the
-release's latest Secret. A pending revision not written under that session
-(stock helm's) is left alone: see "helm-autorecover recover".
+Touches: the lock of the holder (the Lease helm-autorecover.v1.RELEASE and
+the release's newest stored record: holderIdentity cleared, the record marked
+released by you and naming the dead holder). It then takes the lock itself
+and runs the same recovery as "helm-autorecover recover": it undoes what the
+revision the holder was writing applied, marks that revision failed (status
+and description only, a write conditional on the resourceVersion read), and
+releases the lock; one Event (Unlocked or ForceUnlocked) regarding the
+release's latest Secret tells the story. A pending revision not written
+under that session (stock helm's) is left alone: see "helm-autorecover
+recover". If another client takes the lock first, it recovers the revision
+the same way.
 `
 
 type unlockOptions struct {

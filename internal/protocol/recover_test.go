@@ -1,0 +1,187 @@
+package protocol
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"strconv"
+	"testing"
+	"time"
+
+	"helm.sh/helm/v4/pkg/release/common"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
+	clocktesting "k8s.io/utils/clock/testing"
+
+	"github.com/helm-autorecover/helm-autorecover/internal/helmx"
+	"github.com/helm-autorecover/helm-autorecover/internal/lock"
+	"github.com/helm-autorecover/helm-autorecover/internal/recovery"
+	"github.com/helm-autorecover/helm-autorecover/internal/servertime"
+)
+
+func TestConverges(t *testing.T) {
+	for _, c := range []struct {
+		next        lock.Operation
+		rollingBack bool
+		want        bool
+	}{
+		{lock.OpUpgrade, false, true},
+		{lock.OpInstall, false, true},
+		{lock.OpRecover, false, true},
+		{lock.OpRollback, false, false},
+		{lock.OpUninstall, false, false},
+		{lock.OpUpgrade, true, false},
+		{lock.OpRecover, true, false},
+	} {
+		if got := converges(c.next, c.rollingBack); got != c.want {
+			t.Errorf("converges(%s, rollingBack %v) = %v, want %v", c.next, c.rollingBack, got, c.want)
+		}
+	}
+}
+
+var t0 = time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)
+
+// revision is a release record of the secret driver, with an empty manifest.
+func revision(t *testing.T, rev int, status common.Status, created time.Time) *corev1.Secret {
+	t.Helper()
+	doc, err := json.Marshal(map[string]any{
+		"name": "web", "namespace": "shop", "version": rev,
+		"info":  map[string]any{"status": status, "description": "fixture"},
+		"chart": map[string]any{"metadata": map[string]any{"name": "app", "version": "0.1.0"}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	payload, err := helmx.EncodeReleaseJSON(doc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{
+			Name: helmx.ReleaseSecretName("web", rev), Namespace: "shop", ResourceVersion: "10",
+			CreationTimestamp: metav1.NewTime(created),
+			Labels: map[string]string{
+				helmx.LabelOwner: helmx.OwnerHelm, helmx.LabelName: "web", helmx.LabelVersion: strconv.Itoa(rev),
+				helmx.LabelStatus: string(status),
+			},
+		},
+		Type: helmx.ReleaseSecretType,
+		Data: map[string][]byte{helmx.ReleaseDataKey: payload},
+	}
+}
+
+// writer is a Writer whose validity a test sets.
+type writer struct{ err error }
+
+func (w *writer) Valid() error    { return w.err }
+func (w *writer) Session() string { return "rec-session" }
+
+func fakeConn(t *testing.T, objs ...runtime.Object) (*Conn, *fake.Clientset) {
+	t.Helper()
+	client := fake.NewClientset(objs...)
+	clk := clocktesting.NewFakeClock(t0)
+	est := servertime.New(clk)
+	est.Observe(clk.Now(), clk.Now(), t0.Add(time.Minute))
+	return NewConn(client, est, clk, "", nil), client
+}
+
+func secretWrites(c *fake.Clientset) int {
+	n := 0
+	for _, a := range c.Actions() {
+		if a.GetResource().Resource == "secrets" && (a.GetVerb() == "update" || a.GetVerb() == "create" || a.GetVerb() == "delete") {
+			n++
+		}
+	}
+	return n
+}
+
+// The dead holder's lock: it was writing revision 2, which it created at t0.
+var dead = recovery.LockInfo{State: recovery.LockExpired, Session: "dead", Who: "alice@ci", Operation: "upgrade", Revision: 2, LockedTill: t0.Add(15 * time.Second)}
+
+func TestRecoverProcedure(t *testing.T) {
+	ctx := context.Background()
+	// Revision 1 never deployed (no converge target): only marking is
+	// exercised here; converge has its own tests on a real API server.
+	objs := func() []runtime.Object {
+		return []runtime.Object{revision(t, 1, common.StatusFailed, t0.Add(-time.Hour)), revision(t, 2, common.StatusPendingUpgrade, t0)}
+	}
+
+	t.Run("no writer decides and writes nothing", func(t *testing.T) {
+		c, client := fakeConn(t, objs()...)
+		out, err := c.Recover(ctx, Procedure{Release: "web", Namespace: "shop", Lock: dead, Policy: recovery.Policy{Autorecover: true}, Next: lock.OpUpgrade})
+		if err != nil || out.Decision.Verdict != recovery.Recover || len(out.Marked) != 0 || out.Latest != 2 {
+			t.Fatalf("outcome %+v, err %v; want a Recover decision, nothing marked", out, err)
+		}
+		if n := secretWrites(client); n != 0 {
+			t.Errorf("%d writes without a writer", n)
+		}
+	})
+
+	t.Run("marks the abandoned revision failed", func(t *testing.T) {
+		c, _ := fakeConn(t, objs()...)
+		out, err := c.Recover(ctx, Procedure{Release: "web", Namespace: "shop", Lock: dead, Policy: recovery.Policy{Autorecover: true}, Next: lock.OpUpgrade, Writer: &writer{}})
+		if err != nil || len(out.Marked) != 1 || out.Marked[0].Release.Revision != 2 {
+			t.Fatalf("outcome %+v, err %v; want revision 2 marked", out, err)
+		}
+		hist, err := c.History(ctx, "shop", "web")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if hist[1].Status != common.StatusFailed || hist[1].Description != out.Marked[0].Description {
+			t.Errorf("revision 2 is %s %q; want failed %q", hist[1].Status, hist[1].Description, out.Marked[0].Description)
+		}
+	})
+
+	t.Run("a lost lock writes nothing", func(t *testing.T) {
+		c, client := fakeConn(t, objs()...)
+		_, err := c.Recover(ctx, Procedure{Release: "web", Namespace: "shop", Lock: dead, Policy: recovery.Policy{Autorecover: true}, Next: lock.OpUpgrade, Writer: &writer{err: lock.ErrLost}})
+		if !errors.Is(err, lock.ErrLost) {
+			t.Fatalf("err %v; want ErrLost", err)
+		}
+		if n := secretWrites(client); n != 0 {
+			t.Errorf("%d writes after the lock was lost", n)
+		}
+	})
+
+	t.Run("a conflict reads and decides again", func(t *testing.T) {
+		c, client := fakeConn(t, objs()...)
+		// Another writer resolves revision 2 just before our write lands:
+		// the first update conflicts; the second decision finds nothing
+		// pending.
+		conflicted := false
+		client.PrependReactor("update", "secrets", func(a k8stesting.Action) (bool, runtime.Object, error) {
+			if conflicted {
+				return false, nil, nil
+			}
+			conflicted = true
+			s := revision(t, 2, common.StatusDeployed, t0)
+			s.ResourceVersion = "11"
+			if err := client.Tracker().Update(a.GetResource(), s, "shop"); err != nil {
+				t.Fatal(err)
+			}
+			return true, nil, errConflict()
+		})
+		out, err := c.Recover(ctx, Procedure{Release: "web", Namespace: "shop", Lock: dead, Policy: recovery.Policy{Autorecover: true}, Next: lock.OpUpgrade, Writer: &writer{}})
+		if err != nil || !conflicted || out.Decision.Verdict != recovery.Proceed || len(out.Marked) != 0 {
+			t.Fatalf("outcome %+v, err %v, conflicted %v; want Proceed after the conflict, nothing marked", out, err, conflicted)
+		}
+	})
+
+	t.Run("a live lock is blocked", func(t *testing.T) {
+		c, client := fakeConn(t, objs()...)
+		live := dead
+		live.State = recovery.LockLive
+		out, err := c.Recover(ctx, Procedure{Release: "web", Namespace: "shop", Lock: live, Policy: recovery.Policy{Autorecover: true}, Next: lock.OpUpgrade, Writer: &writer{}})
+		if err != nil || out.Decision.Verdict != recovery.Blocked || secretWrites(client) != 0 {
+			t.Fatalf("outcome %+v, err %v; want Blocked and no write", out, err)
+		}
+	})
+}
+
+func errConflict() error {
+	return apierrors.NewConflict(corev1.Resource("secrets"), "sh.helm.release.v1.web.v2", errors.New("changed"))
+}
