@@ -380,10 +380,10 @@ func (f *fenceRT) update(req *http.Request, g *GuardedWrites, name string) (*htt
 }
 
 // checkLock tells whether the record carries our lock (own), and refuses the
-// write when another session took the lock after we did (an unreleased lock
-// acquired later than ours): ours was taken over, so helm must not write. An
-// older revision may still carry the unreleased lock of a holder that died
-// before us; that one is stale and does not stop the write.
+// write when our lock is gone: another session took the lock after we did
+// (held or since released), or ours was released by someone else while helm
+// still writes. An older revision may still carry the unreleased lock of a
+// holder that died before us; that one is stale and does not stop the write.
 func checkLock(m *metav1.ObjectMeta, g *GuardedWrites) (own bool, cur *lock.Record, err error) {
 	s, ok := m.Annotations[lock.AnnotationRecord]
 	if !ok {
@@ -393,13 +393,28 @@ func checkLock(m *metav1.ObjectMeta, g *GuardedWrites) (own bool, cur *lock.Reco
 	switch {
 	case rec == nil:
 		return false, nil, fmt.Errorf("helm-autorecover: refused helm's write of %s: its lock record is unreadable: %w", m.Name, lock.ErrLost)
+	case rec.Session == g.Lock.Session() && !rec.ReleasedAt.IsZero():
+		// Our own lock, released while helm still writes: a person
+		// released it (unlock --force), and the release is someone
+		// else's to recover now.
+		return false, rec, fmt.Errorf("helm-autorecover: refused helm's write of %s of release %q in namespace %q: its lock was released%s: %w",
+			m.Name, g.Release, g.Namespace, releasedBy(rec), lock.ErrLost)
 	case rec.Session == g.Lock.Session():
 		return true, rec, nil
-	case rec.ReleasedAt.IsZero() && rec.AcquiredAt.After(g.Lock.Record().AcquiredAt):
-		return false, rec, fmt.Errorf("helm-autorecover: refused helm's write of %s of release %q in namespace %q: session %s of %s holds its lock now: %w",
+	case rec.AcquiredAt.After(g.Lock.Record().AcquiredAt):
+		// A session that took the lock after ours, held or since released:
+		// ours was taken over.
+		return false, rec, fmt.Errorf("helm-autorecover: refused helm's write of %s of release %q in namespace %q: session %s of %s took its lock after ours: %w",
 			m.Name, g.Release, g.Namespace, rec.Session, rec.Who, lock.ErrLost)
 	}
 	return false, rec, nil
+}
+
+func releasedBy(rec *lock.Record) string {
+	if rec.ReleasedBy == "" {
+		return ""
+	}
+	return " by " + rec.ReleasedBy
 }
 
 // ownRecord is our lock record for revision rev's record, which already

@@ -115,7 +115,10 @@ func converges(next lock.Operation, rollingBack bool) bool {
 // decision is to recover and p.Writer is set, undo what the abandoned
 // revision applied (converge), mark it and older pending revisions failed
 // (writes conditional on the resourceVersion read), and roll back when the
-// strategy asks. A conflict reads and decides again, up to a bound.
+// strategy asks. A conflict reads and decides again, up to a bound. A
+// revision whose holder's lock was released before it ran out (a person's
+// unlock) is recovered only once that lock's LOCKED TILL has passed: the
+// procedure waits for it, holding its own lock.
 //
 // A Blocked or Proceed decision is returned with a nil error: what it means
 // for the caller is the caller's to say. Errors: lock.ErrLost when the lock
@@ -129,7 +132,7 @@ func (c *Conn) Recover(ctx context.Context, p Procedure) (Outcome, error) {
 		describe = recovery.DescribeAbandoned
 	}
 	var out Outcome
-	for range maxRecoverAttempts {
+	for attempt := 0; attempt < maxRecoverAttempts; {
 		hist, err := c.History(ctx, p.Namespace, p.Release)
 		if err != nil {
 			return out, err
@@ -151,6 +154,15 @@ func (c *Conn) Recover(ctx context.Context, p Procedure) (Outcome, error) {
 			Policy:    p.Policy,
 		})
 		dec := out.Decision
+		if p.Writer != nil && holderMayStillWrite(dec) {
+			// The holder's lock was released before it ran out (a person's
+			// unlock): wait, holding the lock, until the holder has
+			// certainly stopped writing, then read and decide again.
+			if err := c.sleep(ctx, dec.RetryAfter); err != nil {
+				return out, fmt.Errorf("%s: %w", subject, err)
+			}
+			continue
+		}
 		if dec.Verdict != recovery.Recover && dec.Verdict != recovery.RecoverThenRollback {
 			return out, nil
 		}
@@ -171,6 +183,7 @@ func (c *Conn) Recover(ctx context.Context, p Procedure) (Outcome, error) {
 			return out, err
 		}
 		if conflict {
+			attempt++
 			continue
 		}
 		if rollingBack {
@@ -186,6 +199,26 @@ func (c *Conn) Recover(ctx context.Context, p Procedure) (Outcome, error) {
 		return out, nil
 	}
 	return out, fmt.Errorf("%s: other writers kept changing the release during recovery; try again: %w", subject, ErrConflict)
+}
+
+// holderMayStillWrite reports a decision blocked only until the holder of the
+// lock its revision was written under has certainly stopped writing: a lock
+// released before it ran out. Waiting that out is bounded by the holder's
+// lease.
+func holderMayStillWrite(dec recovery.Decision) bool {
+	return dec.Verdict == recovery.Blocked && dec.Target.Lock != nil && dec.Target.Lock.State == recovery.LockExpired && dec.RetryAfter > 0
+}
+
+// sleep waits d on the connection's clock, or until ctx ends.
+func (c *Conn) sleep(ctx context.Context, d time.Duration) error {
+	t := c.clock.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C():
+		return nil
+	}
 }
 
 // converge undoes what the abandoned revision applied (fields it changed,

@@ -82,11 +82,17 @@ func (w *writer) Session() string { return "rec-session" }
 
 func fakeConn(t *testing.T, objs ...runtime.Object) (*Conn, *fake.Clientset) {
 	t.Helper()
+	c, client, _ := fakeConnClock(t, objs...)
+	return c, client
+}
+
+func fakeConnClock(t *testing.T, objs ...runtime.Object) (*Conn, *fake.Clientset, *clocktesting.FakeClock) {
+	t.Helper()
 	client := fake.NewClientset(objs...)
 	clk := clocktesting.NewFakeClock(t0)
 	est := servertime.New(clk)
 	est.Observe(clk.Now(), clk.Now(), t0.Add(time.Minute))
-	return NewConn(client, est, clk, "", nil), client
+	return NewConn(client, est, clk, "", nil), client, clk
 }
 
 func secretWrites(c *fake.Clientset) int {
@@ -168,6 +174,40 @@ func TestRecoverProcedure(t *testing.T) {
 		out, err := c.Recover(ctx, Procedure{Release: "web", Namespace: "shop", Lock: dead, Policy: recovery.Policy{Autorecover: true}, Next: lock.OpUpgrade, Writer: &writer{}})
 		if err != nil || !conflicted || out.Decision.Verdict != recovery.Proceed || len(out.Marked) != 0 {
 			t.Fatalf("outcome %+v, err %v, conflicted %v; want Proceed after the conflict, nothing marked", out, err, conflicted)
+		}
+	})
+
+	t.Run("a holder released early is waited out", func(t *testing.T) {
+		// A person released the holder's lock 5 s before its LOCKED TILL
+		// (server time is t0+1m here): the holder may still write until
+		// then, so recovery waits, holding its own lock, and only then
+		// marks the revision failed.
+		c, client, clk := fakeConnClock(t, objs()...)
+		early := dead
+		early.LockedTill = t0.Add(time.Minute + 5*time.Second)
+		type result struct {
+			out Outcome
+			err error
+		}
+		done := make(chan result, 1)
+		go func() {
+			out, err := c.Recover(ctx, Procedure{Release: "web", Namespace: "shop", Lock: early, Policy: recovery.Policy{Autorecover: true}, Next: lock.OpUpgrade, Writer: &writer{}})
+			done <- result{out, err}
+		}()
+		deadline := time.Now().Add(30 * time.Second)
+		for !clk.HasWaiters() {
+			if time.Now().After(deadline) {
+				t.Fatal("recovery never waited")
+			}
+			time.Sleep(time.Millisecond)
+		}
+		if n := secretWrites(client); n != 0 {
+			t.Fatalf("%d writes while the holder may still write", n)
+		}
+		clk.Step(6 * time.Second)
+		r := <-done
+		if r.err != nil || len(r.out.Marked) != 1 || r.out.Marked[0].Release.Revision != 2 {
+			t.Fatalf("outcome %+v, err %v; want revision 2 marked after the wait", r.out, r.err)
 		}
 	})
 

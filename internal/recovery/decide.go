@@ -7,8 +7,10 @@ import (
 	"strings"
 	"time"
 
-	"github.com/helm-autorecover/helm-autorecover/internal/helmx"
 	"helm.sh/helm/v4/pkg/release/common"
+
+	"github.com/helm-autorecover/helm-autorecover/internal/helmx"
+	"github.com/helm-autorecover/helm-autorecover/internal/lock"
 )
 
 // Verdict is what the caller should do about a release before it runs its
@@ -227,7 +229,12 @@ func IsPending(status common.Status) bool {
 //     known; timestamps are whole seconds, so within TimestampResolution
 //     before it counts as after) and no later than LockedTill, since a fenced
 //     holder never writes after its lock ends. Such a revision is abandoned
-//     at once: Recover, unless autorecover is off (Blocked). A released lock
+//     once the server clock has certainly passed LockedTill plus
+//     lock.TakeoverMargin (true of every lock taken over after an expiry;
+//     a lock a person released early is Blocked with RetryAfter until
+//     then): Recover, unless autorecover is off (Blocked). The record is
+//     mapped by FromRecord, whose attribution rule drops AcquiredAt when
+//     the record names its revision. A released lock
 //     never attributes a revision (see LockReleased).
 //  5. Any other pending latest revision is legacy: stock helm wrote it with
 //     no lock record, or wrote it after (newer than) the revision our record
@@ -291,6 +298,23 @@ func Decide(in Input) Decision {
 				Target:  target,
 				Reason:  reason + "; autorecover is off (--autorecover=false), so it is left pending. Turn autorecover on, or run helm rollback",
 			}
+		}
+		// A holder stops writing before its LOCKED TILL, so only past it
+		// (plus the takeover margin, in server time) is its revision
+		// certainly abandoned. A lock taken over after an expiry is past it
+		// already; a lock a person released early (unlock --force) is not.
+		notBefore := target.Lock.LockedTill.Add(lock.TakeoverMargin)
+		if !in.Now.known() || !in.Now.Earliest.After(notBefore) {
+			d := Decision{
+				Verdict: Blocked,
+				Target:  target,
+				Reason:  fmt.Sprintf("%s; its lock was released before it ran out, and the holder may still be writing until %s", reason, stamp(notBefore)),
+			}
+			if in.Now.known() {
+				d.RetryAfter = notBefore.Sub(in.Now.Earliest) + time.Millisecond
+				d.Reason += fmt.Sprintf(". Retry in %s", roundUp(d.RetryAfter))
+			}
+			return d
 		}
 		reason += "; it is abandoned"
 	} else {

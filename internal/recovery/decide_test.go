@@ -86,7 +86,7 @@ func TestDecide(t *testing.T) {
 		},
 		{
 			name:      "expired holder finished its revision before dying",
-			in:        Input{History: history(rev(1, superseded, t0), rev(2, deployed, t0.Add(-time.Minute))), Lock: expired(2, OpUpgrade), Now: at(t0), Policy: on},
+			in:        Input{History: history(rev(1, superseded, t0), rev(2, deployed, t0.Add(-time.Minute))), Lock: expired(2, OpUpgrade), Now: at(t0.Add(time.Second)), Policy: on},
 			verdict:   Proceed,
 			reasonHas: []string{"finished writing it"},
 		},
@@ -100,7 +100,7 @@ func TestDecide(t *testing.T) {
 		// Rule 4: written under our expired lock.
 		{
 			name:      "expired lock names the pending revision",
-			in:        Input{History: history(rev(1, deployed, t0), rev(2, pUpgrade, t0.Add(-time.Minute))), Lock: expired(2, OpUpgrade), Now: at(t0), Policy: on},
+			in:        Input{History: history(rev(1, deployed, t0), rev(2, pUpgrade, t0.Add(-time.Minute))), Lock: expired(2, OpUpgrade), Now: at(t0.Add(time.Second)), Policy: on},
 			verdict:   Recover,
 			target:    2,
 			ours:      true,
@@ -108,28 +108,28 @@ func TestDecide(t *testing.T) {
 		},
 		{
 			name:    "expired lock with unknown revision, upgrade wrote pending-upgrade",
-			in:      Input{History: history(rev(1, deployed, t0), rev(2, pUpgrade, t0.Add(-time.Minute))), Lock: expired(0, OpUpgrade), Now: at(t0), Policy: on},
+			in:      Input{History: history(rev(1, deployed, t0), rev(2, pUpgrade, t0.Add(-time.Minute))), Lock: expired(0, OpUpgrade), Now: at(t0.Add(time.Second)), Policy: on},
 			verdict: Recover,
 			target:  2,
 			ours:    true,
 		},
 		{
 			name:    "expired lock with unknown revision, upgrade --install wrote pending-install",
-			in:      Input{History: history(rev(1, pInstall, t0.Add(-time.Minute))), Lock: expired(0, OpUpgrade), Now: at(t0), Policy: on},
+			in:      Input{History: history(rev(1, pInstall, t0.Add(-time.Minute))), Lock: expired(0, OpUpgrade), Now: at(t0.Add(time.Second)), Policy: on},
 			verdict: Recover,
 			target:  1,
 			ours:    true,
 		},
 		{
 			name:    "expired lock with unknown revision, install wrote pending-install",
-			in:      Input{History: history(rev(1, pInstall, t0.Add(-time.Minute))), Lock: expired(0, OpInstall), Now: at(t0), Policy: on},
+			in:      Input{History: history(rev(1, pInstall, t0.Add(-time.Minute))), Lock: expired(0, OpInstall), Now: at(t0.Add(time.Second)), Policy: on},
 			verdict: Recover,
 			target:  1,
 			ours:    true,
 		},
 		{
 			name:    "expired rollback lock, pending-rollback",
-			in:      Input{History: history(rev(1, deployed, t0), rev(2, superseded, t0), rev(3, pRollback, t0.Add(-time.Minute))), Lock: expired(3, OpRollback), Now: at(t0), Policy: on},
+			in:      Input{History: history(rev(1, deployed, t0), rev(2, superseded, t0), rev(3, pRollback, t0.Add(-time.Minute))), Lock: expired(3, OpRollback), Now: at(t0.Add(time.Second)), Policy: on},
 			verdict: Recover,
 			target:  3,
 			ours:    true,
@@ -138,7 +138,7 @@ func TestDecide(t *testing.T) {
 			name: "expired uninstall lock, uninstalling edited in place long after creation",
 			in: Input{
 				History: history(withWrite(rev(4, uninstalng, t0.Add(-48*time.Hour)), t0.Add(-time.Minute))),
-				Lock:    expired(0, OpUninstall), Now: at(t0), Policy: on,
+				Lock:    expired(0, OpUninstall), Now: at(t0.Add(time.Second)), Policy: on,
 			},
 			verdict: Recover,
 			target:  4,
@@ -169,7 +169,7 @@ func TestDecide(t *testing.T) {
 		},
 		{
 			name:    "pending revision stamped in the second the lock was acquired is ours",
-			in:      Input{History: history(rev(1, deployed, t0), rev(2, pUpgrade, t0.Add(-10*time.Minute))), Lock: expired(0, OpUpgrade), Now: at(t0), Policy: on},
+			in:      Input{History: history(rev(1, deployed, t0), rev(2, pUpgrade, t0.Add(-10*time.Minute))), Lock: expired(0, OpUpgrade), Now: at(t0.Add(time.Second)), Policy: on},
 			verdict: Recover, target: 2, ours: true,
 		},
 		{
@@ -198,7 +198,7 @@ func TestDecide(t *testing.T) {
 		},
 		{
 			name:    "pending revision older than the expired lock's revision is legacy",
-			in:      Input{History: history(rev(1, deployed, t0), rev(2, pUpgrade, t0.Add(-time.Hour))), Lock: expired(3, OpUpgrade), Now: at(t0), Policy: on},
+			in:      Input{History: history(rev(1, deployed, t0), rev(2, pUpgrade, t0.Add(-time.Hour))), Lock: expired(3, OpUpgrade), Now: at(t0.Add(time.Second)), Policy: on},
 			verdict: Recover,
 			target:  2,
 		},
@@ -235,7 +235,7 @@ func TestDecide(t *testing.T) {
 		// Autorecover off.
 		{
 			name:      "autorecover off, ours",
-			in:        Input{History: history(rev(1, deployed, t0), rev(2, pUpgrade, t0.Add(-time.Minute))), Lock: expired(2, OpUpgrade), Now: at(t0), Policy: Policy{LegacyAfter: time.Minute}},
+			in:        Input{History: history(rev(1, deployed, t0), rev(2, pUpgrade, t0.Add(-time.Minute))), Lock: expired(2, OpUpgrade), Now: at(t0.Add(time.Second)), Policy: Policy{LegacyAfter: time.Minute}},
 			verdict:   Blocked,
 			target:    2,
 			ours:      true,
@@ -341,7 +341,7 @@ func TestDecide(t *testing.T) {
 			name: "older pending revisions are listed as strays, newest first",
 			in: Input{
 				History: history(rev(1, deployed, t0), rev(2, pInstall, t0), rev(3, pUpgrade, t0), rev(4, failed, t0), rev(5, pUpgrade, t0.Add(-time.Minute))),
-				Lock:    expired(5, OpUpgrade), Now: at(t0), Policy: on,
+				Lock:    expired(5, OpUpgrade), Now: at(t0.Add(time.Second)), Policy: on,
 			},
 			verdict:   Recover,
 			target:    5,
@@ -353,7 +353,7 @@ func TestDecide(t *testing.T) {
 			name: "history in any order",
 			in: Input{
 				History: history(rev(5, pUpgrade, t0.Add(-time.Minute)), rev(1, deployed, t0), rev(3, pUpgrade, t0), rev(2, superseded, t0)),
-				Lock:    expired(5, OpUpgrade), Now: at(t0), Policy: on,
+				Lock:    expired(5, OpUpgrade), Now: at(t0.Add(time.Second)), Policy: on,
 			},
 			verdict: Recover,
 			target:  5,
@@ -374,7 +374,7 @@ func TestDecide(t *testing.T) {
 		// Rule 6: rollback strategy.
 		{
 			name:       "rollback to the last deployed revision",
-			in:         Input{History: history(rev(1, superseded, t0), rev(2, deployed, t0), rev(3, pUpgrade, t0.Add(-time.Minute))), Lock: expired(3, OpUpgrade), Now: at(t0), Policy: rollback},
+			in:         Input{History: history(rev(1, superseded, t0), rev(2, deployed, t0), rev(3, pUpgrade, t0.Add(-time.Minute))), Lock: expired(3, OpUpgrade), Now: at(t0.Add(time.Second)), Policy: rollback},
 			verdict:    RecoverThenRollback,
 			target:     3,
 			ours:       true,
@@ -385,7 +385,7 @@ func TestDecide(t *testing.T) {
 			name: "rollback skips failed, superseded and stray pending revisions",
 			in: Input{
 				History: history(rev(1, superseded, t0), rev(2, deployed, t0), rev(3, failed, t0), rev(4, pUpgrade, t0), rev(5, pUpgrade, t0.Add(-time.Minute))),
-				Lock:    expired(5, OpUpgrade), Now: at(t0), Policy: rollback,
+				Lock:    expired(5, OpUpgrade), Now: at(t0.Add(time.Second)), Policy: rollback,
 			},
 			verdict:    RecoverThenRollback,
 			target:     5,
@@ -395,7 +395,7 @@ func TestDecide(t *testing.T) {
 		},
 		{
 			name:      "rollback with nothing deployed before falls back to fail",
-			in:        Input{History: history(rev(1, pInstall, t0.Add(-time.Minute))), Lock: expired(1, OpInstall), Now: at(t0), Policy: rollback},
+			in:        Input{History: history(rev(1, pInstall, t0.Add(-time.Minute))), Lock: expired(1, OpInstall), Now: at(t0.Add(time.Second)), Policy: rollback},
 			verdict:   Recover,
 			target:    1,
 			ours:      true,
@@ -466,12 +466,44 @@ func withWrite(s helmx.Summary, t time.Time) helmx.Summary {
 	return s
 }
 
+// TestDecideHolderMayStillWrite: a lock a person released before it ran
+// out (unlock --force) hands its holder on, but its revision is recovered
+// only once the server clock has certainly passed the holder's LOCKED TILL
+// plus the takeover margin: until then the holder may still be writing.
+func TestDecideHolderMayStillWrite(t *testing.T) {
+	in := Input{
+		History: history(rev(1, deployed, t0.Add(-time.Hour)), rev(2, pUpgrade, t0.Add(-time.Minute))),
+		Lock:    expired(2, OpUpgrade), // LOCKED TILL t0
+		Policy:  on,
+	}
+	for _, c := range []struct {
+		now       ServerTime
+		want      Verdict
+		wantRetry time.Duration
+	}{
+		{at(t0.Add(-5 * time.Second)), Blocked, 5*time.Second + 250*time.Millisecond + time.Millisecond},
+		{at(t0), Blocked, 250*time.Millisecond + time.Millisecond},
+		{at(t0.Add(250 * time.Millisecond)), Blocked, time.Millisecond},
+		{at(t0.Add(251 * time.Millisecond)), Recover, 0},
+		{ServerTime{}, Blocked, 0},
+	} {
+		in.Now = c.now
+		d := Decide(in)
+		if d.Verdict != c.want || d.RetryAfter != c.wantRetry {
+			t.Errorf("now %v: %s retry %s (%s); want %s retry %s", c.now.Earliest, d.Verdict, d.RetryAfter, d.Reason, c.want, c.wantRetry)
+		}
+		if d.Verdict == Blocked && !strings.Contains(d.Reason, "may still be writing until 2026-03-01T12:00:00Z") {
+			t.Errorf("reason %q does not say until when the holder may write", d.Reason)
+		}
+	}
+}
+
 // TestDecideFullReasons pins whole sentences, as a user reads them.
 func TestDecideFullReasons(t *testing.T) {
 	d := Decide(Input{
 		History: history(rev(1, deployed, t0), rev(2, pUpgrade, t0.Add(-time.Minute))),
 		Lock:    expired(2, OpUpgrade),
-		Now:     at(t0),
+		Now:     at(t0.Add(time.Second)),
 		Policy:  rollback,
 	})
 	want := `release "web" in namespace "shop": revision 2 is pending-upgrade, written by alice@ci-7 (session s-old, operation upgrade) whose lock expired at 2026-03-01T12:00:00Z; it is abandoned and will be marked failed, then rolled back to revision 1, the last deployed`
