@@ -173,7 +173,8 @@ func TestIntegrationRecoverConverges(t *testing.T) {
 // the same recovery: the revision it left pending reads failed, the object
 // only that revision rendered is gone and the field it added is gone from
 // the live Deployment. Once with the holder's lock expired, once while it is
-// still live (--force --yes).
+// still live (--force --yes; unlock then waits until the lock would have
+// expired before it converges).
 func TestIntegrationUnlockConverges(t *testing.T) {
 	cases := []struct {
 		name   string
@@ -186,8 +187,11 @@ func TestIntegrationUnlockConverges(t *testing.T) {
 		{"expired", serverSide, deadLease, inspect.StateExpired, nil,
 			[]string{"its lock was released by", "helm-autorecover unlock"}},
 		// A lease long enough that the dead holder's lock is certainly
-		// still live when unlock runs.
-		{"live-forced", clientSide, "2m", inspect.StateLive, []string{"--force", "--yes"},
+		// still live when unlock runs (it is renewed every 10 s), and short
+		// enough to wait out: a lock released before its LOCKED TILL is
+		// recovered only once that has passed, since its holder may still
+		// be writing until then.
+		{"live-forced", clientSide, "30s", inspect.StateLive, []string{"--force", "--yes"},
 			[]string{"its live lock", "was force-released by", "helm-autorecover unlock --force"}},
 	}
 	for _, c := range cases {
@@ -198,7 +202,7 @@ func TestIntegrationUnlockConverges(t *testing.T) {
 			x.waitState(rel, c.state, time.Minute)
 
 			res := x.run(0, append([]string{"unlock", rel, "--session", h.session}, c.flags...)...)
-			t.Logf("unlock:\nstdout:\n%s\nstderr:\n%s", res.Stdout, res.Stderr)
+			t.Logf("unlock (%s):\nstdout:\n%s\nstderr:\n%s", res.Elapsed.Round(time.Millisecond), res.Stdout, res.Stderr)
 			wantContains(t, "unlock's output", res.Stdout, h.session, "Marked revision 2 (pending-upgrade) failed")
 			x.wantConverged(rel, append([]string{h.session}, c.want...)...)
 		})

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -69,6 +70,7 @@ type fakeEnv struct {
 	out, errOut *bytes.Buffer
 	in          *strings.Reader
 	tty         bool
+	autoStep    atomic.Bool
 }
 
 func newFakeEnv(t *testing.T, objs ...runtime.Object) *fakeEnv {
@@ -77,9 +79,27 @@ func newFakeEnv(t *testing.T, objs ...runtime.Object) *fakeEnv {
 	clk := clocktesting.NewFakeClock(time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)) // local clock: any
 	est := servertime.New(clk)
 	est.Observe(clk.Now(), clk.Now(), t0)
+	// Recovery after a forced unlock waits, on this clock, until the
+	// holder's LOCKED TILL has passed: with autoStep, time moves on whenever
+	// something waits on it (renewals too, so such a test cannot pin its
+	// writes or times).
+	e := &fakeEnv{client: client, out: &bytes.Buffer{}, errOut: &bytes.Buffer{}, in: strings.NewReader("")}
+	stop := make(chan struct{})
+	t.Cleanup(func() { close(stop) })
+	go func() {
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(time.Millisecond):
+			}
+			if e.autoStep.Load() && clk.HasWaiters() {
+				clk.Step(time.Second)
+			}
+		}
+	}()
 	settings := helmcli.New()
 	settings.SetNamespace("prod")
-	e := &fakeEnv{client: client, out: &bytes.Buffer{}, errOut: &bytes.Buffer{}, in: strings.NewReader("")}
 	n := 0
 	e.c = &lockCmds{
 		settings:   settings,

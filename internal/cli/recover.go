@@ -97,6 +97,7 @@ func (o *recoverOptions) policy() recovery.Policy {
 		Autorecover: true,
 		LegacyAfter: o.opts.RecoverLegacyAfter,
 		Strategy:    recovery.Strategy(o.opts.RecoverStrategy),
+		Hints:       recovery.CLIHints,
 	}
 }
 

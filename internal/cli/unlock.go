@@ -40,7 +40,9 @@ Refusals (nothing is written):
     writing (exit 3). --force releases it anyway, after asking on a terminal;
     pass --yes as well in scripts (exit 10 when not confirmed). The holder
     finds its lock gone at its next renewal and stops (exit 4) before it
-    writes again;
+    writes again; its revision is recovered once its LOCKED TILL has passed
+    (up to one lease, shown on stderr), since until then it may still be
+    writing;
   - the release is unknown, has no stored revision, or nobody holds its lock
     (exit 7);
   - its Lease or lock record is unreadable, foreign or edited by hand (exit 9).
@@ -181,7 +183,7 @@ func (c *lockCmds) recoverUnlocked(ctx context.Context, cn *conn, rel, ns string
 		}
 	}()
 	return held.Recover(ctx, protocol.Procedure{
-		Policy:   recovery.Policy{Autorecover: true},
+		Policy:   recovery.Policy{Autorecover: true, Hints: recovery.CLIHints},
 		Next:     lock.OpRecover,
 		Describe: describe,
 		Log:      c.errOut,
@@ -231,7 +233,7 @@ func (c *lockCmds) confirm(st *lock.Status, rel, ns string) error {
 		return exitError(ExitDeclined, "release %q in namespace %q: --force on a live lock needs confirmation, and stdin is not a terminal; nothing was written. Pass --yes to confirm in scripts", rel, ns)
 	}
 	fmt.Fprintf(c.errOut, "The lock of release %q in namespace %q is live: its holder (session %s, %s) renewed it at %s, LOCKED TILL %s (%s left).\n"+
-		"If that process is still running, it stops at its next renewal, and the revision it is writing is marked failed.\n"+
+		"If that process is still running, it stops at its next renewal; the revision it is writing is recovered and marked failed once its LOCKED TILL has passed.\n"+
 		"Release it? Type yes to confirm: ", rel, ns, st.HolderIdentity, holderText(st.Record, st.HolderIdentity), stamp(st.Record.RenewedAt), stamp(st.LockedTill), left(st))
 	line, _ := bufio.NewReader(c.in).ReadString('\n')
 	switch strings.ToLower(strings.TrimSpace(line)) {

@@ -176,20 +176,31 @@ func TestUnlockForced(t *testing.T) {
 			e := newFakeEnv(t, fixture(t)...)
 			e.tty = tc.tty
 			e.in.Reset(tc.in)
+			// Recovery waits until the holder's LOCKED TILL has passed.
+			e.autoStep.Store(true)
 			code, err := e.run(t, newUnlockCmd(e.c), tc.args...)
 			if code != 0 {
 				t.Fatalf("exit %d: %v", code, err)
 			}
 			golden(t, "unlock-forced.txt", e.out.Bytes())
 			if tc.tty {
-				golden(t, "unlock-forced-prompt.txt", e.errOut.Bytes())
+				prompt, _, _ := strings.Cut(e.errOut.String(), "helm-autorecover: ")
+				golden(t, "unlock-forced-prompt.txt", []byte(prompt))
 			}
-			checkUnlocked(t, e, "web", 8, "Abandoned pending-upgrade by alice@ci-7 (session "+sessWeb+", operation upgrade); its live lock (LOCKED TILL 2026-12-02T13:10:10Z) was force-released by bob@laptop with helm-autorecover unlock --force at 2026-12-02T13:10:01Z", "ForceUnlocked")
+			wantContains(t, "unlock --force stderr", e.errOut.String(), "the holder may still be writing until 2026-12-02T13:10:10Z", "waiting for it")
+			desc := checkUnlocked(t, e, "web", 8, "Abandoned pending-upgrade by alice@ci-7 (session "+sessWeb+", operation upgrade); its live lock (LOCKED TILL 2026-12-02T13:10:10Z) was force-released by bob@laptop with helm-autorecover unlock --force at ", "ForceUnlocked")
+			// Marked only once the holder's lock had run out.
+			at, err := time.Parse(time.RFC3339, desc[strings.LastIndex(desc, " ")+1:])
+			if err != nil || !at.After(time.Date(2026, 12, 2, 13, 10, 10, 0, time.UTC)) {
+				t.Errorf("revision 8 marked at %v (%v); want after LOCKED TILL 13:10:10", at, err)
+			}
 		})
 	}
 }
 
-func checkUnlocked(t *testing.T, e *fakeEnv, rel string, rev int, desc, reason string) {
+// checkUnlocked checks the unlocked release and returns the description of
+// revision rev, which starts with desc.
+func checkUnlocked(t *testing.T, e *fakeEnv, rel string, rev int, desc, reason string) string {
 	t.Helper()
 	ctx := t.Context()
 	s, err := e.client.CoreV1().Secrets("prod").Get(ctx, helmx.ReleaseSecretName(rel, rev), metav1.GetOptions{})
@@ -200,7 +211,7 @@ func checkUnlocked(t *testing.T, e *fakeEnv, rel string, rev int, desc, reason s
 	if err != nil {
 		t.Fatal(err)
 	}
-	if sum.Status != common.StatusFailed || sum.Description != desc {
+	if sum.Status != common.StatusFailed || !strings.HasPrefix(sum.Description, desc) {
 		t.Errorf("revision %d: %s, %q\nwant failed, %q", rev, sum.Status, sum.Description, desc)
 	}
 	l, err := e.client.CoordinationV1().Leases("prod").Get(ctx, lock.LeaseName(rel), metav1.GetOptions{})
@@ -223,6 +234,7 @@ func checkUnlocked(t *testing.T, e *fakeEnv, rel string, rev int, desc, reason s
 	if len(evs.Items) != 1 || evs.Items[0].Reason != reason || evs.Items[0].Regarding.Name != helmx.ReleaseSecretName(rel, rev) {
 		t.Errorf("events: %+v; want one %s regarding %s", evs.Items, reason, helmx.ReleaseSecretName(rel, rev))
 	}
+	return sum.Description
 }
 
 // TestIntegrationUnlockLive: a live holder is protected against a wrong

@@ -138,5 +138,6 @@ func (o *Options) policy() recovery.Policy {
 		Autorecover: o.Autorecover,
 		LegacyAfter: o.RecoverLegacyAfter,
 		Strategy:    recovery.Strategy(o.RecoverStrategy),
+		Hints:       recovery.CLIHints,
 	}
 }

@@ -212,7 +212,7 @@ func NewRow(in Input) Row {
 			History:   []helmx.Summary{*latest},
 			Lock:      recovery.LockInfo{State: recovery.LockNone},
 			Now:       recovery.ServerTime{Earliest: in.Now.Earliest, Latest: in.Now.Latest},
-			Policy:    recovery.Policy{Autorecover: true, LegacyAfter: in.LegacyAfter},
+			Policy:    recovery.Policy{Autorecover: true, LegacyAfter: in.LegacyAfter, Hints: recovery.CLIHints},
 		})
 		r.PendingSince = dec.Target.PendingSince
 		if !r.PendingSince.IsZero() && !in.Now.IsZero() {

@@ -215,7 +215,7 @@ func TestReportGolden(t *testing.T) {
 		}
 		return ws
 	}
-	fail := recovery.Policy{Autorecover: true, LegacyAfter: 15 * time.Minute}
+	fail := recovery.Policy{Autorecover: true, LegacyAfter: 15 * time.Minute, Hints: recovery.CLIHints}
 	rollback := fail
 	rollback.Strategy = recovery.StrategyRollback
 
@@ -233,7 +233,7 @@ func TestReportGolden(t *testing.T) {
 	add("dry run, rollback strategy", Report{Release: "api", Namespace: "prod", Decision: dec, DryRun: true, Writes: writes(dec, "<new session>"), Event: "Recovered"})
 	add("live holder", Report{Release: "api", Namespace: "prod", Decision: decide(live, hist, fail)})
 	add("legacy, too young", Report{Release: "api", Namespace: "prod", DryRun: true, Decision: decide(recovery.LockInfo{}, hist, fail)})
-	add("legacy, never", Report{Release: "api", Namespace: "prod", Decision: decide(recovery.LockInfo{}, hist, recovery.Policy{Autorecover: true})})
+	add("legacy, never", Report{Release: "api", Namespace: "prod", Decision: decide(recovery.LockInfo{}, hist, recovery.Policy{Autorecover: true, Hints: recovery.CLIHints})})
 	add("nothing pending", Report{Release: "api", Namespace: "prod", DryRun: true, Decision: decide(recovery.LockInfo{}, hist[:2], fail)})
 	golden(t, "report.txt", b.Bytes())
 }

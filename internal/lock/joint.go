@@ -204,6 +204,21 @@ func (j *Joint) ReleaseAfterFailedRecovery(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
+// ReleaseHandingOn gives every part back after this holder lost its lock
+// (its renew deadline passed) with the revision it was writing possibly
+// still pending: the record left names this holder itself (Record.Abandoned)
+// so the next client recovers that revision at once, as after an expiry,
+// rather than taking it for stock helm's. A part someone else holds now is
+// not written.
+func (j *Joint) ReleaseHandingOn(ctx context.Context) error {
+	own := j.Record()
+	var errs []error
+	for i := len(j.parts) - 1; i >= 0; i-- {
+		errs = append(errs, j.parts[i].ReleaseAbandoning(ctx, &own))
+	}
+	return errors.Join(errs...)
+}
+
 // ReleaseAndDelete gives every part back and removes what is left of it
 // (after an uninstall that kept no history).
 func (j *Joint) ReleaseAndDelete(ctx context.Context) error {

@@ -41,6 +41,8 @@ type Lock struct {
 	// whose revision has not been recovered: Release then leaves a record
 	// that names that holder, so the next client recovers it at once.
 	handOn bool
+	// released is set once Release ran.
+	released bool
 }
 
 // Joint is the underlying set of locks.
@@ -74,12 +76,21 @@ func (l *Lock) Keep(ctx context.Context, onLost func(error)) { l.joint.Keep(ctx,
 // holder whose revision was not recovered (recovery failed, was blocked, or
 // never ran), the record left names that holder (lock.Record.Abandoned), so
 // the next client recovers it at once instead of taking it for stock
-// helm's.
+// helm's. When this lock itself was lost before (its renew deadline passed:
+// the operation was stopped, and the revision it was writing may be left
+// pending), the record left names this holder, for the same reason. A lock
+// someone else holds now is not written.
 func (l *Lock) Release(ctx context.Context) error {
 	l.mu.Lock()
-	handOn := l.handOn
+	handOn, again := l.handOn, l.released
+	l.released = true
 	l.mu.Unlock()
-	if handOn {
+	switch {
+	case again:
+		return l.joint.Release(ctx) // idempotent
+	case l.joint.Valid() != nil:
+		return l.joint.ReleaseHandingOn(ctx)
+	case handOn:
 		return l.joint.ReleaseAfterFailedRecovery(ctx)
 	}
 	return l.joint.Release(ctx)

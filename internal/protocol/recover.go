@@ -46,7 +46,8 @@ type Procedure struct {
 	// abandoned revision was marked failed.
 	Rollback func(release string, revision int) error
 	// Log receives converge's summary when it did something notable or
-	// failed; nil discards it.
+	// failed, and a line when recovery waits for a holder whose lock was
+	// released before it ran out; nil discards them.
 	Log io.Writer
 }
 
@@ -158,6 +159,9 @@ func (c *Conn) Recover(ctx context.Context, p Procedure) (Outcome, error) {
 			// The holder's lock was released before it ran out (a person's
 			// unlock): wait, holding the lock, until the holder has
 			// certainly stopped writing, then read and decide again.
+			if p.Log != nil {
+				fmt.Fprintf(p.Log, "helm-autorecover: %s; waiting for it\n", dec.Reason)
+			}
 			if err := c.sleep(ctx, dec.RetryAfter); err != nil {
 				return out, fmt.Errorf("%s: %w", subject, err)
 			}

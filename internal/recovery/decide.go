@@ -71,6 +71,35 @@ type Policy struct {
 	LegacyAfter time.Duration
 	// Strategy is fail (the zero value means fail) or rollback.
 	Strategy Strategy
+	// Hints names the user's knobs in the reasons; the zero value names
+	// them in words, as a library user sees them (the CLI passes CLIHints).
+	Hints Hints
+}
+
+// Hints are the names of the settings Decide's reasons tell a person to
+// change.
+type Hints struct {
+	// LegacyAfter names Policy.LegacyAfter, Autorecover turning recovery
+	// off, and LockTimeout waiting for a live holder.
+	LegacyAfter string
+	Autorecover string
+	LockTimeout string
+}
+
+// CLIHints are the helm-autorecover CLI's flags.
+var CLIHints = Hints{LegacyAfter: "--recover-legacy-after", Autorecover: "--autorecover=false", LockTimeout: "--lock-timeout"}
+
+func (h Hints) orWords() Hints {
+	if h.LegacyAfter == "" {
+		h.LegacyAfter = "the legacy recovery age"
+	}
+	if h.Autorecover == "" {
+		h.Autorecover = "autorecover off"
+	}
+	if h.LockTimeout == "" {
+		h.LockTimeout = "a lock wait"
+	}
+	return h
 }
 
 // Operations a lock record may name. They are matched against the pending
@@ -276,6 +305,7 @@ func Decide(in Input) Decision {
 	}
 
 	pendingAt := fmt.Sprintf("%s: revision %d is %s", subject, latest.Revision, latest.Status)
+	hints := in.Policy.Hints.orWords()
 	target := abandonment(latest, in.Lock, in.Now)
 
 	// Rule 3.
@@ -283,8 +313,8 @@ func Decide(in Input) Decision {
 		return Decision{
 			Verdict: Blocked,
 			Target:  target,
-			Reason: fmt.Sprintf("%s under a live lock held by %s until %s; it is not abandoned. Wait for the holder, or use --lock-timeout to wait automatically",
-				pendingAt, holder(in.Lock), stamp(in.Lock.LockedTill)),
+			Reason: fmt.Sprintf("%s under a live lock held by %s until %s; it is not abandoned. Wait for the holder, or use %s to wait automatically",
+				pendingAt, holder(in.Lock), stamp(in.Lock.LockedTill), hints.LockTimeout),
 		}
 	}
 
@@ -296,7 +326,7 @@ func Decide(in Input) Decision {
 			return Decision{
 				Verdict: Blocked,
 				Target:  target,
-				Reason:  reason + "; autorecover is off (--autorecover=false), so it is left pending. Turn autorecover on, or run helm rollback",
+				Reason:  reason + "; autorecover is off (" + hints.Autorecover + "), so it is left pending. Turn autorecover on, or run helm rollback",
 			}
 		}
 		// A holder stops writing before its LOCKED TILL, so only past it
@@ -324,14 +354,14 @@ func Decide(in Input) Decision {
 			return Decision{
 				Verdict: Blocked,
 				Target:  target,
-				Reason:  reason + "; autorecover is off (--autorecover=false), so it is left pending. Turn autorecover on, or run helm rollback",
+				Reason:  reason + "; autorecover is off (" + hints.Autorecover + "), so it is left pending. Turn autorecover on, or run helm rollback",
 			}
 		}
 		if in.Policy.LegacyAfter <= 0 {
 			return Decision{
 				Verdict: Blocked,
 				Target:  target,
-				Reason:  reason + "; --recover-legacy-after is 0, so it is never recovered automatically. Set --recover-legacy-after, or run helm rollback once no helm process is running",
+				Reason:  reason + "; " + hints.LegacyAfter + " is 0, so it is never recovered automatically. Set " + hints.LegacyAfter + ", or run helm rollback once no helm process is running",
 			}
 		}
 		if target.PendingSince.IsZero() || !in.Now.known() {
@@ -348,12 +378,12 @@ func Decide(in Input) Decision {
 				Verdict:    Blocked,
 				Target:     target,
 				RetryAfter: wait,
-				Reason: fmt.Sprintf("%s; pending since %s, age %s; a helm process may still be running it, so it is recoverable from %s (--recover-legacy-after %s). Retry in %s, or lower --recover-legacy-after if you know none is running",
-					reason, stamp(target.PendingSince), age(target.Age), stamp(notBefore), in.Policy.LegacyAfter, roundUp(wait)),
+				Reason: fmt.Sprintf("%s; pending since %s, age %s; a helm process may still be running it, so it is recoverable from %s (%s %s). Retry in %s, or lower %s if you know none is running",
+					reason, stamp(target.PendingSince), age(target.Age), stamp(notBefore), hints.LegacyAfter, in.Policy.LegacyAfter, roundUp(wait), hints.LegacyAfter),
 			}
 		}
-		reason = fmt.Sprintf("%s; pending since %s, age %s, at least --recover-legacy-after %s; it is abandoned",
-			reason, stamp(target.PendingSince), age(target.Age), in.Policy.LegacyAfter)
+		reason = fmt.Sprintf("%s; pending since %s, age %s, at least %s %s; it is abandoned",
+			reason, stamp(target.PendingSince), age(target.Age), hints.LegacyAfter, in.Policy.LegacyAfter)
 	}
 
 	d := Decision{Verdict: Recover, Target: target}

@@ -48,8 +48,8 @@ func at(t time.Time) ServerTime {
 }
 
 var (
-	on       = Policy{Autorecover: true, LegacyAfter: 15 * time.Minute}
-	rollback = Policy{Autorecover: true, LegacyAfter: 15 * time.Minute, Strategy: StrategyRollback}
+	on       = Policy{Autorecover: true, LegacyAfter: 15 * time.Minute, Hints: CLIHints}
+	rollback = Policy{Autorecover: true, LegacyAfter: 15 * time.Minute, Strategy: StrategyRollback, Hints: CLIHints}
 )
 
 func TestDecide(t *testing.T) {
@@ -235,7 +235,7 @@ func TestDecide(t *testing.T) {
 		// Autorecover off.
 		{
 			name:      "autorecover off, ours",
-			in:        Input{History: history(rev(1, deployed, t0), rev(2, pUpgrade, t0.Add(-time.Minute))), Lock: expired(2, OpUpgrade), Now: at(t0.Add(time.Second)), Policy: Policy{LegacyAfter: time.Minute}},
+			in:        Input{History: history(rev(1, deployed, t0), rev(2, pUpgrade, t0.Add(-time.Minute))), Lock: expired(2, OpUpgrade), Now: at(t0.Add(time.Second)), Policy: Policy{LegacyAfter: time.Minute, Hints: CLIHints}},
 			verdict:   Blocked,
 			target:    2,
 			ours:      true,
@@ -243,7 +243,7 @@ func TestDecide(t *testing.T) {
 		},
 		{
 			name:      "autorecover off, old legacy",
-			in:        Input{History: history(rev(1, deployed, t0), rev(2, pUpgrade, t0.Add(-48*time.Hour))), Now: at(t0), Policy: Policy{LegacyAfter: time.Minute}},
+			in:        Input{History: history(rev(1, deployed, t0), rev(2, pUpgrade, t0.Add(-48*time.Hour))), Now: at(t0), Policy: Policy{LegacyAfter: time.Minute, Hints: CLIHints}},
 			verdict:   Blocked,
 			target:    2,
 			reasonHas: []string{"autorecover is off"},
@@ -252,7 +252,7 @@ func TestDecide(t *testing.T) {
 		// Rule 5: legacy age, in server time.
 		{
 			name:      "legacy, LegacyAfter 0 means never",
-			in:        Input{History: history(rev(1, deployed, t0), rev(2, pUpgrade, t0.Add(-48*time.Hour))), Now: at(t0), Policy: Policy{Autorecover: true}},
+			in:        Input{History: history(rev(1, deployed, t0), rev(2, pUpgrade, t0.Add(-48*time.Hour))), Now: at(t0), Policy: Policy{Autorecover: true, Hints: CLIHints}},
 			verdict:   Blocked,
 			target:    2,
 			reasonHas: []string{"--recover-legacy-after is 0, so it is never recovered automatically"},
@@ -514,11 +514,23 @@ func TestDecideFullReasons(t *testing.T) {
 	d = Decide(Input{
 		History: history(rev(1, deployed, t0), rev(2, pUpgrade, t0.Add(-time.Minute))),
 		Now:     at(t0),
-		Policy:  Policy{Autorecover: true},
+		Policy:  Policy{Autorecover: true, Hints: CLIHints},
 	})
 	want = `release "web" in namespace "shop": revision 2 is pending-upgrade with no lock record covering it (stock helm may have written it); --recover-legacy-after is 0, so it is never recovered automatically. Set --recover-legacy-after, or run helm rollback once no helm process is running`
 	if d.Reason != want {
 		t.Errorf("reason\n got %s\nwant %s", d.Reason, want)
+	}
+
+	// A library user (no hints) reads no CLI flag.
+	for _, in := range []Input{
+		{History: history(rev(1, deployed, t0), rev(2, pUpgrade, t0.Add(-time.Minute))), Now: at(t0), Policy: Policy{Autorecover: true}},
+		{History: history(rev(1, deployed, t0), rev(2, pUpgrade, t0.Add(-time.Minute))), Now: at(t0), Policy: Policy{LegacyAfter: time.Hour}},
+		{History: history(rev(1, deployed, t0), rev(2, pUpgrade, t0.Add(-time.Minute))), Now: at(t0), Policy: Policy{Autorecover: true, LegacyAfter: time.Hour}},
+		{History: history(rev(1, deployed, t0), rev(2, pUpgrade, t0.Add(-time.Minute))), Lock: LockInfo{State: LockLive, Session: "s"}, Now: at(t0), Policy: Policy{Autorecover: true}},
+	} {
+		if d := Decide(in); strings.Contains(d.Reason, "--") {
+			t.Errorf("library reason names a CLI flag: %s", d.Reason)
+		}
 	}
 }
 

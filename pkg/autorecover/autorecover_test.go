@@ -13,6 +13,8 @@ import (
 	"helm.sh/helm/v4/pkg/storage"
 	"helm.sh/helm/v4/pkg/storage/driver"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/client-go/rest"
 
 	"github.com/helm-autorecover/helm-autorecover/internal/helmx"
 	"github.com/helm-autorecover/helm-autorecover/internal/lock"
@@ -97,17 +99,178 @@ func TestDecisionFrom(t *testing.T) {
 	}
 }
 
-func TestFencedStorageOnlyFencesSecrets(t *testing.T) {
-	cfg := action.NewConfiguration()
-	cfg.Releases = storage.Init(driver.NewMemory())
-	err := FencedStorage(cfg, &Lock{})
-	if err == nil || !strings.Contains(err.Error(), `"Memory" driver`) {
-		t.Fatalf("FencedStorage over the memory driver = %v, want a refusal naming it", err)
+// offlineClient is a Client for a server that is never contacted: the
+// checks below fail before any request.
+func offlineClient(t *testing.T, opts ...Option) *Client {
+	t.Helper()
+	c, err := NewClient(&rest.Config{Host: "https://127.0.0.1:1"}, opts...)
+	if err != nil {
+		t.Fatal(err)
 	}
-	if cfg.Releases.Name() != "Memory" {
-		t.Fatal("the configuration's storage was replaced although fencing was refused")
+	return c
+}
+
+func TestFencedStorage(t *testing.T) {
+	unguarded := func(c *Client) *Lock {
+		return &Lock{c: c, release: "web", namespace: "shop", fence: &helmx.WriteFence{}}
 	}
-	if err := FencedStorage(cfg, nil); err == nil {
-		t.Fatal("FencedStorage accepted a nil lock")
+
+	t.Run("refuses another driver", func(t *testing.T) {
+		cfg := action.NewConfiguration()
+		cfg.Releases = storage.Init(driver.NewMemory())
+		err := FencedStorage(cfg, unguarded(offlineClient(t)))
+		if err == nil || !strings.Contains(err.Error(), `"Memory" driver`) {
+			t.Fatalf("FencedStorage over the memory driver = %v, want a refusal naming it", err)
+		}
+		if cfg.Releases.Name() != "Memory" {
+			t.Fatal("the configuration's storage was replaced although fencing was refused")
+		}
+	})
+
+	t.Run("refuses a driver other than the client's", func(t *testing.T) {
+		cfg := action.NewConfiguration()
+		cfg.Releases = storage.Init(driver.NewSecrets(fake.NewClientset().CoreV1().Secrets("shop")))
+		err := FencedStorage(cfg, unguarded(offlineClient(t, WithStorageDriver("configmap"))))
+		if err == nil || !strings.Contains(err.Error(), `"Secret" driver`) || !strings.Contains(err.Error(), "configmap") {
+			t.Fatalf("FencedStorage of a secret configuration for a configmap client = %v, want a refusal naming both", err)
+		}
+		if cfg.Releases.Name() != driver.SecretsDriverName {
+			t.Fatal("the configuration's storage was replaced although fencing was refused")
+		}
+	})
+
+	for _, tc := range []struct{ client, want string }{{"", driver.SecretsDriverName}, {"configmap", driver.ConfigMapsDriverName}} {
+		t.Run("replaces the storage, "+tc.want, func(t *testing.T) {
+			cfg := action.NewConfiguration()
+			var own driver.Driver = driver.NewSecrets(fake.NewClientset().CoreV1().Secrets("shop"))
+			if tc.client == "configmap" {
+				own = driver.NewConfigMaps(fake.NewClientset().CoreV1().ConfigMaps("shop"))
+			}
+			before := storage.Init(own)
+			before.MaxHistory = 7
+			cfg.Releases = before
+			if err := FencedStorage(cfg, unguarded(offlineClient(t, WithStorageDriver(tc.client)))); err != nil {
+				t.Fatal(err)
+			}
+			if cfg.Releases == before || cfg.Releases.Driver == own {
+				t.Fatal("FencedStorage kept the configuration's own storage")
+			}
+			if cfg.Releases.Name() != tc.want || cfg.Releases.MaxHistory != 7 {
+				t.Fatalf("fenced storage: driver %s, MaxHistory %d; want %s and 7", cfg.Releases.Name(), cfg.Releases.MaxHistory, tc.want)
+			}
+		})
+	}
+
+	t.Run("nil arguments", func(t *testing.T) {
+		if err := FencedStorage(action.NewConfiguration(), nil); err == nil {
+			t.Fatal("FencedStorage accepted a nil lock")
+		}
+		if err := FencedStorage(nil, unguarded(offlineClient(t))); err == nil {
+			t.Fatal("FencedStorage accepted a nil configuration")
+		}
+	})
+}
+
+func TestNewClientOptions(t *testing.T) {
+	if _, err := NewClient(nil); err == nil {
+		t.Error("NewClient(nil) succeeded")
+	}
+	for _, b := range []Backend{BackendAuto, BackendLease, BackendRelease} {
+		if _, err := NewClient(&rest.Config{Host: "https://127.0.0.1:1"}, WithLockBackend(b)); err != nil {
+			t.Errorf("WithLockBackend(%s): %v", b, err)
+		}
+	}
+	if _, err := NewClient(&rest.Config{Host: "https://127.0.0.1:1"}, WithLockBackend("etcd")); err == nil || !strings.Contains(err.Error(), `"etcd"`) {
+		t.Errorf("WithLockBackend(etcd) = %v, want a refusal naming it", err)
+	}
+	for _, d := range []string{"", "secret", "secrets", "configmap", "configmaps"} {
+		if _, err := NewClient(&rest.Config{Host: "https://127.0.0.1:1"}, WithStorageDriver(d)); err != nil {
+			t.Errorf("WithStorageDriver(%q): %v", d, err)
+		}
+	}
+	for _, d := range []string{"sql", "memory"} {
+		if _, err := NewClient(&rest.Config{Host: "https://127.0.0.1:1"}, WithStorageDriver(d)); err == nil {
+			t.Errorf("WithStorageDriver(%q) succeeded; its releases cannot be fenced", d)
+		}
+	}
+}
+
+// TestRefusedBeforeAnyRequest: requests that cannot be served fail before
+// the client talks to the (here unreachable) server.
+func TestRefusedBeforeAnyRequest(t *testing.T) {
+	c := offlineClient(t)
+	ctx := context.Background()
+	if _, err := c.Acquire(ctx, LockRequest{Release: "Not_A_Release", Namespace: "shop", Operation: OpUpgrade}); err == nil || strings.Contains(err.Error(), "127.0.0.1") {
+		t.Errorf("Acquire of an invalid release name = %v, want a refusal before any request", err)
+	}
+	if _, err := c.Acquire(ctx, LockRequest{Release: "web", Namespace: "shop"}); err == nil || !strings.Contains(err.Error(), "no operation") {
+		t.Errorf("Acquire without an operation = %v, want a refusal", err)
+	}
+	if err := c.Run(ctx, RunConfig{Lock: LockRequest{Release: "web", Namespace: "shop", Operation: OpUpgrade}}, nil); err == nil || !strings.Contains(err.Error(), "no operation") {
+		t.Errorf("Run without an operation = %v, want a refusal", err)
+	}
+	called := false
+	err := c.Run(ctx, RunConfig{Lock: LockRequest{Release: "web", Namespace: "shop"}}, func(context.Context, *action.Configuration) error {
+		called = true
+		return nil
+	})
+	if err == nil || called {
+		t.Errorf("Run with a lock request without an operation = %v (op called: %t), want a refusal before op", err, called)
+	}
+	if _, err := c.Recover(ctx, RecoverRequest{Release: "Not_A_Release", Namespace: "shop", DryRun: true}); err == nil || strings.Contains(err.Error(), "127.0.0.1") {
+		t.Errorf("dry-run Recover of an invalid release name = %v, want a refusal before any request", err)
+	}
+	if _, err := c.Inspect(ctx, "shop", "Not_A_Release"); err == nil || strings.Contains(err.Error(), "127.0.0.1") {
+		t.Errorf("Inspect of an invalid release name = %v, want a refusal before any request", err)
+	}
+}
+
+func TestLostCause(t *testing.T) {
+	opErr := errors.New("context canceled while waiting for the rollout")
+	lost := fmt.Errorf("lock on release %q was taken over: %w", "web", ErrLost)
+
+	ctx, cancel := context.WithCancelCause(context.Background())
+	if err := lostCause(ctx, opErr); err != opErr { //nolint:errorlint // identity is the point
+		t.Errorf("lostCause with the lock held = %v, want op's error unchanged", err)
+	}
+	cancel(lost)
+	err := lostCause(ctx, opErr)
+	if !errors.Is(err, ErrLost) || !errors.Is(err, opErr) {
+		t.Errorf("lostCause after the loss = %v, want both the loss and op's error", err)
+	}
+	if err := lostCause(ctx, nil); err != nil {
+		t.Errorf("lostCause(nil) = %v", err)
+	}
+	if err := lostCause(ctx, lost); err != lost { //nolint:errorlint // identity is the point
+		t.Errorf("lostCause of the cause itself = %v, want it unchanged", err)
+	}
+
+	ctx, cancel = context.WithCancelCause(context.Background())
+	cancel(errors.New("caller gave up"))
+	if err := lostCause(ctx, opErr); err != opErr { //nolint:errorlint // identity is the point
+		t.Errorf("lostCause after a cancellation that is no loss = %v, want op's error unchanged", err)
+	}
+	ctx, cancel = context.WithCancelCause(context.Background())
+	cancel(fmt.Errorf("held too long: %w", ErrMaxHold))
+	if err := lostCause(ctx, opErr); !errors.Is(err, ErrMaxHold) {
+		t.Errorf("lostCause after the maximum hold = %v, want ErrMaxHold", err)
+	}
+}
+
+func TestBlockedError(t *testing.T) {
+	err := error(&BlockedError{Decision: Decision{Verdict: VerdictBlocked, Reason: "pending since a minute"}})
+	if !errors.Is(err, ErrBlocked) || err.Error() != "pending since a minute" {
+		t.Fatalf("BlockedError = %v (is ErrBlocked: %t)", err, errors.Is(err, ErrBlocked))
+	}
+	if errors.Is(err, ErrLocked) || errors.Is(err, ErrLost) {
+		t.Fatal("BlockedError matches another sentinel")
+	}
+}
+
+func TestStateFrom(t *testing.T) {
+	for in, want := range map[lock.State]LockState{lock.Free: LockFree, lock.Live: LockLive, lock.Expired: LockExpired} {
+		if got := stateFrom(in); got != want {
+			t.Errorf("stateFrom(%v) = %s, want %s", in, got, want)
+		}
 	}
 }

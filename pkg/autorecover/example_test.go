@@ -11,24 +11,50 @@ import (
 	chart "helm.sh/helm/v4/pkg/chart/v2"
 	"helm.sh/helm/v4/pkg/chart/v2/loader"
 	"helm.sh/helm/v4/pkg/kube"
-	"helm.sh/helm/v4/pkg/release/common"
-	rspb "helm.sh/helm/v4/pkg/release/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/cli-runtime/pkg/genericclioptions"
-	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/helm-autorecover/helm-autorecover/pkg/autorecover"
 )
 
-// upgradeUnderLock is the whole contract around one helm upgrade: lock,
-// recover what a dead holder left, renew while running, fence every release
-// write, release. The examples call it, and TestIntegrationExampleUpgrade
+// upgradeWithRun is the whole protocol around one helm upgrade, with
+// Client.Run: take the lock (queueing behind a live holder), recover what a
+// dead holder left, renew while the upgrade runs, fence every write, and
+// release. ExampleClient_Run calls it, and TestIntegrationExampleUpgrade
 // runs it against a real API server.
-func upgradeUnderLock(ctx context.Context, restConfig *rest.Config, getter genericclioptions.RESTClientGetter,
-	namespace, release string, chrt *chart.Chart, values map[string]any,
-) error {
+func upgradeWithRun(ctx context.Context, restConfig *rest.Config, namespace, release string, chrt *chart.Chart, values map[string]any) error {
+	client, err := autorecover.NewClient(restConfig)
+	if err != nil {
+		return err
+	}
+	return client.Run(ctx, autorecover.RunConfig{
+		Lock: autorecover.LockRequest{
+			Release:   release,
+			Namespace: namespace,
+			Operation: autorecover.OpUpgrade,
+			Timeout:   5 * time.Minute,
+			Wait:      2 * time.Minute, // queue behind a live holder for up to 2 minutes
+		},
+		Policy: autorecover.Policy{LegacyAfter: autorecover.DefaultLegacyAfter},
+	}, func(ctx context.Context, cfg *action.Configuration) error {
+		// cfg fences every request through the lock; ctx ends when the lock
+		// is lost, and helm then marks its revision failed (if it still may).
+		up := action.NewUpgrade(cfg)
+		up.Namespace = namespace
+		up.WaitStrategy = kube.StatusWatcherStrategy
+		up.Timeout = 5 * time.Minute
+		_, err := up.RunWithContext(ctx, release, chrt, values)
+		return err
+	})
+}
+
+// upgradeStepByStep is what Run does, step by step, for callers that drive
+// the contract themselves: lock, renew beside the operation, recover what a
+// dead holder left, run helm with the lock's fenced configuration, release.
+// ExampleClient_Acquire calls it, and TestIntegrationExampleUpgrade runs it
+// against a real API server.
+func upgradeStepByStep(ctx context.Context, restConfig *rest.Config, namespace, release string, chrt *chart.Chart, values map[string]any) error {
 	client, err := autorecover.NewClient(restConfig)
 	if err != nil {
 		return err
@@ -38,7 +64,7 @@ func upgradeUnderLock(ctx context.Context, restConfig *rest.Config, getter gener
 		Namespace: namespace,
 		Operation: autorecover.OpUpgrade,
 		Timeout:   5 * time.Minute,
-		Wait:      2 * time.Minute, // queue behind a live holder for up to 2 minutes
+		Wait:      2 * time.Minute,
 	})
 	if err != nil {
 		return err // a *autorecover.LockedError names the holder
@@ -50,13 +76,14 @@ func upgradeUnderLock(ctx context.Context, restConfig *rest.Config, getter gener
 		_ = lk.Release(rctx)
 	}()
 
-	// Renew while the upgrade runs; stop the upgrade if the lock is lost.
+	// Renew from now on (recovery can take a while); stop the operation if
+	// the lock is lost.
 	opCtx, stop := context.WithCancelCause(ctx)
 	defer stop(nil)
 	go lk.Keep(opCtx, stop)
 
-	// A revision a dead holder left pending is marked failed at once.
-	d, err := lk.Recover(ctx, autorecover.Policy{LegacyAfter: autorecover.DefaultLegacyAfter})
+	// A revision a dead holder left pending is recovered at once.
+	d, err := lk.Recover(opCtx, autorecover.Policy{LegacyAfter: autorecover.DefaultLegacyAfter})
 	if err != nil {
 		return err
 	}
@@ -64,11 +91,9 @@ func upgradeUnderLock(ctx context.Context, restConfig *rest.Config, getter gener
 		return errors.New(d.Reason)
 	}
 
-	cfg := action.NewConfiguration()
-	if err := cfg.Init(getter, namespace, "secret"); err != nil {
-		return err
-	}
-	if err := autorecover.FencedStorage(cfg, lk); err != nil {
+	// Every request of this configuration goes through the lock's fence.
+	cfg, err := lk.ActionConfig()
+	if err != nil {
 		return err
 	}
 	up := action.NewUpgrade(cfg)
@@ -76,7 +101,7 @@ func upgradeUnderLock(ctx context.Context, restConfig *rest.Config, getter gener
 	up.WaitStrategy = kube.StatusWatcherStrategy
 	up.Timeout = 5 * time.Minute
 	if _, err := up.RunWithContext(opCtx, release, chrt, values); err != nil {
-		if cause := context.Cause(opCtx); errors.Is(cause, autorecover.ErrLost) {
+		if cause := context.Cause(opCtx); errors.Is(cause, autorecover.ErrLost) || errors.Is(cause, autorecover.ErrMaxHold) {
 			return fmt.Errorf("%w (upgrade stopped: %w)", cause, err)
 		}
 		return err
@@ -84,28 +109,96 @@ func upgradeUnderLock(ctx context.Context, restConfig *rest.Config, getter gener
 	return nil
 }
 
-func ExampleClient_Acquire() {
-	kubeconfig := os.Getenv("KUBECONFIG")
-	restConfig, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+func ExampleClient_Run() {
+	restConfig, err := clientcmd.BuildConfigFromFlags("", os.Getenv("KUBECONFIG"))
 	if err != nil {
 		fmt.Println(err)
 		return
 	}
-	getter := genericclioptions.NewConfigFlags(false)
-	getter.KubeConfig = &kubeconfig
 	chrt, err := loader.Load("./charts/web")
 	if err != nil {
 		fmt.Println(err)
 		return
 	}
 
-	err = upgradeUnderLock(context.Background(), restConfig, getter, "shop", "web", chrt, map[string]any{"replicas": 3})
+	err = upgradeWithRun(context.Background(), restConfig, "shop", "web", chrt, map[string]any{"replicas": 3})
+	if locked, ok := errors.AsType[*autorecover.LockedError](err); ok {
+		fmt.Printf("busy: %s holds web until %s\n", locked.HolderSession, locked.LockedTill)
+		return
+	}
+	if blocked, ok := errors.AsType[*autorecover.BlockedError](err); ok {
+		fmt.Printf("web is pending and not recoverable yet: %s (retry in %s)\n", blocked.Decision.Reason, blocked.Decision.RetryAfter)
+		return
+	}
+	if errors.Is(err, autorecover.ErrLost) {
+		fmt.Println("lost the lock; the upgrade stopped:", err)
+		return
+	}
+	if err != nil {
+		fmt.Println("upgrade failed:", err)
+	}
+}
+
+func ExampleClient_Acquire() {
+	restConfig, err := clientcmd.BuildConfigFromFlags("", os.Getenv("KUBECONFIG"))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	chrt, err := loader.Load("./charts/web")
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+
+	err = upgradeStepByStep(context.Background(), restConfig, "shop", "web", chrt, map[string]any{"replicas": 3})
 	if locked, ok := errors.AsType[*autorecover.LockedError](err); ok {
 		fmt.Printf("busy: %s holds web until %s\n", locked.HolderSession, locked.LockedTill)
 		return
 	}
 	if err != nil {
 		fmt.Println("upgrade failed:", err)
+	}
+}
+
+func ExampleFencedStorage() {
+	restConfig, err := clientcmd.BuildConfigFromFlags("", os.Getenv("KUBECONFIG"))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	client, err := autorecover.NewClient(restConfig)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	ctx := context.Background()
+	lk, err := client.Acquire(ctx, autorecover.LockRequest{Release: "web", Namespace: "shop", Operation: autorecover.OpRollback})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer func() { _ = lk.Release(context.WithoutCancel(ctx)) }()
+
+	// An existing helm configuration keeps its own clients for the objects
+	// it applies; only its release records go through the lock's fence.
+	// (Lock.ActionConfig fences both.)
+	kubeconfig, namespace := os.Getenv("KUBECONFIG"), "shop"
+	getter := genericclioptions.NewConfigFlags(false)
+	getter.KubeConfig, getter.Namespace = &kubeconfig, &namespace
+	cfg := action.NewConfiguration()
+	if err := cfg.Init(getter, namespace, "secret"); err != nil {
+		fmt.Println(err)
+		return
+	}
+	if err := autorecover.FencedStorage(cfg, lk); err != nil {
+		fmt.Println(err)
+		return
+	}
+	rb := action.NewRollback(cfg)
+	rb.Version = 1
+	if err := rb.Run("web"); err != nil {
+		fmt.Println("rollback failed:", err)
 	}
 }
 
@@ -144,11 +237,15 @@ func ExampleClient_Recover() {
 		return
 	}
 	ctx := context.Background()
-	policy := autorecover.Policy{LegacyAfter: 30 * time.Minute}
+	req := autorecover.RecoverRequest{
+		Release:   "web",
+		Namespace: "shop",
+		Policy:    autorecover.Policy{LegacyAfter: 30 * time.Minute},
+	}
 
 	// Look first: no lock taken, nothing written.
-	policy.DryRun = true
-	d, err := client.Recover(ctx, "shop", "web", policy)
+	req.DryRun = true
+	d, err := client.Recover(ctx, req)
 	if err != nil {
 		fmt.Println(err)
 		return
@@ -158,8 +255,8 @@ func ExampleClient_Recover() {
 		return
 	}
 
-	policy.DryRun = false
-	d, err = client.Recover(ctx, "shop", "web", policy)
+	req.DryRun = false
+	d, err = client.Recover(ctx, req)
 	if errors.Is(err, autorecover.ErrLocked) {
 		fmt.Println("someone is working on it:", err)
 		return
@@ -169,54 +266,6 @@ func ExampleClient_Recover() {
 		return
 	}
 	fmt.Println("marked failed:", d.Marked)
-}
-
-// offOnce is a Fence that holds until lose is called.
-type offOnce struct{ lost bool }
-
-func (f *offOnce) Valid() error {
-	if f.lost {
-		return fmt.Errorf("lock on release %q was not renewed in time: %w", "web", autorecover.ErrLost)
-	}
-	return nil
-}
-
-func (f *offOnce) lose() { f.lost = true }
-
-func ExampleNewFencedDriver() {
-	secrets := fake.NewClientset().CoreV1().Secrets("shop")
-	fence := &offOnce{}
-	d, err := autorecover.NewFencedDriver(secrets, fence)
-	if err != nil {
-		fmt.Println(err)
-		return
-	}
-
-	rel := &rspb.Release{
-		Name: "web", Namespace: "shop", Version: 1,
-		Info: &rspb.Info{Status: common.StatusPendingInstall},
-	}
-	if err := d.Create("sh.helm.release.v1.web.v1", rel); err != nil {
-		fmt.Println(err)
-		return
-	}
-	s, _ := secrets.Get(context.Background(), "sh.helm.release.v1.web.v1", metav1.GetOptions{})
-	fmt.Println("type:", s.Type)
-	for _, k := range []string{"name", "owner", "status", "version"} {
-		fmt.Printf("label %s=%s\n", k, s.Labels[k])
-	}
-
-	fence.lose()
-	rel.Info.Status = common.StatusDeployed
-	err = d.Update("sh.helm.release.v1.web.v1", rel)
-	fmt.Println("update after the lock was lost refused:", errors.Is(err, autorecover.ErrLost))
-	// Output:
-	// type: helm.sh/release.v1
-	// label name=web
-	// label owner=helm
-	// label status=pending-install
-	// label version=1
-	// update after the lock was lost refused: true
 }
 
 func ExampleLockedError() {
@@ -239,4 +288,23 @@ func ExampleLockedError() {
 	// Output:
 	// true
 	// release "web" in namespace "shop" is locked by ci@runner-12 (session 5f0c, operation upgrade of revision 7, since 2026-03-01T12:00:00Z), LOCKED TILL 2026-03-01T12:04:15Z (can be taken over in 12s unless renewed)
+}
+
+func ExampleBlockedError() {
+	err := error(&autorecover.BlockedError{Decision: autorecover.Decision{
+		Verdict:    autorecover.VerdictBlocked,
+		Reason:     `release "web" in namespace "shop": revision 4 is pending-upgrade with no lock record covering it (stock helm may have written it); recoverable from 2026-03-01T12:15:01Z`,
+		Revision:   4,
+		Status:     "pending-upgrade",
+		RetryAfter: 13 * time.Minute,
+	}})
+	fmt.Println(errors.Is(err, autorecover.ErrBlocked))
+	if b, ok := errors.AsType[*autorecover.BlockedError](err); ok {
+		fmt.Println(b.Decision.Revision, b.Decision.Status, b.Decision.RetryAfter)
+	}
+	fmt.Println(err)
+	// Output:
+	// true
+	// 4 pending-upgrade 13m0s
+	// release "web" in namespace "shop": revision 4 is pending-upgrade with no lock record covering it (stock helm may have written it); recoverable from 2026-03-01T12:15:01Z
 }
