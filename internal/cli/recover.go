@@ -12,6 +12,7 @@ import (
 
 	"github.com/helm-autorecover/helm-autorecover/internal/events"
 	"github.com/helm-autorecover/helm-autorecover/internal/guard"
+	"github.com/helm-autorecover/helm-autorecover/internal/helmx"
 	"github.com/helm-autorecover/helm-autorecover/internal/inspect"
 	"github.com/helm-autorecover/helm-autorecover/internal/lock"
 	"github.com/helm-autorecover/helm-autorecover/internal/protocol"
@@ -203,6 +204,10 @@ func (c *lockCmds) runRecover(ctx context.Context, o *recoverOptions, rel string
 		}
 	}()
 
+	// A rollback (--recover-strategy=rollback) runs helm's own action: its
+	// writes go through the same fence as the guarded commands'.
+	recs, _ := cn.Records()
+	defer helmx.DefaultWriteFence.Guard(helmx.GuardedWrites{Namespace: ns, Release: rel, Resource: recs.Resource(), Lock: held})()
 	out, err := held.Recover(ctx, protocol.Procedure{
 		Policy:   o.policy(),
 		Next:     lock.OpRecover,

@@ -285,7 +285,7 @@ func (r *run) recover(ctx context.Context) (latest int, err error) {
 	dec := out.Decision
 	switch dec.Verdict {
 	case recovery.Blocked:
-		if !r.g.Options.Autorecover && (r.t.Op == lock.OpRollback || r.t.Op == lock.OpUninstall) {
+		if !r.g.Options.Autorecover && !dec.HolderMayWrite && (r.t.Op == lock.OpRollback || r.t.Op == lock.OpUninstall) {
 			// Stock helm's manual way out of a stuck release stays open
 			// when the user turned recovery off.
 			return out.Latest, nil

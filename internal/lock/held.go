@@ -147,7 +147,7 @@ func (h *Held) Renew(ctx context.Context) error {
 // SetRevision records the revision being written, renewing the lock in the
 // same write.
 func (h *Held) SetRevision(ctx context.Context, rev int) error {
-	return h.write(ctx, false, func(r *Record) { r.Revision = rev })
+	return h.write(ctx, false, func(r *Record) { r.Revision, r.Abandoned = rev, nil })
 }
 
 // Release gives the lock back: holderIdentity becomes empty and the record is
@@ -157,7 +157,7 @@ func (h *Held) SetRevision(ctx context.Context, rev int) error {
 // not already cancelled (for example context.WithoutCancel plus a timeout)
 // when releasing on the way out of an interrupted operation.
 func (h *Held) Release(ctx context.Context) error {
-	return h.write(ctx, true, func(*Record) {})
+	return h.write(ctx, true, func(r *Record) { r.Abandoned = nil })
 }
 
 // ReleaseAbandoning gives the lock back, as Release does, after this holder
@@ -171,14 +171,6 @@ func (h *Held) ReleaseAbandoning(ctx context.Context, abandoned *Record) error {
 	a := *abandoned
 	a.Abandoned = nil
 	return h.write(ctx, true, func(r *Record) { r.Abandoned = &a })
-}
-
-// ReleaseAfterFailedRecovery is Release for a holder whose recovery of what
-// the previous holder abandoned failed: when that holder had let the lock
-// expire (or had been handed on itself, see Found), the record left names
-// it (ReleaseAbandoning).
-func (h *Held) ReleaseAfterFailedRecovery(ctx context.Context) error {
-	return h.ReleaseAbandoning(ctx, expiredOnly(Found(h.Previous, h.PreviousState)))
 }
 
 // expiredOnly is rec when it was found Expired, else nil.

@@ -109,9 +109,6 @@ func AcquireJoint(ctx context.Context, req Request, wait bool, onProgress func(*
 	return fail(fmt.Errorf("lock release %q in namespace %q: its lock kept moving while it was being taken; retry", req.Release, req.Namespace))
 }
 
-// Parts returns the locks held, in the order they were taken.
-func (j *Joint) Parts() []*Held { return j.parts }
-
 // Session is the session ID all parts share.
 func (j *Joint) Session() string { return j.parts[0].Session() }
 
@@ -200,21 +197,6 @@ func (j *Joint) ReleaseAfterFailedRecovery(ctx context.Context) error {
 	var errs []error
 	for i := len(j.parts) - 1; i >= 0; i-- {
 		errs = append(errs, j.parts[i].ReleaseAbandoning(ctx, abandoned))
-	}
-	return errors.Join(errs...)
-}
-
-// ReleaseHandingOn gives every part back after this holder lost its lock
-// (its renew deadline passed) with the revision it was writing possibly
-// still pending: the record left names this holder itself (Record.Abandoned)
-// so the next client recovers that revision at once, as after an expiry,
-// rather than taking it for stock helm's. A part someone else holds now is
-// not written.
-func (j *Joint) ReleaseHandingOn(ctx context.Context) error {
-	own := j.Record()
-	var errs []error
-	for i := len(j.parts) - 1; i >= 0; i-- {
-		errs = append(errs, j.parts[i].ReleaseAbandoning(ctx, &own))
 	}
 	return errors.Join(errs...)
 }

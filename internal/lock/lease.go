@@ -468,6 +468,17 @@ func (b *Backend) take(ctx context.Context, req *Request, v view) (*Held, error)
 		return nil, fmt.Errorf("lock release %q in namespace %q: %w", req.Release, req.Namespace, err)
 	}
 	rec := newRecord(req, now)
+	if v.recErr == nil {
+		// Taking over from a holder that abandoned a revision: until this
+		// holder recovers it (and names a revision of its own, or
+		// releases), its record names that holder too, so that if it dies
+		// recovering, the next client still recovers the revision at once.
+		if p, st := Found(v.rec, v.state); st == Expired && p != nil {
+			a := *p
+			a.Abandoned = nil
+			rec.Abandoned = &a
+		}
+	}
 	l := v.lease.DeepCopy()
 	if err := setHolder(l, &rec); err != nil {
 		return nil, err

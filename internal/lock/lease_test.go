@@ -570,7 +570,7 @@ func TestReleaseAbandoningHandsOn(t *testing.T) {
 	if failed.PreviousState != Expired {
 		t.Fatalf("takeover found %v, want expired", failed.PreviousState)
 	}
-	if err := failed.ReleaseAfterFailedRecovery(ctx); err != nil {
+	if err := (&Joint{parts: []*Held{failed}}).ReleaseAfterFailedRecovery(ctx); err != nil {
 		t.Fatal(err)
 	}
 	next, _, err := c.b.TryAcquire(ctx, req(OpUpgrade, 3*time.Second))
@@ -594,5 +594,54 @@ func TestReleaseAbandoningHandsOn(t *testing.T) {
 	}
 	if rec, st := Found(last.Previous, last.PreviousState); st != Free || rec == nil || rec.Session != next.Session() {
 		t.Errorf("after a plain release, found %v %+v, want the released record", st, rec)
+	}
+}
+
+// TestRecovererDiesHandsOn: a holder that took over an expired lock names
+// the expired holder in its own record until it names a revision of its
+// own; if it dies recovering, the next client still finds the holder whose
+// revision was abandoned, not the recoverer's lock of no revision.
+func TestRecovererDiesHandsOn(t *testing.T) {
+	w := newWorld(t)
+	a, b, c := w.backend(0), w.backend(0), w.backend(0)
+	ctx := context.Background()
+	dead, _, err := a.b.TryAcquire(ctx, req(OpUpgrade, 3*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := dead.SetRevision(ctx, 8); err != nil {
+		t.Fatal(err)
+	}
+	w.advance(6 * time.Second)
+	recoverer, _, err := b.b.TryAcquire(ctx, req(OpUpgrade, 3*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := recoverer.Record(); r.Abandoned == nil || r.Abandoned.Session != dead.Session() {
+		t.Fatalf("the recoverer's record names %+v, want the dead holder", r.Abandoned)
+	}
+	// It dies before naming a revision: its lock expires.
+	w.advance(6 * time.Second)
+	next, _, err := c.b.TryAcquire(ctx, req(OpUpgrade, 3*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec, st := Found(next.Previous, next.PreviousState); st != Expired || rec == nil || rec.Session != dead.Session() || rec.Revision != 8 {
+		t.Fatalf("found %v %+v, want the dead holder's record of revision 8", st, rec)
+	}
+	// Once a holder names a revision of its own, the hand-on is cleared.
+	if err := next.SetRevision(ctx, 9); err != nil {
+		t.Fatal(err)
+	}
+	if r := next.Record(); r.Abandoned != nil {
+		t.Errorf("after SetRevision the record still names %+v", r.Abandoned)
+	}
+	w.advance(6 * time.Second)
+	last, _, err := a.b.TryAcquire(ctx, req(OpUpgrade, 3*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec, st := Found(last.Previous, last.PreviousState); st != Expired || rec == nil || rec.Session != next.Session() || rec.Revision != 9 {
+		t.Errorf("found %v %+v, want the holder of revision 9", st, rec)
 	}
 }

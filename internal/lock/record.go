@@ -88,10 +88,11 @@ type Record struct {
 	// released it when that was not the holder itself.
 	ReleasedAt time.Time `json:"releasedAt,omitzero"`
 	ReleasedBy string    `json:"releasedBy,omitempty"`
-	// Abandoned is set by a holder that took over an expired lock, failed
-	// to recover the revision its holder left pending, and released, or by
-	// a person's unlock of a dead holder (ForceRelease): it is that
-	// holder's record. The next client then recovers the
+	// Abandoned is the record of a holder that left a revision to recover:
+	// set on taking over an expired lock until the revision is recovered
+	// (SetRevision and Release clear it), kept by a holder that failed to
+	// recover it and released (ReleaseAbandoning), and set by a person's
+	// unlock of a dead holder (ForceRelease). The next client then recovers the
 	// revision at once, as the failed holder would have, instead of taking
 	// a revision pending under a released lock for stock helm's (legacy).
 	// It never nests: it is the record of the holder that wrote the revision.
@@ -99,11 +100,19 @@ type Record struct {
 }
 
 // Found returns what a lock taken from a holder with this record as found
-// stands for, for recovery: the record and state themselves, unless the lock
-// was released by a holder that failed to recover an expired holder's
-// revision (Abandoned), which then stands in as Expired.
+// stands for, for recovery: the record and state themselves, unless the
+// record names an abandoned holder (Abandoned) and either was released (a
+// holder that failed to recover that holder's revision, or a person's
+// unlock) or expired before it named a revision of its own (its holder died
+// recovering); that abandoned holder then stands in as Expired.
 func Found(rec *Record, state State) (*Record, State) {
-	if state == Free && rec != nil && rec.Abandoned != nil {
+	switch {
+	case rec == nil || rec.Abandoned == nil:
+	case state == Free:
+		return rec.Abandoned, Expired
+	case state == Expired && rec.Revision <= 0:
+		// It died while recovering what the holder it names abandoned,
+		// before it named a revision of its own.
 		return rec.Abandoned, Expired
 	}
 	return rec, state

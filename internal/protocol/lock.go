@@ -41,8 +41,6 @@ type Lock struct {
 	// whose revision has not been recovered: Release then leaves a record
 	// that names that holder, so the next client recovers it at once.
 	handOn bool
-	// released is set once Release ran.
-	released bool
 }
 
 // Joint is the underlying set of locks.
@@ -76,21 +74,18 @@ func (l *Lock) Keep(ctx context.Context, onLost func(error)) { l.joint.Keep(ctx,
 // holder whose revision was not recovered (recovery failed, was blocked, or
 // never ran), the record left names that holder (lock.Record.Abandoned), so
 // the next client recovers it at once instead of taking it for stock
-// helm's. When this lock itself was lost before (its renew deadline passed:
-// the operation was stopped, and the revision it was writing may be left
-// pending), the record left names this holder, for the same reason. A lock
-// someone else holds now is not written.
+// helm's. A lock already lost (its renew deadline passed, or someone took
+// or released it) is not written at all: the holder stops writing, as the
+// CLI's fail-stop does, and its lock runs out by itself, after which the
+// next client takes it over and recovers what it left.
 func (l *Lock) Release(ctx context.Context) error {
 	l.mu.Lock()
-	handOn, again := l.handOn, l.released
-	l.released = true
+	handOn := l.handOn
 	l.mu.Unlock()
-	switch {
-	case again:
-		return l.joint.Release(ctx) // idempotent
-	case l.joint.Valid() != nil:
-		return l.joint.ReleaseHandingOn(ctx)
-	case handOn:
+	if err := l.joint.Valid(); err != nil {
+		return err
+	}
+	if handOn {
 		return l.joint.ReleaseAfterFailedRecovery(ctx)
 	}
 	return l.joint.Release(ctx)

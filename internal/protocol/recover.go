@@ -155,7 +155,7 @@ func (c *Conn) Recover(ctx context.Context, p Procedure) (Outcome, error) {
 			Policy:    p.Policy,
 		})
 		dec := out.Decision
-		if p.Writer != nil && holderMayStillWrite(dec) {
+		if p.Writer != nil && dec.HolderMayWrite && dec.RetryAfter > 0 {
 			// The holder's lock was released before it ran out (a person's
 			// unlock): wait, holding the lock, until the holder has
 			// certainly stopped writing, then read and decide again.
@@ -203,14 +203,6 @@ func (c *Conn) Recover(ctx context.Context, p Procedure) (Outcome, error) {
 		return out, nil
 	}
 	return out, fmt.Errorf("%s: other writers kept changing the release during recovery; try again: %w", subject, ErrConflict)
-}
-
-// holderMayStillWrite reports a decision blocked only until the holder of the
-// lock its revision was written under has certainly stopped writing: a lock
-// released before it ran out. Waiting that out is bounded by the holder's
-// lease.
-func holderMayStillWrite(dec recovery.Decision) bool {
-	return dec.Verdict == recovery.Blocked && dec.Target.Lock != nil && dec.Target.Lock.State == recovery.LockExpired && dec.RetryAfter > 0
 }
 
 // sleep waits d on the connection's clock, or until ctx ends.

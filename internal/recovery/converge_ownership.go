@@ -70,6 +70,9 @@ func keepReason(live, rendered *unstructured.Unstructured, release, ns string, a
 	if hasKeepPolicy(live) || hasKeepPolicy(rendered) {
 		return AnnotationResourcePolicy + ": " + ResourcePolicyKeep
 	}
+	if kind := dataHolder(live); kind != "" {
+		return "a " + kind + " holds data that a delete destroys with it; recovery never deletes one"
+	}
 	if abandonedCreated.IsZero() {
 		return "the abandoned revision's creation time is unknown"
 	}
@@ -92,6 +95,23 @@ func keepReason(live, rendered *unstructured.Unstructured, release, ns string, a
 					created.UTC().Format(time.RFC3339), mf.Manager)
 			}
 		}
+	}
+	return ""
+}
+
+// dataHolder names the kinds whose deletion destroys more than the object:
+// a PersistentVolumeClaim its volume's data, a CustomResourceDefinition
+// every custom resource of its kind, a Namespace everything in it. It
+// returns "" for any other kind.
+func dataHolder(o *unstructured.Unstructured) string {
+	gk := o.GroupVersionKind().GroupKind()
+	switch {
+	case gk.Group == "" && gk.Kind == "PersistentVolumeClaim":
+		return "PersistentVolumeClaim"
+	case gk.Group == "" && gk.Kind == "Namespace":
+		return "Namespace"
+	case gk.Group == "apiextensions.k8s.io" && gk.Kind == "CustomResourceDefinition":
+		return "CustomResourceDefinition"
 	}
 	return ""
 }

@@ -17,6 +17,12 @@ func liveObj(ann, labels map[string]string, created time.Time) *unstructured.Uns
 	return u
 }
 
+func ofKind(u *unstructured.Unstructured, apiVersion, kind string) *unstructured.Unstructured {
+	u.SetAPIVersion(apiVersion)
+	u.SetKind(kind)
+	return u
+}
+
 func TestKeepReason(t *testing.T) {
 	revAt := t0
 	owned := map[string]string{AnnotationReleaseName: "web", AnnotationReleaseNamespace: "shop"}
@@ -55,6 +61,10 @@ func TestKeepReason(t *testing.T) {
 		{"keep on the live object", liveObj(with(owned, AnnotationResourcePolicy, "keep"), helmLabel, revAt), rendered, revAt, "keep"},
 		{"Keep, spaced", liveObj(with(owned, AnnotationResourcePolicy, " Keep "), helmLabel, revAt), rendered, revAt, "keep"},
 		{"keep in the manifest only", liveObj(owned, helmLabel, revAt), renderedKeep, revAt, "keep"},
+		{"a PersistentVolumeClaim the revision created", ofKind(liveObj(owned, helmLabel, revAt.Add(time.Second)), "v1", "PersistentVolumeClaim"), rendered, revAt, "PersistentVolumeClaim holds data"},
+		{"a Namespace the revision created", ofKind(liveObj(owned, helmLabel, revAt.Add(time.Second)), "v1", "Namespace"), rendered, revAt, "Namespace holds data"},
+		{"a CRD the revision created", ofKind(liveObj(owned, helmLabel, revAt.Add(time.Second)), "apiextensions.k8s.io/v1", "CustomResourceDefinition"), rendered, revAt, "CustomResourceDefinition holds data"},
+		{"a kind named like one, another group", ofKind(liveObj(owned, helmLabel, revAt.Add(time.Second)), "example.com/v1", "Namespace"), rendered, revAt, ""},
 	}
 	for _, c := range cases {
 		got := keepReason(c.live, c.rendered, "web", "shop", c.created)

@@ -220,8 +220,15 @@ type Decision struct {
 	// RollbackTo is the revision to roll back to under RecoverThenRollback.
 	RollbackTo int
 	// RetryAfter is, under Blocked, the server-time wait until a legacy
-	// pending revision becomes recoverable; 0 when waiting will not help.
+	// pending revision becomes recoverable, or until a holder whose lock
+	// was released early has certainly stopped writing; 0 when waiting will
+	// not help.
 	RetryAfter time.Duration
+	// HolderMayWrite is set, under Blocked, when the revision's holder may
+	// still be writing the release (its lock was released before its LOCKED
+	// TILL): nobody may write the release before RetryAfter, whatever the
+	// policy.
+	HolderMayWrite bool
 }
 
 // TimestampResolution is the precision of the server-set timestamps ages are
@@ -322,29 +329,31 @@ func Decide(in Input) Decision {
 	if target.Lock != nil {
 		// Rule 4.
 		reason = fmt.Sprintf("%s, written by %s whose lock expired at %s", pendingAt, holder(*target.Lock), stamp(target.Lock.LockedTill))
-		if !in.Policy.Autorecover {
-			return Decision{
-				Verdict: Blocked,
-				Target:  target,
-				Reason:  reason + "; autorecover is off (" + hints.Autorecover + "), so it is left pending. Turn autorecover on, or run helm rollback",
-			}
-		}
 		// A holder stops writing before its LOCKED TILL, so only past it
 		// (plus the takeover margin, in server time) is its revision
-		// certainly abandoned. A lock taken over after an expiry is past it
-		// already; a lock a person released early (unlock --force) is not.
+		// certainly abandoned, and only then may anyone else write the
+		// release. A lock taken over after an expiry is past it already; a
+		// lock a person released early (unlock --force) is not.
 		notBefore := target.Lock.LockedTill.Add(lock.TakeoverMargin)
 		if !in.Now.known() || !in.Now.Earliest.After(notBefore) {
 			d := Decision{
-				Verdict: Blocked,
-				Target:  target,
-				Reason:  fmt.Sprintf("%s; its lock was released before it ran out, and the holder may still be writing until %s", reason, stamp(notBefore)),
+				Verdict:        Blocked,
+				Target:         target,
+				HolderMayWrite: true,
+				Reason:         fmt.Sprintf("%s; its lock was released before it ran out, and the holder may still be writing until %s", reason, stamp(notBefore)),
 			}
 			if in.Now.known() {
 				d.RetryAfter = notBefore.Sub(in.Now.Earliest) + time.Millisecond
 				d.Reason += fmt.Sprintf(". Retry in %s", roundUp(d.RetryAfter))
 			}
 			return d
+		}
+		if !in.Policy.Autorecover {
+			return Decision{
+				Verdict: Blocked,
+				Target:  target,
+				Reason:  reason + "; autorecover is off (" + hints.Autorecover + "), so it is left pending. Turn autorecover on, or run helm rollback",
+			}
 		}
 		reason += "; it is abandoned"
 	} else {

@@ -492,9 +492,19 @@ func TestDecideHolderMayStillWrite(t *testing.T) {
 		if d.Verdict != c.want || d.RetryAfter != c.wantRetry {
 			t.Errorf("now %v: %s retry %s (%s); want %s retry %s", c.now.Earliest, d.Verdict, d.RetryAfter, d.Reason, c.want, c.wantRetry)
 		}
-		if d.Verdict == Blocked && !strings.Contains(d.Reason, "may still be writing until 2026-03-01T12:00:00Z") {
-			t.Errorf("reason %q does not say until when the holder may write", d.Reason)
+		if d.Verdict == Blocked && (!d.HolderMayWrite || !strings.Contains(d.Reason, "may still be writing until 2026-03-01T12:00:00Z")) {
+			t.Errorf("reason %q (holder may write: %v) does not say until when the holder may write", d.Reason, d.HolderMayWrite)
 		}
+	}
+	// With autorecover off the holder still comes first: a rollback or
+	// uninstall that would run through "autorecover is off" must wait too.
+	in.Policy, in.Now = Policy{}, at(t0)
+	if d := Decide(in); d.Verdict != Blocked || !d.HolderMayWrite || d.RetryAfter != 251*time.Millisecond {
+		t.Errorf("autorecover off: %s, holder may write %v, retry %s; want Blocked on the holder", d.Verdict, d.HolderMayWrite, d.RetryAfter)
+	}
+	in.Now = at(t0.Add(time.Second))
+	if d := Decide(in); d.Verdict != Blocked || d.HolderMayWrite {
+		t.Errorf("autorecover off, holder done: %s, holder may write %v; want Blocked by the policy alone", d.Verdict, d.HolderMayWrite)
 	}
 }
 

@@ -461,10 +461,10 @@ func (l *Lock) SetRevision(ctx context.Context, rev int) error {
 	return l.held.SetRevision(ctx, rev)
 }
 
-// Release gives the lock back; it is idempotent, and safe after the lock
-// was lost: the write is conditional on this session still holding it, and
-// when another session holds the lock already (or deleted it) there is
-// nothing to give back and Release returns nil. On the way out of a
+// Release gives the lock back; it is idempotent. A lock already lost (its
+// renew deadline passed, or another session took it) is not written at all:
+// it runs out by itself, and the next client then takes it over and
+// recovers what this one left, as after a crash. On the way out of a
 // cancelled operation, pass a context that is not already cancelled, such
 // as context.WithoutCancel(ctx) with a timeout.
 //
