@@ -4,7 +4,7 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/helm-autorecover/helm-autorecover/internal/guard"
+	"github.com/helm-autorecover/helm-autorecover/internal/exitcode"
 	"github.com/helm-autorecover/helm-autorecover/internal/helmx"
 	"github.com/helm-autorecover/helm-autorecover/internal/inspect"
 	"github.com/helm-autorecover/helm-autorecover/internal/lock"
@@ -35,7 +35,7 @@ func newConn(pc *protocol.Conn) *conn {
 // history reads the stored revisions of rel in ns, oldest first.
 func (cn *conn) history(ctx context.Context, ns, rel string) ([]helmx.Summary, error) {
 	if _, err := cn.Records(); err != nil {
-		return nil, exitError(guard.ExitUsage, "release %q in namespace %q: %v; reading and recovering the release history needs the secret or configmap driver", rel, ns, err)
+		return nil, exitError(exitcode.Usage, "release %q in namespace %q: %v; reading and recovering the release history needs the secret or configmap driver", rel, ns, err)
 	}
 	return cn.History(ctx, ns, rel)
 }

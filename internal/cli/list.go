@@ -10,7 +10,7 @@ import (
 	releasei "helm.sh/helm/v4/pkg/release"
 	release "helm.sh/helm/v4/pkg/release/v1"
 
-	"github.com/helm-autorecover/helm-autorecover/internal/guard"
+	"github.com/helm-autorecover/helm-autorecover/internal/exitcode"
 	"github.com/helm-autorecover/helm-autorecover/internal/helmx"
 	"github.com/helm-autorecover/helm-autorecover/internal/inspect"
 	"github.com/helm-autorecover/helm-autorecover/internal/lock"
@@ -168,7 +168,7 @@ func toV1(ls []releasei.Releaser) ([]*release.Release, error) {
 			out = append(out, &r)
 		case nil:
 		default:
-			return nil, &guard.ExitError{Code: ExitError, Err: fmt.Errorf("list: unsupported release type %T", v)}
+			return nil, &exitcode.Error{Code: exitcode.Failure, Err: fmt.Errorf("list: unsupported release type %T", v)}
 		}
 	}
 	return out, nil

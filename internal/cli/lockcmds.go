@@ -13,28 +13,13 @@ import (
 	"helm.sh/helm/v4/pkg/cli/output"
 	"k8s.io/utils/clock"
 
+	"github.com/helm-autorecover/helm-autorecover/internal/exitcode"
 	"github.com/helm-autorecover/helm-autorecover/internal/guard"
 	"github.com/helm-autorecover/helm-autorecover/internal/helmx"
 	"github.com/helm-autorecover/helm-autorecover/internal/inspect"
 	"github.com/helm-autorecover/helm-autorecover/internal/lock"
 	"github.com/helm-autorecover/helm-autorecover/internal/protocol"
 	"github.com/helm-autorecover/helm-autorecover/internal/recovery"
-)
-
-// Exit codes of the locks, unlock and recover commands, documented in
-// docs/exit-codes.md next to the guard's (2 to 6).
-const (
-	// ExitNotFound: the release is unknown (no stored revision and no
-	// lock), has no stored revision, or has no lock to release.
-	ExitNotFound = 7
-	// ExitWrongSession: --session does not name the lock's holder; the
-	// message names the holder's session.
-	ExitWrongSession = 8
-	// ExitBadLock: the release's Lease or lock record cannot be trusted
-	// (unreadable, written by a newer or foreign tool, edited by hand).
-	ExitBadLock = 9
-	// ExitDeclined: a forced unlock of a live lock was not confirmed.
-	ExitDeclined = 10
 )
 
 // lockCmds holds what the lock commands (locks, unlock, recover, list
@@ -85,13 +70,13 @@ func (c *lockCmds) realConnect() (*conn, error) {
 
 // exitError gives err a documented exit code.
 func exitError(code int, format string, args ...any) error {
-	return &guard.ExitError{Code: code, Err: fmt.Errorf(format, args...)}
+	return &exitcode.Error{Code: code, Err: fmt.Errorf(format, args...)}
 }
 
 // validRelease checks a release name argument (exit code 2).
 func validRelease(name, ns string) error {
 	if err := lock.ValidateReleaseName(name); err != nil {
-		return exitError(guard.ExitUsage, "release in namespace %q: %w", ns, err)
+		return exitError(exitcode.Usage, "release in namespace %q: %w", ns, err)
 	}
 	return nil
 }
@@ -99,7 +84,7 @@ func validRelease(name, ns string) error {
 // usageErrors gives cmd's flag errors exit code 2, as for the guard's flags.
 func usageErrors(cmd *cobra.Command) *cobra.Command {
 	cmd.SetFlagErrorFunc(func(_ *cobra.Command, err error) error {
-		return &guard.ExitError{Code: guard.ExitUsage, Err: err}
+		return &exitcode.Error{Code: exitcode.Usage, Err: err}
 	})
 	return cmd
 }
@@ -107,14 +92,14 @@ func usageErrors(cmd *cobra.Command) *cobra.Command {
 // oneRelease and atMostOneRelease check the arguments (exit code 2).
 func oneRelease(cmd *cobra.Command, args []string) error {
 	if len(args) != 1 {
-		return exitError(guard.ExitUsage, "%s: needs exactly one argument, the release name; got %d (see %s --help)", cmd.Name(), len(args), cmd.Name())
+		return exitError(exitcode.Usage, "%s: needs exactly one argument, the release name; got %d (see %s --help)", cmd.Name(), len(args), cmd.Name())
 	}
 	return nil
 }
 
 func atMostOneRelease(cmd *cobra.Command, args []string) error {
 	if len(args) > 1 {
-		return exitError(guard.ExitUsage, "%s: takes at most one argument, a release name; got %d (see %s --help)", cmd.Name(), len(args), cmd.Name())
+		return exitError(exitcode.Usage, "%s: takes at most one argument, a release name; got %d (see %s --help)", cmd.Name(), len(args), cmd.Name())
 	}
 	return nil
 }
@@ -145,13 +130,13 @@ func outputFlag(cmd *cobra.Command, v *string) {
 func parseOutput(s string) (output.Format, error) {
 	f, err := output.ParseFormat(s)
 	if err != nil {
-		return "", exitError(guard.ExitUsage, "--output=%q: must be table, json or yaml", s)
+		return "", exitError(exitcode.Usage, "--output=%q: must be table, json or yaml", s)
 	}
 	return f, nil
 }
 
 func unknownRelease(ns, rel string) error {
-	return exitError(ExitNotFound, "release %q not found in namespace %q: it has no stored revision and no lock. Check the name and the namespace (-n), or list releases with: helm-autorecover list -A", rel, ns)
+	return exitError(exitcode.NotFound, "release %q not found in namespace %q: it has no stored revision and no lock. Check the name and the namespace (-n), or list releases with: helm-autorecover list -A", rel, ns)
 }
 
 // badLock refuses to write under a lock that cannot be trusted.
@@ -160,7 +145,7 @@ func badLock(st *lock.Status, rel, ns string) error {
 	if p == "" {
 		return nil
 	}
-	return exitError(ExitBadLock, "release %q in namespace %q: %s", rel, ns, inspect.BadLockAdvice(st, rel, ns, p, "; nothing was written."))
+	return exitError(exitcode.BadLock, "release %q in namespace %q: %s", rel, ns, inspect.BadLockAdvice(st, rel, ns, p, "; nothing was written."))
 }
 
 func isPending(s *helmx.Summary) bool { return recovery.IsPending(s.Status) }

@@ -25,7 +25,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	clocktesting "k8s.io/utils/clock/testing"
 
-	"github.com/helm-autorecover/helm-autorecover/internal/guard"
+	"github.com/helm-autorecover/helm-autorecover/internal/exitcode"
 	"github.com/helm-autorecover/helm-autorecover/internal/helmx"
 	"github.com/helm-autorecover/helm-autorecover/internal/lock"
 	"github.com/helm-autorecover/helm-autorecover/internal/protocol"
@@ -142,7 +142,7 @@ func (e *fakeEnv) run(t *testing.T, cmd *cobra.Command, args ...string) (int, er
 	if err == nil {
 		return 0, nil
 	}
-	var exit *guard.ExitError
+	var exit *exitcode.Error
 	if errors.As(err, &exit) {
 		return exit.Code, err
 	}

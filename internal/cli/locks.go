@@ -7,7 +7,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/helm-autorecover/helm-autorecover/internal/guard"
+	"github.com/helm-autorecover/helm-autorecover/internal/exitcode"
 	"github.com/helm-autorecover/helm-autorecover/internal/inspect"
 	"github.com/helm-autorecover/helm-autorecover/internal/lock"
 )
@@ -65,7 +65,7 @@ func newLocksCmd(c *lockCmds) *cobra.Command {
 	f.BoolVarP(&o.all, "all", "a", false, "also show releases whose lock is in state none")
 	f.BoolVar(&o.noHeaders, "no-headers", false, "don't print headers when using the default output format")
 	if err := legacyAfterFlag(f, &o.legacyAfter, "when a legacy pending revision counts as abandoned, to say when it becomes recoverable (0: never)"); err != nil {
-		cmd.RunE = func(*cobra.Command, []string) error { return &guard.ExitError{Code: guard.ExitUsage, Err: err} }
+		cmd.RunE = func(*cobra.Command, []string) error { return &exitcode.Error{Code: exitcode.Usage, Err: err} }
 	}
 	return cmd
 }
@@ -78,7 +78,7 @@ func (c *lockCmds) runLocks(ctx context.Context, o *locksOptions, args []string)
 	ns := c.settings.Namespace()
 	if len(args) == 1 {
 		if o.allNamespaces {
-			return exitError(guard.ExitUsage, "--all-namespaces: cannot be used with a release name; use -n to name its namespace")
+			return exitError(exitcode.Usage, "--all-namespaces: cannot be used with a release name; use -n to name its namespace")
 		}
 		if err := validRelease(args[0], ns); err != nil {
 			return err

@@ -12,7 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 
-	"github.com/helm-autorecover/helm-autorecover/internal/guard"
+	"github.com/helm-autorecover/helm-autorecover/internal/exitcode"
 	"github.com/helm-autorecover/helm-autorecover/internal/helmx"
 	"github.com/helm-autorecover/helm-autorecover/internal/inspect"
 	"github.com/helm-autorecover/helm-autorecover/internal/lock"
@@ -52,11 +52,11 @@ func TestLocksErrors(t *testing.T) {
 		code int
 		want string
 	}{
-		{"unknown release", []string{"nope"}, ExitNotFound, `release "nope" not found in namespace "prod": it has no stored revision and no lock. Check the name and the namespace (-n), or list releases with: helm-autorecover list -A`},
-		{"bad name", []string{"Bad_Name"}, guard.ExitUsage, `release in namespace "prod": release name "Bad_Name" is not a DNS-1123 subdomain`},
-		{"bad output", []string{"-o", "xml"}, guard.ExitUsage, `--output="xml": must be table, json or yaml`},
-		{"two releases", []string{"a", "b"}, guard.ExitUsage, "locks: takes at most one argument, a release name; got 2 (see locks --help)"},
-		{"name with -A", []string{"web", "-A"}, guard.ExitUsage, "--all-namespaces: cannot be used with a release name; use -n to name its namespace"},
+		{"unknown release", []string{"nope"}, exitcode.NotFound, `release "nope" not found in namespace "prod": it has no stored revision and no lock. Check the name and the namespace (-n), or list releases with: helm-autorecover list -A`},
+		{"bad name", []string{"Bad_Name"}, exitcode.Usage, `release in namespace "prod": release name "Bad_Name" is not a DNS-1123 subdomain`},
+		{"bad output", []string{"-o", "xml"}, exitcode.Usage, `--output="xml": must be table, json or yaml`},
+		{"two releases", []string{"a", "b"}, exitcode.Usage, "locks: takes at most one argument, a release name; got 2 (see locks --help)"},
+		{"name with -A", []string{"web", "-A"}, exitcode.Usage, "--all-namespaces: cannot be used with a release name; use -n to name its namespace"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newFakeEnv(t, fixture(t)...)
@@ -177,7 +177,7 @@ func TestIntegrationLocks(t *testing.T) {
 	if n != 3 {
 		t.Errorf("locks -A shows %d releases of %s; want 3", n, x.ns)
 	}
-	res := x.run(ExitNotFound, "locks", "nope")
+	res := x.run(exitcode.NotFound, "locks", "nope")
 	wantContains(t, "locks nope", res.Stderr, `release "nope" not found in namespace "`+x.ns+`"`)
 
 	// Shell completion of release names and of the holder's session. The
@@ -212,7 +212,7 @@ func TestIntegrationBadInput(t *testing.T) {
 	leases := x.env.Client.CoordinationV1().Leases(x.ns)
 
 	for _, a := range [][]string{{"locks", "nope"}, {"unlock", "nope", "--session", "s"}, {"recover", "nope"}, {"recover", "nope", "--dry-run"}} {
-		res := x.run(ExitNotFound, a...)
+		res := x.run(exitcode.NotFound, a...)
 		wantContains(t, strings.Join(a, " "), res.Stderr, `release "nope" not found in namespace "`+x.ns+`"`, "helm-autorecover list -A")
 		if l, _ := x.lease("nope"); l != nil {
 			t.Errorf("%s created a Lease", strings.Join(a, " "))
@@ -231,7 +231,7 @@ func TestIntegrationBadInput(t *testing.T) {
 	}
 	before := x.versions("ghost")
 	for _, a := range [][]string{{"unlock", "ghost", "--session", "s-ghost"}, {"recover", "ghost"}} {
-		res := x.run(ExitNotFound, a...)
+		res := x.run(exitcode.NotFound, a...)
 		wantContains(t, strings.Join(a, " "), res.Stderr, `release "ghost" in namespace "`+x.ns+`" has no stored revision`)
 	}
 	if r := x.lockRows("ghost"); len(r) != 1 || r[0].State != inspect.StateExpired || r[0].Revision != 0 {
@@ -254,7 +254,7 @@ func TestIntegrationBadInput(t *testing.T) {
 		t.Helper()
 		before := x.versions("rel")
 		for _, a := range [][]string{{"unlock", "rel", "--session", session}, {"unlock", "rel", "--session", session, "--force", "--yes"}, {"recover", "rel"}, {"recover", "rel", "--dry-run"}} {
-			res := x.run(ExitBadLock, a...)
+			res := x.run(exitcode.BadLock, a...)
 			wantContains(t, strings.Join(a, " "), res.Stderr, `release "rel" in namespace "`+x.ns+`": Lease helm-autorecover.v1.rel:`, "nothing was written", "kubectl get lease -n "+x.ns)
 		}
 		res := x.run(0, "locks", "rel")
@@ -298,7 +298,7 @@ func TestIntegrationCorruptRecordLock(t *testing.T) {
 	}
 	before := x.versions("rec")
 	for _, backend := range []string{"release", "lease"} {
-		res := x.run(guard.ExitLocked, "upgrade", "rec", chart, "--lock-backend", backend)
+		res := x.run(exitcode.Locked, "upgrade", "rec", chart, "--lock-backend", backend)
 		wantContains(t, "upgrade --lock-backend="+backend, res.Stderr, "cannot be read", "does not expire by itself", `helm-autorecover locks rec -n `+x.ns)
 		if strings.Contains(res.Stderr, "--lock-timeout") {
 			t.Errorf("upgrade --lock-backend=%s suggests waiting for a lock that never expires:\n%s", backend, res.Stderr)
@@ -307,7 +307,7 @@ func TestIntegrationCorruptRecordLock(t *testing.T) {
 	ref := "secret/" + name
 	advice := []string{ref, "kubectl get -n " + x.ns + " " + ref, "kubectl annotate -n " + x.ns + " " + ref + " " + lock.AnnotationRecord + "-"}
 	for _, a := range [][]string{{"unlock", "rec", "--session", "x"}, {"recover", "rec"}} {
-		res := x.run(ExitBadLock, a...)
+		res := x.run(exitcode.BadLock, a...)
 		wantContains(t, strings.Join(a, " "), res.Stderr, append([]string{"nothing was written"}, advice...)...)
 		if strings.Contains(res.Stderr, "Lease") {
 			t.Errorf("%s talks of a Lease for a lock on a release record:\n%s", strings.Join(a, " "), res.Stderr)

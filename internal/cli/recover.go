@@ -11,6 +11,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/helm-autorecover/helm-autorecover/internal/events"
+	"github.com/helm-autorecover/helm-autorecover/internal/exitcode"
 	"github.com/helm-autorecover/helm-autorecover/internal/guard"
 	"github.com/helm-autorecover/helm-autorecover/internal/helmx"
 	"github.com/helm-autorecover/helm-autorecover/internal/inspect"
@@ -88,7 +89,7 @@ func newRecoverCmd(c *lockCmds) *cobra.Command {
 		return []string{"fail\tonly mark the abandoned revision failed", "rollback\tthen roll back to the last deployed revision"}, cobra.ShellCompDirectiveNoFileComp
 	})
 	if flagErr != nil {
-		cmd.RunE = func(*cobra.Command, []string) error { return &guard.ExitError{Code: guard.ExitUsage, Err: flagErr} }
+		cmd.RunE = func(*cobra.Command, []string) error { return &exitcode.Error{Code: exitcode.Usage, Err: flagErr} }
 	}
 	return cmd
 }
@@ -108,7 +109,7 @@ func (c *lockCmds) runRecover(ctx context.Context, o *recoverOptions, rel string
 		return err
 	}
 	if err := o.opts.Validate(); err != nil {
-		return &guard.ExitError{Code: guard.ExitUsage, Err: err}
+		return &exitcode.Error{Code: exitcode.Usage, Err: err}
 	}
 	cn, err := c.connect()
 	if err != nil {
@@ -127,7 +128,7 @@ func (c *lockCmds) runRecover(ctx context.Context, o *recoverOptions, rel string
 		if !st.Exists {
 			return unknownRelease(ns, rel)
 		}
-		return exitError(ExitNotFound, "release %q in namespace %q has no stored revision (its Lease %s exists, holder %q): nothing to recover",
+		return exitError(exitcode.NotFound, "release %q in namespace %q has no stored revision (its Lease %s exists, holder %q): nothing to recover",
 			rel, ns, lock.LeaseName(rel), st.HolderIdentity)
 	}
 	if err := badLock(st, rel, ns); err != nil {
@@ -191,7 +192,7 @@ func (c *lockCmds) runRecover(ctx context.Context, o *recoverOptions, rel string
 				return nil
 			}
 		}
-		return &guard.ExitError{Code: guard.ExitLocked, Err: err}
+		return &exitcode.Error{Code: exitcode.Locked, Err: err}
 	}
 	keepCtx, stopKeep := context.WithCancel(ctx)
 	go held.Keep(keepCtx, func(error) {})
@@ -234,13 +235,13 @@ func (c *lockCmds) runRecover(ctx context.Context, o *recoverOptions, rel string
 			_ = inspect.WriteReport(c.out, rep)
 		}
 		if errors.Is(err, lock.ErrLost) {
-			return &guard.ExitError{Code: guard.ExitLockLost, Err: err}
+			return &exitcode.Error{Code: exitcode.LockLost, Err: err}
 		}
 		return err
 	}
 	switch out.Decision.Verdict {
 	case recovery.NoRelease:
-		return exitError(ExitNotFound, "%s (it was uninstalled meanwhile)", out.Decision.Reason)
+		return exitError(exitcode.NotFound, "%s (it was uninstalled meanwhile)", out.Decision.Reason)
 	case recovery.Blocked:
 		if err := inspect.WriteReport(c.out, rep); err != nil {
 			return err
@@ -269,11 +270,11 @@ func verdictError(dec recovery.Decision, live bool) error {
 	if dec.Verdict != recovery.Blocked {
 		return nil
 	}
-	code := guard.ExitPending
+	code := exitcode.Pending
 	if live {
-		code = guard.ExitLocked
+		code = exitcode.Locked
 	}
-	return &guard.ExitError{Code: code, Err: errors.New(dec.Reason)}
+	return &exitcode.Error{Code: code, Err: errors.New(dec.Reason)}
 }
 
 // decideLive decides on a release whose lock a live holder has.

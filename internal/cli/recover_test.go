@@ -11,7 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 
-	"github.com/helm-autorecover/helm-autorecover/internal/guard"
+	"github.com/helm-autorecover/helm-autorecover/internal/exitcode"
 	"github.com/helm-autorecover/helm-autorecover/internal/helmx"
 	"github.com/helm-autorecover/helm-autorecover/internal/lock"
 )
@@ -25,10 +25,10 @@ func TestRecoverDryRunGolden(t *testing.T) {
 		code int
 	}{
 		{[]string{"api"}, 0},
-		{[]string{"web"}, guard.ExitLocked},
-		{[]string{"legacy"}, guard.ExitPending},
+		{[]string{"web"}, exitcode.Locked},
+		{[]string{"legacy"}, exitcode.Pending},
 		{[]string{"legacy", "--recover-legacy-after", "1m"}, 0},
-		{[]string{"legacy", "--recover-legacy-after", "0"}, guard.ExitPending},
+		{[]string{"legacy", "--recover-legacy-after", "0"}, exitcode.Pending},
 		{[]string{"api", "--recover-strategy", "rollback"}, 0},
 		{[]string{"db"}, 0},
 	} {
@@ -86,7 +86,7 @@ func TestRecoverWritesNothingUnlessRecoverable(t *testing.T) {
 	for _, tc := range []struct {
 		rel  string
 		code int
-	}{{"web", guard.ExitLocked}, {"legacy", guard.ExitPending}, {"db", 0}} {
+	}{{"web", exitcode.Locked}, {"legacy", exitcode.Pending}, {"db", 0}} {
 		e := newFakeEnv(t, fixture(t)...)
 		code, err := e.run(t, newRecoverCmd(e.c), tc.rel)
 		if code != tc.code {
@@ -106,31 +106,31 @@ func TestRecoverRefusals(t *testing.T) {
 		code int
 		want string
 	}{
-		{name: "unknown", args: []string{"nope"}, code: ExitNotFound, want: `release "nope" not found in namespace "prod"`},
+		{name: "unknown", args: []string{"nope"}, code: exitcode.NotFound, want: `release "nope" not found in namespace "prod"`},
 		{
-			name: "no history", args: []string{"ghost"}, code: ExitNotFound,
+			name: "no history", args: []string{"ghost"}, code: exitcode.NotFound,
 			objs: func(t *testing.T) []runtime.Object {
 				return []runtime.Object{lease(t, record("ghost", "prod", "s-1", lock.OpInstall, 1, at(-time.Hour), at(-time.Hour)))}
 			},
 			want: `release "ghost" in namespace "prod" has no stored revision (its Lease helm-autorecover.v1.ghost exists, holder "s-1"): nothing to recover`,
 		},
 		{
-			name: "corrupt record", args: []string{"api"}, code: ExitBadLock,
+			name: "corrupt record", args: []string{"api"}, code: exitcode.BadLock,
 			objs: func(t *testing.T) []runtime.Object {
 				return editLease(fixture(t), "api", func(l *coordinationv1.Lease) { l.Annotations[lock.AnnotationRecord] = "garbage" })
 			},
 			want: `release "api" in namespace "prod": Lease helm-autorecover.v1.api: its lock record (annotation helm-autorecover.io/lock) cannot be read`,
 		},
 		{
-			name: "corrupt record, dry run", args: []string{"api", "--dry-run"}, code: ExitBadLock,
+			name: "corrupt record, dry run", args: []string{"api", "--dry-run"}, code: exitcode.BadLock,
 			objs: func(t *testing.T) []runtime.Object {
 				return editLease(fixture(t), "api", func(l *coordinationv1.Lease) { l.Annotations[lock.AnnotationRecord] = "garbage" })
 			},
 			want: `release "api" in namespace "prod": Lease helm-autorecover.v1.api: its lock record (annotation helm-autorecover.io/lock) cannot be read`,
 		},
-		{name: "bad strategy", args: []string{"api", "--recover-strategy", "delete"}, code: guard.ExitUsage, want: `--recover-strategy="delete": must be fail or rollback`},
-		{name: "bad flag", args: []string{"api", "--nope"}, code: guard.ExitUsage, want: `unknown flag: --nope`},
-		{name: "no release", args: nil, code: guard.ExitUsage, want: `recover: needs exactly one argument, the release name; got 0 (see recover --help)`},
+		{name: "bad strategy", args: []string{"api", "--recover-strategy", "delete"}, code: exitcode.Usage, want: `--recover-strategy="delete": must be fail or rollback`},
+		{name: "bad flag", args: []string{"api", "--nope"}, code: exitcode.Usage, want: `unknown flag: --nope`},
+		{name: "no release", args: nil, code: exitcode.Usage, want: `recover: needs exactly one argument, the release name; got 0 (see recover --help)`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			objs := fixture(t)

@@ -6,15 +6,8 @@ import (
 	"io"
 	"log/slog"
 
-	"github.com/helm-autorecover/helm-autorecover/internal/guard"
+	"github.com/helm-autorecover/helm-autorecover/internal/exitcode"
 	"github.com/helm-autorecover/helm-autorecover/internal/helmx"
-)
-
-// Exit codes shared by every command. Helm itself exits 1 on any error; the
-// codes above 1 are this project's and are documented in docs/exit-codes.md.
-const (
-	ExitOK    = 0
-	ExitError = 1
 )
 
 // Run builds the command tree for args, runs it and returns the process exit
@@ -23,11 +16,11 @@ func Run(out, errOut io.Writer, args []string) int {
 	root, err := helmx.NewHelmRootCmd(out, args)
 	if err != nil {
 		fmt.Fprintf(errOut, "Error: %v\n", err)
-		return ExitError
+		return exitcode.Failure
 	}
 	if err := helmx.InstallOnHelm(); err != nil {
 		fmt.Fprintf(errOut, "Error: %v\n", err)
-		return ExitError
+		return exitcode.Failure
 	}
 	root.SetArgs(args)
 	root.SetOut(out)
@@ -37,17 +30,17 @@ func Run(out, errOut io.Writer, args []string) int {
 	addLockCommands(root, settings, out, errOut)
 	if err := guardMutating(root, settings, errOut); err != nil {
 		fmt.Fprintf(errOut, "Error: %v\n", err)
-		return guard.ExitUsage
+		return exitcode.Usage
 	}
 	if err := root.Execute(); err != nil {
-		if exitErr, ok := errors.AsType[*guard.ExitError](err); ok {
+		if exitErr, ok := errors.AsType[*exitcode.Error](err); ok {
 			return exitErr.Code
 		}
 		if code := helmx.HelmExitCode(err); code != 0 {
 			return code
 		}
 		slog.Debug("command failed", slog.Any("error", err))
-		return ExitError
+		return exitcode.Failure
 	}
-	return ExitOK
+	return exitcode.OK
 }

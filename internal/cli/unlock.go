@@ -12,7 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/helm-autorecover/helm-autorecover/internal/events"
-	"github.com/helm-autorecover/helm-autorecover/internal/guard"
+	"github.com/helm-autorecover/helm-autorecover/internal/exitcode"
 	"github.com/helm-autorecover/helm-autorecover/internal/helmx"
 	"github.com/helm-autorecover/helm-autorecover/internal/lock"
 	"github.com/helm-autorecover/helm-autorecover/internal/protocol"
@@ -92,7 +92,7 @@ func (c *lockCmds) runUnlock(ctx context.Context, o *unlockOptions, rel string) 
 		return err
 	}
 	if strings.TrimSpace(o.session) == "" {
-		return exitError(guard.ExitUsage, "release %q in namespace %q: --session is required; find the holder's session with: helm-autorecover locks %s -n %s", rel, ns, rel, ns)
+		return exitError(exitcode.Usage, "release %q in namespace %q: --session is required; find the holder's session with: helm-autorecover locks %s -n %s", rel, ns, rel, ns)
 	}
 	cn, err := c.connect()
 	if err != nil {
@@ -122,7 +122,7 @@ func (c *lockCmds) runUnlock(ctx context.Context, o *unlockOptions, rel string) 
 	if _, err := cn.forceRelease(ctx, ns, rel, o.session, by); err != nil {
 		cur, ierr := cn.inspect(ctx, ns, rel)
 		if ierr == nil && cur.HolderIdentity != o.session {
-			return exitError(ExitWrongSession, "release %q in namespace %q: session %s no longer holds the lock (now held by %q); it was released or taken over meanwhile; nothing was written",
+			return exitError(exitcode.WrongSession, "release %q in namespace %q: session %s no longer holds the lock (now held by %q); it was released or taken over meanwhile; nothing was written",
 				rel, ns, o.session, cur.HolderIdentity)
 		}
 		return fmt.Errorf("%w; nothing was written", err)
@@ -147,7 +147,7 @@ func (c *lockCmds) runUnlock(ctx context.Context, o *unlockOptions, rel string) 
 	if err != nil {
 		c.unlockEvent(ctx, cn, hist, out.Marked, rec, o.session, live, by)
 		if errors.Is(err, lock.ErrLost) {
-			return &guard.ExitError{Code: guard.ExitLockLost, Err: err}
+			return &exitcode.Error{Code: exitcode.LockLost, Err: err}
 		}
 		return fmt.Errorf("%w; the lock was released naming the holder, so the next install, upgrade, rollback or uninstall (or helm-autorecover recover %s -n %s) retries the recovery", err, rel, ns)
 	}
@@ -200,10 +200,10 @@ func (c *lockCmds) checkUnlock(st *lock.Status, hist []helmx.Summary, o *unlockO
 		if latest := hist[len(hist)-1]; recovery.IsPending(latest.Status) {
 			msg += fmt.Sprintf(". Its revision %d is %s with no lock record (stock helm may have written it): see helm-autorecover recover %s -n %s --dry-run", latest.Revision, latest.Status, rel, ns)
 		}
-		return exitError(ExitNotFound, "%s", msg)
+		return exitError(exitcode.NotFound, "%s", msg)
 	}
 	if len(hist) == 0 {
-		return exitError(ExitNotFound, "release %q in namespace %q has no stored revision (its Lease %s exists, holder %q): nothing to recover. If it is gone for good, delete the Lease: kubectl delete lease -n %s %s",
+		return exitError(exitcode.NotFound, "release %q in namespace %q has no stored revision (its Lease %s exists, holder %q): nothing to recover. If it is gone for good, delete the Lease: kubectl delete lease -n %s %s",
 			rel, ns, lock.LeaseName(rel), st.HolderIdentity, ns, lock.LeaseName(rel))
 	}
 	if err := badLock(st, rel, ns); err != nil {
@@ -211,17 +211,17 @@ func (c *lockCmds) checkUnlock(st *lock.Status, hist []helmx.Summary, o *unlockO
 	}
 	if st.HolderIdentity == "" {
 		if st.Record != nil && st.Record.Session == o.session {
-			return exitError(ExitNotFound, "release %q in namespace %q: the lock of session %s was already released at %s%s; nothing to unlock",
+			return exitError(exitcode.NotFound, "release %q in namespace %q: the lock of session %s was already released at %s%s; nothing to unlock",
 				rel, ns, o.session, stamp(st.Record.ReleasedAt), releasedBy(st.Record))
 		}
-		return exitError(ExitNotFound, "release %q in namespace %q: nobody holds its lock; nothing to unlock (see helm-autorecover locks %s -n %s)", rel, ns, rel, ns)
+		return exitError(exitcode.NotFound, "release %q in namespace %q: nobody holds its lock; nothing to unlock (see helm-autorecover locks %s -n %s)", rel, ns, rel, ns)
 	}
 	if st.HolderIdentity != o.session {
-		return exitError(ExitWrongSession, "release %q in namespace %q: session %s does not hold its lock; it is held by session %s (%s, LOCKED TILL %s). Check with: helm-autorecover locks %s -n %s",
+		return exitError(exitcode.WrongSession, "release %q in namespace %q: session %s does not hold its lock; it is held by session %s (%s, LOCKED TILL %s). Check with: helm-autorecover locks %s -n %s",
 			rel, ns, o.session, st.HolderIdentity, holderText(st.Record, st.HolderIdentity), stamp(st.LockedTill), rel, ns)
 	}
 	if st.State == lock.Live && !o.force {
-		return exitError(guard.ExitLocked, "release %q in namespace %q: the lock of session %s is live: its holder (%s) renewed it at %s, LOCKED TILL %s (%s left); it may still be running. Wait for it to finish or expire; if you know it is dead (process killed, CI job cancelled), run again with --force",
+		return exitError(exitcode.Locked, "release %q in namespace %q: the lock of session %s is live: its holder (%s) renewed it at %s, LOCKED TILL %s (%s left); it may still be running. Wait for it to finish or expire; if you know it is dead (process killed, CI job cancelled), run again with --force",
 			rel, ns, o.session, holderText(st.Record, o.session), stamp(st.Record.RenewedAt), stamp(st.LockedTill), left(st))
 	}
 	return nil
@@ -230,7 +230,7 @@ func (c *lockCmds) checkUnlock(st *lock.Status, hist []helmx.Summary, o *unlockO
 // confirm asks the person on the terminal before a live lock is broken.
 func (c *lockCmds) confirm(st *lock.Status, rel, ns string) error {
 	if !c.isTerminal() {
-		return exitError(ExitDeclined, "release %q in namespace %q: --force on a live lock needs confirmation, and stdin is not a terminal; nothing was written. Pass --yes to confirm in scripts", rel, ns)
+		return exitError(exitcode.Declined, "release %q in namespace %q: --force on a live lock needs confirmation, and stdin is not a terminal; nothing was written. Pass --yes to confirm in scripts", rel, ns)
 	}
 	fmt.Fprintf(c.errOut, "The lock of release %q in namespace %q is live: its holder (session %s, %s) renewed it at %s, LOCKED TILL %s (%s left).\n"+
 		"If that process is still running, it stops at its next renewal; the revision it is writing is recovered and marked failed once its LOCKED TILL has passed.\n"+
@@ -240,7 +240,7 @@ func (c *lockCmds) confirm(st *lock.Status, rel, ns string) error {
 	case "y", "yes":
 		return nil
 	}
-	return exitError(ExitDeclined, "release %q in namespace %q: not confirmed; nothing was written", rel, ns)
+	return exitError(exitcode.Declined, "release %q in namespace %q: not confirmed; nothing was written", rel, ns)
 }
 
 func unlockDescription(a recovery.Abandonment, forced bool, by string, at time.Time) string {

@@ -10,7 +10,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 
-	"github.com/helm-autorecover/helm-autorecover/internal/guard"
+	"github.com/helm-autorecover/helm-autorecover/internal/exitcode"
 	"github.com/helm-autorecover/helm-autorecover/internal/helmx"
 	"github.com/helm-autorecover/helm-autorecover/internal/inspect"
 	"github.com/helm-autorecover/helm-autorecover/internal/lock"
@@ -39,57 +39,57 @@ func TestUnlockRefusals(t *testing.T) {
 		want string
 	}{
 		{
-			name: "wrong session", args: []string{"api", "--session", sessWeb}, code: ExitWrongSession,
+			name: "wrong session", args: []string{"api", "--session", sessWeb}, code: exitcode.WrongSession,
 			want: `release "api" in namespace "prod": session ` + sessWeb + ` does not hold its lock; it is held by session ` + sessAPI + ` (alice@ci-7 pid 4242, operation upgrade of revision 3, LOCKED TILL 2026-12-02T13:01:15Z). Check with: helm-autorecover locks api -n prod`,
 		},
 		{
-			name: "live without --force", args: []string{"web", "--session", sessWeb}, code: guard.ExitLocked,
+			name: "live without --force", args: []string{"web", "--session", sessWeb}, code: exitcode.Locked,
 			want: `release "web" in namespace "prod": the lock of session ` + sessWeb + ` is live: its holder (alice@ci-7 pid 4242, operation upgrade of revision 8, job https://github.com/acme/web/actions/runs/42) renewed it at 2026-12-02T13:09:55Z, LOCKED TILL 2026-12-02T13:10:10Z (10s left); it may still be running. Wait for it to finish or expire; if you know it is dead (process killed, CI job cancelled), run again with --force`,
 		},
 		{
-			name: "--force, no terminal, no --yes", args: []string{"web", "--session", sessWeb, "--force"}, code: ExitDeclined,
+			name: "--force, no terminal, no --yes", args: []string{"web", "--session", sessWeb, "--force"}, code: exitcode.Declined,
 			want: `release "web" in namespace "prod": --force on a live lock needs confirmation, and stdin is not a terminal; nothing was written. Pass --yes to confirm in scripts`,
 		},
 		{
-			name: "--force, answered no", args: []string{"web", "--session", sessWeb, "--force"}, tty: true, in: "no\n", code: ExitDeclined,
+			name: "--force, answered no", args: []string{"web", "--session", sessWeb, "--force"}, tty: true, in: "no\n", code: exitcode.Declined,
 			want: `release "web" in namespace "prod": not confirmed; nothing was written`,
 		},
 		{
-			name: "--force, no answer", args: []string{"web", "--session", sessWeb, "--force"}, tty: true, code: ExitDeclined,
+			name: "--force, no answer", args: []string{"web", "--session", sessWeb, "--force"}, tty: true, code: exitcode.Declined,
 			want: `release "web" in namespace "prod": not confirmed; nothing was written`,
 		},
 		{
-			name: "unknown release", args: []string{"nope", "--session", sessWeb}, code: ExitNotFound,
+			name: "unknown release", args: []string{"nope", "--session", sessWeb}, code: exitcode.NotFound,
 			want: `release "nope" not found in namespace "prod": it has no stored revision and no lock. Check the name and the namespace (-n), or list releases with: helm-autorecover list -A`,
 		},
 		{
-			name: "no lock", args: []string{"legacy", "--session", sessWeb}, code: ExitNotFound,
+			name: "no lock", args: []string{"legacy", "--session", sessWeb}, code: exitcode.NotFound,
 			want: `release "legacy" in namespace "prod" has no lock (no Lease helm-autorecover.v1.legacy): nothing to unlock. Its revision 2 is pending-rollback with no lock record (stock helm may have written it): see helm-autorecover recover legacy -n prod --dry-run`,
 		},
 		{
-			name: "already released", args: []string{"db", "--session", sessDB}, code: ExitNotFound,
+			name: "already released", args: []string{"db", "--session", sessDB}, code: exitcode.NotFound,
 			want: `release "db" in namespace "prod": the lock of session ` + sessDB + ` was already released at 2026-12-02T12:11:00Z by its holder; nothing to unlock`,
 		},
 		{
-			name: "nobody holds it", args: []string{"db", "--session", sessWeb}, code: ExitNotFound,
+			name: "nobody holds it", args: []string{"db", "--session", sessWeb}, code: exitcode.NotFound,
 			want: `release "db" in namespace "prod": nobody holds its lock; nothing to unlock (see helm-autorecover locks db -n prod)`,
 		},
 		{
-			name: "no history", args: []string{"ghost", "--session", "s-1"}, code: ExitNotFound,
+			name: "no history", args: []string{"ghost", "--session", "s-1"}, code: exitcode.NotFound,
 			objs: func(t *testing.T) []runtime.Object {
 				return []runtime.Object{lease(t, record("ghost", "prod", "s-1", lock.OpInstall, 1, at(-time.Hour), at(-time.Hour)))}
 			},
 			want: `release "ghost" in namespace "prod" has no stored revision (its Lease helm-autorecover.v1.ghost exists, holder "s-1"): nothing to recover. If it is gone for good, delete the Lease: kubectl delete lease -n prod helm-autorecover.v1.ghost`,
 		},
 		{
-			name: "corrupt record", args: []string{"api", "--session", sessAPI}, code: ExitBadLock,
+			name: "corrupt record", args: []string{"api", "--session", sessAPI}, code: exitcode.BadLock,
 			objs: func(t *testing.T) []runtime.Object {
 				return editLease(fixture(t), "api", func(l *coordinationv1.Lease) { l.Annotations[lock.AnnotationRecord] = "{not json" })
 			},
 			want: `release "api" in namespace "prod": Lease helm-autorecover.v1.api: its lock record (annotation helm-autorecover.io/lock) cannot be read: decode lock record: invalid character 'n' looking for beginning of object key string; nothing was written. Inspect it with: kubectl get lease -n prod helm-autorecover.v1.api -o yaml. If no helm-autorecover process is working on the release, delete it (kubectl delete lease -n prod helm-autorecover.v1.api) and run: helm-autorecover recover api -n prod --recover-legacy-after=1s`,
 		},
 		{
-			name: "newer schema", args: []string{"api", "--session", sessAPI}, code: ExitBadLock,
+			name: "newer schema", args: []string{"api", "--session", sessAPI}, code: exitcode.BadLock,
 			objs: func(t *testing.T) []runtime.Object {
 				return editLease(fixture(t), "api", func(l *coordinationv1.Lease) {
 					l.Annotations[lock.AnnotationRecord] = strings.Replace(l.Annotations[lock.AnnotationRecord], `"schema":1`, `"schema":7`, 1)
@@ -98,14 +98,14 @@ func TestUnlockRefusals(t *testing.T) {
 			want: `release "api" in namespace "prod": Lease helm-autorecover.v1.api: its lock record (annotation helm-autorecover.io/lock) cannot be read: decode lock record: schema 7 is newer than 1, upgrade helm-autorecover: unsupported lock record schema; nothing was written.`,
 		},
 		{
-			name: "holder edited by hand", args: []string{"api", "--session", "me"}, code: ExitBadLock,
+			name: "holder edited by hand", args: []string{"api", "--session", "me"}, code: exitcode.BadLock,
 			objs: func(t *testing.T) []runtime.Object {
 				return editLease(fixture(t), "api", func(l *coordinationv1.Lease) { l.Spec.HolderIdentity = ptrTo("me") })
 			},
 			want: `release "api" in namespace "prod": Lease helm-autorecover.v1.api: its holderIdentity "me" does not match the session "` + sessAPI + `" of its lock record: it was edited by hand; nothing was written.`,
 		},
 		{
-			name: "record of another release", args: []string{"api", "--session", sessAPI}, code: ExitBadLock,
+			name: "record of another release", args: []string{"api", "--session", sessAPI}, code: exitcode.BadLock,
 			objs: func(t *testing.T) []runtime.Object {
 				return editLease(fixture(t), "api", func(l *coordinationv1.Lease) {
 					l.Annotations[lock.AnnotationRecord] = strings.Replace(l.Annotations[lock.AnnotationRecord], `"release":"api"`, `"release":"web"`, 1)
@@ -114,15 +114,15 @@ func TestUnlockRefusals(t *testing.T) {
 			want: `release "api" in namespace "prod": Lease helm-autorecover.v1.api: its lock record names release "web", not "api": it was copied or edited by hand; nothing was written.`,
 		},
 		{
-			name: "held with no record", args: []string{"api", "--session", sessAPI}, code: ExitBadLock,
+			name: "held with no record", args: []string{"api", "--session", sessAPI}, code: exitcode.BadLock,
 			objs: func(t *testing.T) []runtime.Object {
 				return editLease(fixture(t), "api", func(l *coordinationv1.Lease) { delete(l.Annotations, lock.AnnotationRecord) })
 			},
 			want: `release "api" in namespace "prod": Lease helm-autorecover.v1.api: it is held by session ` + sessAPI + ` but carries no lock record (annotation helm-autorecover.io/lock): it was created or edited by hand; nothing was written.`,
 		},
-		{name: "no --session", args: []string{"api"}, code: guard.ExitUsage, want: `release "api" in namespace "prod": --session is required; find the holder's session with: helm-autorecover locks api -n prod`},
-		{name: "no release", args: []string{"--session", sessAPI}, code: guard.ExitUsage, want: `unlock: needs exactly one argument, the release name; got 0 (see unlock --help)`},
-		{name: "bad name", args: []string{"Bad_Name", "--session", sessAPI}, code: guard.ExitUsage, want: `release in namespace "prod": release name "Bad_Name" is not a DNS-1123 subdomain`},
+		{name: "no --session", args: []string{"api"}, code: exitcode.Usage, want: `release "api" in namespace "prod": --session is required; find the holder's session with: helm-autorecover locks api -n prod`},
+		{name: "no release", args: []string{"--session", sessAPI}, code: exitcode.Usage, want: `unlock: needs exactly one argument, the release name; got 0 (see unlock --help)`},
+		{name: "bad name", args: []string{"Bad_Name", "--session", sessAPI}, code: exitcode.Usage, want: `release in namespace "prod": release name "Bad_Name" is not a DNS-1123 subdomain`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			objs := fixture(t)
@@ -247,11 +247,11 @@ func TestIntegrationUnlockLive(t *testing.T) {
 	x.install(false, "rel")
 	h := x.hold("rel", 2, liveLease)
 
-	res := x.run(ExitWrongSession, "unlock", "rel", "--session", "0000-wrong")
+	res := x.run(exitcode.WrongSession, "unlock", "rel", "--session", "0000-wrong")
 	wantContains(t, "wrong session", res.Stderr, `release "rel" in namespace "`+x.ns+`"`, "it is held by session "+h.session)
 	res = x.run(3, "unlock", "rel", "--session", h.session)
 	wantContains(t, "live lock", res.Stderr, "is live", "--force")
-	res = x.run(ExitDeclined, "unlock", "rel", "--session", h.session, "--force")
+	res = x.run(exitcode.Declined, "unlock", "rel", "--session", h.session, "--force")
 	wantContains(t, "--force without a terminal", res.Stderr, "Pass --yes")
 	if l, _ := x.lease("rel"); holderID(l) != h.session {
 		t.Fatalf("a refused unlock changed the holder to %q", holderID(l))
@@ -277,7 +277,7 @@ func TestIntegrationUnlockLive(t *testing.T) {
 	}
 	wantContains(t, "ForceUnlocked event", x.event("ForceUnlocked", helmx.ReleaseSecretName("rel", 2)), h.session, "force-released")
 
-	res = x.run(ExitNotFound, "unlock", "rel", "--session", h.session)
+	res = x.run(exitcode.NotFound, "unlock", "rel", "--session", h.session)
 	wantContains(t, "second unlock", res.Stderr, "nobody holds its lock; nothing to unlock")
 
 	x.run(0, "upgrade", "rel", x.env.Chart("app"), "--set", "message=v3")

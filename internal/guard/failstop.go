@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/helm-autorecover/helm-autorecover/internal/exitcode"
 	"github.com/helm-autorecover/helm-autorecover/internal/lock"
 	"github.com/helm-autorecover/helm-autorecover/internal/recovery"
 )
@@ -24,14 +25,14 @@ func (r *run) onLost(err error) {
 				r.t.Release, r.t.Namespace)
 			r.abandonOwn("the operation exceeded --lock-max-hold")
 			r.release(false)
-			r.g.Exit(ExitMaxHold)
+			r.g.Exit(exitcode.MaxHold)
 		})
 		return
 	}
 	r.exitOnce.Do(func() {
 		fmt.Fprintf(r.g.Stderr, "Error: release %q in namespace %q: lost the lock (%v); stopping before any further write. The next operation recovers the release once the lock has expired.\n",
 			r.t.Release, r.t.Namespace, err)
-		r.g.Exit(ExitLockLost)
+		r.g.Exit(exitcode.LockLost)
 	})
 }
 

@@ -20,6 +20,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/helm-autorecover/helm-autorecover/internal/events"
+	"github.com/helm-autorecover/helm-autorecover/internal/exitcode"
 	"github.com/helm-autorecover/helm-autorecover/internal/helmx"
 	"github.com/helm-autorecover/helm-autorecover/internal/lock"
 	"github.com/helm-autorecover/helm-autorecover/internal/protocol"
@@ -71,7 +72,7 @@ type Guard struct {
 // writes again.
 func (g *Guard) Run(ctx context.Context, t Target, op func() error) error {
 	if err := g.Options.Validate(); err != nil {
-		return &ExitError{Code: ExitUsage, Err: err}
+		return &exitcode.Error{Code: exitcode.Usage, Err: err}
 	}
 	conn, err := protocol.Connect(g.Config, g.Clock, g.HelmDriver)
 	if err != nil {
@@ -87,7 +88,7 @@ func (g *Guard) Run(ctx context.Context, t Target, op func() error) error {
 
 	backend, stores, err := conn.Stores(ctx, t.Namespace, g.Options.LockBackend)
 	if err != nil {
-		return &ExitError{Code: ExitUsage, Err: fmt.Errorf("release %q in namespace %q: --lock-backend=%s: %w", t.Release, t.Namespace, g.Options.LockBackend, err)}
+		return &exitcode.Error{Code: exitcode.Usage, Err: fmt.Errorf("release %q in namespace %q: --lock-backend=%s: %w", t.Release, t.Namespace, g.Options.LockBackend, err)}
 	}
 	maxHold := g.Options.LockMaxHold
 	if maxHold == 0 {
@@ -131,7 +132,7 @@ func (g *Guard) acquire(ctx context.Context, conn *protocol.Conn, stores []*lock
 	p.done()
 	if err != nil {
 		if sctx.Err() != nil && ctx.Err() == nil {
-			return nil, &ExitError{Code: ExitInterrupted, Err: fmt.Errorf("release %q in namespace %q: interrupted while waiting for the lock; nothing was written: %w", req.Release, req.Namespace, err)}
+			return nil, &exitcode.Error{Code: exitcode.Interrupted, Err: fmt.Errorf("release %q in namespace %q: interrupted while waiting for the lock; nothing was written: %w", req.Release, req.Namespace, err)}
 		}
 		return nil, lockError(err, req)
 	}
@@ -140,7 +141,7 @@ func (g *Guard) acquire(ctx context.Context, conn *protocol.Conn, stores []*lock
 
 func lockError(err error, req lock.Request) error {
 	if errors.Is(err, lock.ErrLocked) {
-		return &ExitError{Code: ExitLocked, Err: err}
+		return &exitcode.Error{Code: exitcode.Locked, Err: err}
 	}
 	if apierrors.IsForbidden(err) {
 		var se apierrors.APIStatus
@@ -237,7 +238,7 @@ func (r *run) do(ctx context.Context, op func() error) (err error) {
 	if err != nil && r.g.Fence != nil && r.g.Fence.CreateConflict() {
 		// Another client created the revision this operation was about to
 		// write: it holds the release (a first install raced with ours).
-		err = &ExitError{Code: ExitLocked, Err: fmt.Errorf("release %q in namespace %q is locked: another client wrote its next revision first (%w); wait for it with --lock-timeout=DURATION, or list locks with \"helm-autorecover locks\": %w", r.t.Release, r.t.Namespace, lock.ErrLocked, err)}
+		err = &exitcode.Error{Code: exitcode.Locked, Err: fmt.Errorf("release %q in namespace %q is locked: another client wrote its next revision first (%w); wait for it with --lock-timeout=DURATION, or list locks with \"helm-autorecover locks\": %w", r.t.Release, r.t.Namespace, lock.ErrLocked, err)}
 	}
 	stopKeep()
 	r.release(err == nil)
@@ -246,7 +247,7 @@ func (r *run) do(ctx context.Context, op func() error) (err error) {
 		// Helm's install and upgrade handle the first signal themselves
 		// (they cancel, mark the release failed and return an error); the
 		// process must still end with the documented interrupted code.
-		return &ExitError{Code: ExitInterrupted, Err: err}
+		return &exitcode.Error{Code: exitcode.Interrupted, Err: err}
 	}
 	return err
 }
@@ -290,7 +291,7 @@ func (r *run) recover(ctx context.Context) (latest int, err error) {
 			// when the user turned recovery off.
 			return out.Latest, nil
 		}
-		return 0, &ExitError{Code: ExitPending, Err: errors.New(dec.Reason)}
+		return 0, &exitcode.Error{Code: exitcode.Pending, Err: errors.New(dec.Reason)}
 	case recovery.Recover, recovery.RecoverThenRollback:
 		fmt.Fprintf(r.g.Stderr, "helm-autorecover: recovered: %s\n", dec.Reason)
 		// The Event is for people reading later: it is written beside
@@ -304,9 +305,6 @@ func (r *run) recover(ctx context.Context) (latest int, err error) {
 				fmt.Fprintf(r.g.Stderr, "helm-autorecover: warning: %v\n", err)
 			}
 		}()
-		if out.RolledBack {
-			fmt.Fprintf(r.g.Stderr, "helm-autorecover: rolled release %q back to revision %d (--recover-strategy=rollback)\n", r.t.Release, dec.RollbackTo)
-		}
 	case recovery.NoRelease, recovery.Proceed:
 	}
 	return out.Latest, nil
@@ -357,5 +355,5 @@ func (r *run) warnRelease(err error) {
 }
 
 func (r *run) lost(err error) error {
-	return &ExitError{Code: ExitLockLost, Err: fmt.Errorf("release %q in namespace %q: %w", r.t.Release, r.t.Namespace, err)}
+	return &exitcode.Error{Code: exitcode.LockLost, Err: fmt.Errorf("release %q in namespace %q: %w", r.t.Release, r.t.Namespace, err)}
 }

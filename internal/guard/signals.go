@@ -7,6 +7,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/helm-autorecover/helm-autorecover/internal/exitcode"
 	"github.com/helm-autorecover/helm-autorecover/internal/lock"
 )
 
@@ -39,7 +40,7 @@ func (r *run) handleSignals() (stop func()) {
 		case <-ch:
 			// Not through exitOnce: a second signal must end the process
 			// at once even while another path (fail-stop) is cleaning up.
-			r.g.Exit(ExitInterrupted)
+			r.g.Exit(exitcode.Interrupted)
 			return
 		case <-timer.C():
 		}
@@ -56,12 +57,12 @@ func (r *run) handleSignals() (stop func()) {
 			r.release(false)
 			fmt.Fprintf(r.g.Stderr, "Error: release %q in namespace %q: interrupted by %s; the release is marked failed and its lock released\n",
 				r.t.Release, r.t.Namespace, sig)
-			r.g.Exit(ExitInterrupted)
+			r.g.Exit(exitcode.Interrupted)
 		})
 		select {
 		case <-quit:
 		case <-ch:
-			r.g.Exit(ExitInterrupted)
+			r.g.Exit(exitcode.Interrupted)
 		}
 	}()
 	return func() {

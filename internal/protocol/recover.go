@@ -194,6 +194,9 @@ func (c *Conn) Recover(ctx context.Context, p Procedure) (Outcome, error) {
 			if err := p.Writer.Valid(); err != nil {
 				return out, fmt.Errorf("%s: stopped before rolling back to revision %d: %w", subject, dec.RollbackTo, err)
 			}
+			if p.Log != nil {
+				fmt.Fprintf(p.Log, "helm-autorecover: rolling release %q back to revision %d, the last deployed\n", p.Release, dec.RollbackTo)
+			}
 			if err := p.Rollback(p.Release, dec.RollbackTo); err != nil {
 				return out, fmt.Errorf("%s: rollback to revision %d after recovery: %w", subject, dec.RollbackTo, err)
 			}

@@ -19,7 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/tools/clientcmd"
 
-	"github.com/helm-autorecover/helm-autorecover/internal/guard"
+	"github.com/helm-autorecover/helm-autorecover/internal/exitcode"
 	"github.com/helm-autorecover/helm-autorecover/internal/helmx"
 	"github.com/helm-autorecover/helm-autorecover/internal/testenv"
 )
@@ -190,7 +190,7 @@ func (m *mixedRun) run(k clientKind, what string, extra ...string) testenv.Resul
 	switch res.ExitCode {
 	case 0:
 		m.record(mixedOp{kind: k, what: what, start: start, end: end})
-	case guard.ExitLocked:
+	case exitcode.Locked:
 		m.record(mixedOp{kind: k, what: what, start: start, end: end, refused: true})
 	}
 	return res
@@ -298,9 +298,9 @@ func heldRefuses(m *mixedRun, holder, refused clientKind) {
 		before := m.revState(2)
 		res = m.run(refused, "upgrade refused", "--set", "message=refused")
 		after := m.revState(2)
-		if res.ExitCode != guard.ExitLocked {
+		if res.ExitCode != exitcode.Locked {
 			t.Fatalf("%s upgrade while %s holds the release: exit %d; want %d (locked)\nstdout:\n%s\nstderr:\n%s",
-				refused, holder, res.ExitCode, guard.ExitLocked, res.Stdout, res.Stderr)
+				refused, holder, res.ExitCode, exitcode.Locked, res.Stdout, res.Stderr)
 		}
 		if !strings.Contains(res.Stderr, rec.session) {
 			t.Errorf("the refusal does not name the holder's session %s:\n%s", rec.session, res.Stderr)
@@ -407,7 +407,7 @@ func concurrentUpgrades(m *mixedRun) {
 				switch res.ExitCode {
 				case 0:
 					done++
-				case guard.ExitLocked:
+				case exitcode.Locked:
 					mu.Lock()
 					refusals[k]++
 					mu.Unlock()

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/helm-autorecover/helm-autorecover/internal/guard"
+	"github.com/helm-autorecover/helm-autorecover/internal/exitcode"
 	"github.com/helm-autorecover/helm-autorecover/internal/testenv"
 )
 
@@ -46,8 +46,8 @@ func TestFailStopAfterPause(t *testing.T) {
 	holder.Signal(t, syscall.SIGCONT)
 	thawed := time.Now()
 	code := holder.Wait(t, 20*time.Second)
-	if code != guard.ExitLockLost {
-		t.Fatalf("thawed holder exit code = %d, want %d (lock lost); stderr:\n%s", code, guard.ExitLockLost, holder.Stderr.String())
+	if code != exitcode.LockLost {
+		t.Fatalf("thawed holder exit code = %d, want %d (lock lost); stderr:\n%s", code, exitcode.LockLost, holder.Stderr.String())
 	}
 	t.Logf("FIGURE thaw-to-exit: %s", time.Since(thawed).Round(10*time.Millisecond))
 	if !strings.Contains(holder.Stderr.String(), "lost the lock") {

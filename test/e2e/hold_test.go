@@ -13,7 +13,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/helm-autorecover/helm-autorecover/internal/guard"
+	"github.com/helm-autorecover/helm-autorecover/internal/exitcode"
 	"github.com/helm-autorecover/helm-autorecover/internal/testenv"
 )
 
@@ -71,7 +71,7 @@ func TestLongHolderKeepsLock(t *testing.T) {
 			code, stderr, err := runQuiet(env, ha, "upgrade", rel, chart, "-n", ns, "--set", "message=contender")
 			mu.Lock()
 			attempts = append(attempts, code)
-			if err != nil || code != guard.ExitLocked || !strings.Contains(stderr, rec.Session) {
+			if err != nil || code != exitcode.Locked || !strings.Contains(stderr, rec.Session) {
 				bad = append(bad, fmt.Sprintf("exit %d, err %v: %s", code, err, stderr))
 			}
 			mu.Unlock()
@@ -138,7 +138,7 @@ func TestLongHolderKeepsLock(t *testing.T) {
 		t.Errorf("only %d contender attempts; want one every 500 ms", len(attempts))
 	}
 	if len(bad) > 0 {
-		t.Errorf("%d contender attempts were not refused with exit %d naming session %s:\n%s", len(bad), guard.ExitLocked, rec.Session, strings.Join(bad, "\n"))
+		t.Errorf("%d contender attempts were not refused with exit %d naming session %s:\n%s", len(bad), exitcode.Locked, rec.Session, strings.Join(bad, "\n"))
 	}
 	for _, e := range lw.snapshot() {
 		if e.holder != "" && e.holder != rec.Session {

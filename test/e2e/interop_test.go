@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/helm-autorecover/helm-autorecover/internal/guard"
+	"github.com/helm-autorecover/helm-autorecover/internal/exitcode"
 	"github.com/helm-autorecover/helm-autorecover/internal/testenv"
 )
 
@@ -121,9 +121,9 @@ func legacyStuckRelease(t *testing.T, backend string) {
 		t.Helper()
 		res := env.Run(t, ha, args([]string{"upgrade", rel, chart, "-n", ns, "--set", "message=v3"}, legacy)...)
 		age := time.Since(created)
-		if res.ExitCode != guard.ExitPending {
+		if res.ExitCode != exitcode.Pending {
 			t.Fatalf("upgrade of a stock-helm pending revision aged %s: exit %d; want %d (pending, not recoverable yet)\nstderr:\n%s",
-				secs(age), res.ExitCode, guard.ExitPending, res.Stderr)
+				secs(age), res.ExitCode, exitcode.Pending, res.Stderr)
 		}
 		if !strings.Contains(res.Stderr, "--recover-legacy-after") {
 			t.Errorf("refusal does not name --recover-legacy-after:\n%s", res.Stderr)

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/helm-autorecover/helm-autorecover/internal/guard"
+	"github.com/helm-autorecover/helm-autorecover/internal/exitcode"
 	"github.com/helm-autorecover/helm-autorecover/internal/testenv"
 )
 
@@ -82,7 +82,7 @@ func TestMixedBackendsNeverOverlap(t *testing.T) {
 					mu.Lock()
 					ops = append(ops, op{user: c.user, start: start, end: end})
 					mu.Unlock()
-				case guard.ExitLocked:
+				case exitcode.Locked:
 					mu.Lock()
 					refused[c.user]++
 					mu.Unlock()

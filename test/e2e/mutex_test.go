@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/helm-autorecover/helm-autorecover/internal/guard"
+	"github.com/helm-autorecover/helm-autorecover/internal/exitcode"
 	"github.com/helm-autorecover/helm-autorecover/internal/testenv"
 )
 
@@ -33,8 +33,8 @@ func TestTwoLiveClients(t *testing.T) {
 	// A second live client fails at once, naming the holder.
 	res := env.Run(t, ha, "upgrade", rel, chart, "-n", ns, "--set", "message=second")
 	figure(t, "locked-failure latency: %s (exit %d)", res.Elapsed.Round(time.Millisecond), res.ExitCode)
-	if res.ExitCode != guard.ExitLocked {
-		t.Fatalf("second upgrade: exit %d; want %d (locked)\nstderr:\n%s", res.ExitCode, guard.ExitLocked, res.Stderr)
+	if res.ExitCode != exitcode.Locked {
+		t.Fatalf("second upgrade: exit %d; want %d (locked)\nstderr:\n%s", res.ExitCode, exitcode.Locked, res.Stderr)
 	}
 	if res.Elapsed > time.Second {
 		t.Errorf("second upgrade took %s to fail; want at most 1s", res.Elapsed.Round(time.Millisecond))
@@ -118,8 +118,8 @@ func TestTwoLiveClientsReleaseBackend(t *testing.T) {
 
 	res := env.Run(t, ha, args([]string{"upgrade", rel, chart, "-n", ns, "--set", "message=second"}, flag)...)
 	figure(t, "locked-failure latency (--lock-backend=release): %s (exit %d)", res.Elapsed.Round(time.Millisecond), res.ExitCode)
-	if res.ExitCode != guard.ExitLocked {
-		t.Fatalf("second upgrade: exit %d; want %d (locked)\nstderr:\n%s", res.ExitCode, guard.ExitLocked, res.Stderr)
+	if res.ExitCode != exitcode.Locked {
+		t.Fatalf("second upgrade: exit %d; want %d (locked)\nstderr:\n%s", res.ExitCode, exitcode.Locked, res.Stderr)
 	}
 	if res.Elapsed > time.Second {
 		t.Errorf("second upgrade took %s to fail; want at most 1s", res.Elapsed.Round(time.Millisecond))
@@ -131,8 +131,8 @@ func TestTwoLiveClientsReleaseBackend(t *testing.T) {
 	}
 	// A lease-backend client is refused by the same lock.
 	res = env.Run(t, ha, "upgrade", rel, chart, "-n", ns, "--set", "message=lease", "--lock-backend", "lease")
-	if res.ExitCode != guard.ExitLocked || !strings.Contains(res.Stderr, rec.Session) {
-		t.Fatalf("lease-backend upgrade while a release-backend client holds: exit %d; want %d naming %s\nstderr:\n%s", res.ExitCode, guard.ExitLocked, rec.Session, res.Stderr)
+	if res.ExitCode != exitcode.Locked || !strings.Contains(res.Stderr, rec.Session) {
+		t.Fatalf("lease-backend upgrade while a release-backend client holds: exit %d; want %d naming %s\nstderr:\n%s", res.ExitCode, exitcode.Locked, rec.Session, res.Stderr)
 	}
 	if got := env.Summary(t, ns, rel); strings.Join(got, " ") != "1:deployed 2:pending-upgrade" {
 		t.Fatalf("history after the refused upgrades = %v; want it untouched", got)
@@ -193,13 +193,13 @@ func TestConcurrentFirstInstalls(t *testing.T) {
 				switch code := p.Wait(t, 2*time.Minute); code {
 				case 0:
 					won++
-				case guard.ExitLocked:
+				case exitcode.Locked:
 					refused++
 					if !strings.Contains(p.Stderr.String(), rel) || !strings.Contains(p.Stderr.String(), "locked") {
 						t.Errorf("client %d: the refusal does not say the release is locked:\n%s", i, p.Stderr.String())
 					}
 				default:
-					t.Errorf("client %d: exit %d; want 0 or %d\nstderr:\n%s", i, code, guard.ExitLocked, p.Stderr.String())
+					t.Errorf("client %d: exit %d; want 0 or %d\nstderr:\n%s", i, code, exitcode.Locked, p.Stderr.String())
 				}
 			}
 			figure(t, "3 concurrent first installs (--lock-backend=%s): %d succeeded, %d refused with exit 3", backend, won, refused)

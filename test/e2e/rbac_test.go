@@ -116,7 +116,7 @@ func TestReleaseBackendLeastPrivilege(t *testing.T) {
 	const rel = "noleases"
 	if res := run(full, "install", rel, chart, "-n", ns, "--wait", "--timeout", "60s", "--debug"); res.ExitCode != 0 {
 		t.Fatalf("install with the documented Role: exit %d: %s", res.ExitCode, res.Stderr)
-	} else if !strings.Contains(res.Stderr, "--lock-backend=auto chose release") {
+	} else if !strings.Contains(res.Stderr, "lock backend auto chose release") {
 		t.Errorf("--debug does not report auto's choice of the release backend:\n%s", res.Stderr)
 	}
 	p := env.Start(t, bin, "upgrade", rel, chart, "-n", ns, "--wait", "--timeout", "5m", "--lease-duration", "3s",

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/helm-autorecover/helm-autorecover/internal/guard"
+	"github.com/helm-autorecover/helm-autorecover/internal/exitcode"
 	"github.com/helm-autorecover/helm-autorecover/internal/testenv"
 )
 
@@ -73,8 +73,8 @@ func firstSignal(t *testing.T, env *testenv.Env, ha string, c killCase, signame 
 		l, rec := lease(t, env, ns, rel)
 		t.Errorf("the lock was not free within %s of %s: holder %q, record %+v", signalBound, signame, holderOf(l), rec)
 	}
-	if code != guard.ExitInterrupted {
-		t.Errorf("exit code %d after %s; want %d", code, signame, guard.ExitInterrupted)
+	if code != exitcode.Interrupted {
+		t.Errorf("exit code %d after %s; want %d", code, signame, exitcode.Interrupted)
 	}
 	// Never pending again: nothing rewrote it after the process ended.
 	revs := revisions(t, env, ns, rel)
@@ -114,8 +114,8 @@ func TestSecondSignal(t *testing.T) {
 			took := time.Since(secondAt)
 			left := env.Summary(t, ns, rel)
 			figure(t, "second SIGINT %s: exit %d after %s (history left: %v)", c.name, code, took.Round(time.Millisecond), left)
-			if code != guard.ExitInterrupted {
-				t.Errorf("exit code %d after two SIGINTs; want %d\nstderr:\n%s", code, guard.ExitInterrupted, p.Stderr.String())
+			if code != exitcode.Interrupted {
+				t.Errorf("exit code %d after two SIGINTs; want %d\nstderr:\n%s", code, exitcode.Interrupted, p.Stderr.String())
 			}
 			if took > time.Second {
 				t.Errorf("the process took %s to exit after the second SIGINT; want at once (1s)", took.Round(time.Millisecond))
@@ -193,8 +193,8 @@ func TestSecondSignalStalledAPI(t *testing.T) {
 			}
 			took := time.Since(secondAt)
 			figure(t, "second SIGINT with stalled API %s: exit %d after %s", c.name, code, took.Round(time.Millisecond))
-			if code != guard.ExitInterrupted {
-				t.Errorf("exit code %d; want %d\nstderr:\n%s", code, guard.ExitInterrupted, p.Stderr.String())
+			if code != exitcode.Interrupted {
+				t.Errorf("exit code %d; want %d\nstderr:\n%s", code, exitcode.Interrupted, p.Stderr.String())
 			}
 			if took > time.Second {
 				t.Errorf("the process took %s to exit after the second SIGINT; want at once (1s)", took.Round(time.Millisecond))

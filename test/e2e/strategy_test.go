@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/helm-autorecover/helm-autorecover/internal/guard"
+	"github.com/helm-autorecover/helm-autorecover/internal/exitcode"
 	"github.com/helm-autorecover/helm-autorecover/internal/testenv"
 )
 
@@ -50,8 +50,8 @@ func TestLockMaxHold(t *testing.T) {
 	start := time.Now()
 	p := env.Start(t, bin, "upgrade", rel, chart, "-n", ns, "--wait", "--timeout", "5m",
 		"--set", "nodeSelector.never=matches", "--lease-duration", "3s", "--lock-max-hold", "6s")
-	if code := p.Wait(t, 60*time.Second); code != guard.ExitMaxHold {
-		t.Fatalf("exit code = %d, want %d; stderr:\n%s", code, guard.ExitMaxHold, p.Stderr.String())
+	if code := p.Wait(t, 60*time.Second); code != exitcode.MaxHold {
+		t.Fatalf("exit code = %d, want %d; stderr:\n%s", code, exitcode.MaxHold, p.Stderr.String())
 	}
 	figure(t, "max-hold 6s: aborted after %s", secs(time.Since(start)))
 	if !strings.Contains(p.Stderr.String(), "--lock-max-hold") {

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/helm-autorecover/helm-autorecover/internal/guard"
+	"github.com/helm-autorecover/helm-autorecover/internal/exitcode"
 	"github.com/helm-autorecover/helm-autorecover/internal/testenv"
 )
 
@@ -37,8 +37,8 @@ func TestSignalWhileWaiting(t *testing.T) {
 
 	waiter.Signal(t, syscall.SIGINT)
 	sent := time.Now()
-	if code := waiter.Wait(t, 10*time.Second); code != guard.ExitInterrupted {
-		t.Fatalf("interrupted waiter exit code = %d, want %d; stderr:\n%s", code, guard.ExitInterrupted, waiter.Stderr.String())
+	if code := waiter.Wait(t, 10*time.Second); code != exitcode.Interrupted {
+		t.Fatalf("interrupted waiter exit code = %d, want %d; stderr:\n%s", code, exitcode.Interrupted, waiter.Stderr.String())
 	}
 	figure(t, "interrupted waiter exit: %s", time.Since(sent).Round(time.Millisecond))
 	l, now := lease(t, env, ns, rel)
