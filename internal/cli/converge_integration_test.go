@@ -56,8 +56,10 @@ func (x *it) abandon(rel string, m installMethod, leaseDuration string) holder {
 		x.t.Fatalf("revision 1 already has %s-extra (err %v): %v", rel, err, cm)
 	}
 
-	p := x.env.Start(x.t, x.ha, append([]string{"upgrade", rel, chart, "-n", x.ns, "--wait", "--timeout", "5m",
-		"--lease-duration", leaseDuration}, abandonedValues...)...)
+	p := x.env.Start(x.t, x.ha, append([]string{
+		"upgrade", rel, chart, "-n", x.ns, "--wait", "--timeout", "5m",
+		"--lease-duration", leaseDuration,
+	}, abandonedValues...)...)
 	x.env.WaitForStatus(x.t, x.ns, rel, 2, "pending-upgrade", 2*time.Minute)
 	var h holder
 	x.waitFor(time.Minute, "the upgrade to record revision 2 in its lock and apply its changes", func() (bool, string) {
@@ -184,15 +186,20 @@ func TestIntegrationUnlockConverges(t *testing.T) {
 		flags  []string
 		want   []string
 	}{
-		{"expired", serverSide, deadLease, inspect.StateExpired, nil,
-			[]string{"its lock was released by", "helm-autorecover unlock"}},
+		{
+			"expired", serverSide, deadLease, inspect.StateExpired, nil,
+			[]string{"its lock was released by", "helm-autorecover unlock"},
+		},
 		// A lease long enough that the dead holder's lock is certainly
 		// still live when unlock runs (it is renewed every 10 s), and short
 		// enough to wait out: a lock released before its LOCKED TILL is
 		// recovered only once that has passed, since its holder may still
 		// be writing until then.
-		{"live-forced", clientSide, "30s", inspect.StateLive, []string{"--force", "--yes"},
-			[]string{"its live lock", "was force-released by", "helm-autorecover unlock --force"}},
+		{
+			"live-forced", clientSide, "30s", inspect.StateLive,
+			[]string{"--force", "--yes"},
+			[]string{"its live lock", "was force-released by", "helm-autorecover unlock --force"},
+		},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

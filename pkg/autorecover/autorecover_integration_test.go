@@ -1191,7 +1191,7 @@ func TestIntegrationRun(t *testing.T) {
 				})
 				locked, ok := errors.AsType[*autorecover.LockedError](err)
 				if !ok || locked.HolderSession != session || called {
-					return fmt.Errorf("the other backend's Run under our lock = %v (op called: %t), want a *LockedError naming session %s", err, called, session)
+					return fmt.Errorf("the other backend's Run under our lock = %w (op called: %t), want a *LockedError naming session %s", err, called, session)
 				}
 				t.Logf("the other backend was refused: %v", err)
 				_, err = newUpgrade(cfg, ns, time.Minute).RunWithContext(ctx, releaseName, appChart(t, env), map[string]any{"message": message})

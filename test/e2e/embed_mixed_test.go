@@ -166,11 +166,15 @@ func (m *mixedRun) user(k clientKind) string { return string(k) + "-" + m.backen
 // (flags the embed program and the CLI spell alike).
 func (m *mixedRun) command(k clientKind, extra ...string) (string, []string) {
 	if k == kindEmbed {
-		return m.embed, append([]string{"--release", m.rel, "--namespace", m.ns, "--chart", m.chart,
-			"--lock-backend", m.backend, "--kubeconfig", m.kubeconfig}, extra...)
+		return m.embed, append([]string{
+			"--release", m.rel, "--namespace", m.ns, "--chart", m.chart,
+			"--lock-backend", m.backend, "--kubeconfig", m.kubeconfig,
+		}, extra...)
 	}
-	return m.ha, append([]string{"upgrade", "--install", m.rel, m.chart, "-n", m.ns,
-		"--lock-backend", m.backend, "--kube-as-user", m.user(k), "--kube-as-group", "system:masters"}, extra...)
+	return m.ha, append([]string{
+		"upgrade", "--install", m.rel, m.chart, "-n", m.ns,
+		"--lock-backend", m.backend, "--kube-as-user", m.user(k), "--kube-as-group", "system:masters",
+	}, extra...)
 }
 
 func (m *mixedRun) record(o mixedOp) {
