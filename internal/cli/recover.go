@@ -194,16 +194,7 @@ func (c *lockCmds) runRecover(ctx context.Context, o *recoverOptions, rel string
 		}
 		return &exitcode.Error{Code: exitcode.Locked, Err: err}
 	}
-	keepCtx, stopKeep := context.WithCancel(ctx)
-	go held.Keep(keepCtx, func(error) {})
-	defer func() {
-		stopKeep()
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-		defer cancel()
-		if err := held.Release(rctx); err != nil && !errors.Is(err, lock.ErrLost) {
-			fmt.Fprintf(c.errOut, "Warning: releasing the lock of release %q in namespace %q: %v (it expires by itself within %s)\n", rel, ns, err, o.opts.LeaseDuration)
-		}
-	}()
+	defer c.keep(ctx, held, rel, ns)()
 
 	// A rollback (--recover-strategy=rollback) runs helm's own action: its
 	// writes go through the same fence as the guarded commands'.

@@ -172,16 +172,7 @@ func (c *lockCmds) recoverUnlocked(ctx context.Context, cn *conn, rel, ns string
 	if err != nil {
 		return protocol.Outcome{}, err
 	}
-	keepCtx, stopKeep := context.WithCancel(ctx)
-	go held.Keep(keepCtx, func(error) {})
-	defer func() {
-		stopKeep()
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-		defer cancel()
-		if err := held.Release(rctx); err != nil && !errors.Is(err, lock.ErrLost) {
-			fmt.Fprintf(c.errOut, "Warning: releasing the lock of release %q in namespace %q: %v (it expires by itself)\n", rel, ns, err)
-		}
-	}()
+	defer c.keep(ctx, held, rel, ns)()
 	return held.Recover(ctx, protocol.Procedure{
 		Policy:   recovery.Policy{Autorecover: true, Hints: recovery.CLIHints},
 		Next:     lock.OpRecover,
