@@ -293,7 +293,7 @@ func (f *fenceRT) create(req *http.Request, g *GuardedWrites) (*http.Response, e
 			return nil, fmt.Errorf("helm-autorecover: refused helm's create of %s of release %q in namespace %q: another client wrote it first: %w", m.Name, g.Release, g.Namespace, lock.ErrLocked)
 		}
 	}
-	if err := newestAllows(metas, g, ""); err != nil {
+	if err := newestAllows(metas, g); err != nil {
 		f.w.createConflict.Store(true) // another session holds the release
 		return nil, err
 	}
@@ -336,14 +336,19 @@ func (f *fenceRT) update(req *http.Request, g *GuardedWrites, name string) (*htt
 	}
 	rev := revisionOf(name, g.Release)
 	for attempt := 0; ; attempt++ {
-		if err := f.checkNewest(req, g, name); err != nil {
+		metas, err := f.listRecords(req, g)
+		if err != nil {
+			return nil, err
+		}
+		if err := newestAllows(metas, g); err != nil {
 			return nil, err
 		}
 		cur, resp, err := f.get(req)
 		if err != nil || resp != nil {
 			return resp, err // the read failed: helm sees why
 		}
-		own, curRec, err := checkLock(cur.meta, g)
+		isNewest := len(metas) > 0 && metas[len(metas)-1].Name == name
+		own, curRec, err := checkLock(cur.meta, g, isNewest)
 		if err != nil {
 			return nil, err
 		}
@@ -379,12 +384,19 @@ func (f *fenceRT) update(req *http.Request, g *GuardedWrites, name string) (*htt
 	}
 }
 
-// checkLock tells whether the record carries our lock (own), and refuses the
-// write when our lock is gone: another session took the lock after we did
-// (held or since released), or ours was released by someone else while helm
-// still writes. An older revision may still carry the unreleased lock of a
-// holder that died before us; that one is stale and does not stop the write.
-func checkLock(m *metav1.ObjectMeta, g *GuardedWrites) (own bool, cur *lock.Record, err error) {
+// checkLock reads the lock record on m: own reports whether it is ours,
+// and err refuses helm's write when m is the release's newest record (where
+// the lock lives) and the lock on it is no longer ours. The lock is taken by
+// writing the taker's record onto the newest record, and moves with every
+// new revision its holder creates, so while we hold it the newest record
+// carries our unreleased record: another session's record there (held or
+// since released) means ours was taken over or released after we took it,
+// and our own record marked released means a person released it
+// (unlock --force). No clock is compared. An older record's lock record is
+// stale (the lock moved on) and decides nothing. A newest record with no
+// lock record at all was written by a client that takes no lock (stock
+// helm) and does not stop the write.
+func checkLock(m *metav1.ObjectMeta, g *GuardedWrites, newest bool) (own bool, cur *lock.Record, err error) {
 	s, ok := m.Annotations[lock.AnnotationRecord]
 	if !ok {
 		return false, nil, nil
@@ -392,22 +404,24 @@ func checkLock(m *metav1.ObjectMeta, g *GuardedWrites) (own bool, cur *lock.Reco
 	rec, _ := lock.DecodeRecord(s)
 	switch {
 	case rec == nil:
-		return false, nil, fmt.Errorf("helm-autorecover: refused helm's write of %s: its lock record is unreadable: %w", m.Name, lock.ErrLost)
+		if !newest {
+			return false, nil, nil
+		}
+		return false, nil, fmt.Errorf("helm-autorecover: refused helm's write of %s: the lock record on the release's newest record is unreadable: %w", m.Name, lock.ErrLost)
+	case !newest:
+		return rec.Session == g.Lock.Session(), rec, nil
 	case rec.Session == g.Lock.Session() && !rec.ReleasedAt.IsZero():
-		// Our own lock, released while helm still writes: a person
-		// released it (unlock --force), and the release is someone
-		// else's to recover now.
 		return false, rec, fmt.Errorf("helm-autorecover: refused helm's write of %s of release %q in namespace %q: its lock was released%s: %w",
 			m.Name, g.Release, g.Namespace, releasedBy(rec), lock.ErrLost)
 	case rec.Session == g.Lock.Session():
 		return true, rec, nil
-	case rec.AcquiredAt.After(g.Lock.Record().AcquiredAt):
-		// A session that took the lock after ours, held or since released:
-		// ours was taken over.
-		return false, rec, fmt.Errorf("helm-autorecover: refused helm's write of %s of release %q in namespace %q: session %s of %s took its lock after ours: %w",
-			m.Name, g.Release, g.Namespace, rec.Session, rec.Who, lock.ErrLost)
 	}
-	return false, rec, nil
+	state := "holds"
+	if !rec.ReleasedAt.IsZero() {
+		state = "took and released"
+	}
+	return false, rec, fmt.Errorf("helm-autorecover: refused helm's write of %s of release %q in namespace %q: session %s of %s %s its lock after we took it: %w",
+		m.Name, g.Release, g.Namespace, rec.Session, rec.Who, state, lock.ErrLost)
 }
 
 func releasedBy(rec *lock.Record) string {
@@ -471,28 +485,15 @@ func (f *fenceRT) listRecords(req *http.Request, g *GuardedWrites) ([]metav1.Obj
 	return out, nil
 }
 
-// checkNewest refuses a write of helm's when the release's newest record
-// (other than skip, the record being written) carries the unreleased lock
-// of a session that took it after ours: the lock moved to someone else, as
-// when helm pruned the record our lock was on and a waiter took the next.
-func (f *fenceRT) checkNewest(req *http.Request, g *GuardedWrites, skip string) error {
-	metas, err := f.listRecords(req, g)
-	if err != nil {
-		return err
+// newestAllows refuses a write of helm's when the lock on the release's
+// newest record (metas are listed oldest first) is no longer ours; see
+// checkLock.
+func newestAllows(metas []metav1.ObjectMeta, g *GuardedWrites) error {
+	if len(metas) == 0 {
+		return nil
 	}
-	return newestAllows(metas, g, skip)
-}
-
-// newestAllows is checkNewest on records already listed, oldest first.
-func newestAllows(metas []metav1.ObjectMeta, g *GuardedWrites, skip string) error {
-	for i := len(metas) - 1; i >= 0; i-- {
-		if metas[i].Name == skip {
-			continue
-		}
-		_, _, err := checkLock(&metas[i], g)
-		return err
-	}
-	return nil
+	_, _, err := checkLock(&metas[len(metas)-1], g, true)
+	return err
 }
 
 // moveLockBeforeDelete keeps the lock when helm deletes the record it is on
@@ -509,7 +510,7 @@ func (f *fenceRT) moveLockBeforeDelete(req *http.Request, g *GuardedWrites, name
 	if n < 2 || metas[n-1].Name != name {
 		return nil // not the newest, or the last one (uninstall): nothing to move
 	}
-	own, _, err := checkLock(&metas[n-1], g)
+	own, _, err := checkLock(&metas[n-1], g, true)
 	if err != nil || !own {
 		return err
 	}

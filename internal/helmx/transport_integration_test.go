@@ -224,3 +224,82 @@ func TestIntegrationFenceKeepsNewerRenewal(t *testing.T) {
 		t.Fatalf("LOCKED TILL after helm's update = %+v; want the newer %s", rec, renewed.LockedTill)
 	}
 }
+
+// TestIntegrationFenceIgnoresStaleLockOnOlderRecord: the lock lives on the
+// newest record; an older record keeps the record of whoever held the lock
+// while it was newest. That stale record decides nothing, whatever its
+// times say: helm's supersede of the last deployed revision goes through
+// even when the previous holder's estimate of server time stamped its
+// acquisition later than ours (two fresh clients, each about a second
+// wide). Refusing it made helm mark the new revision deployed beside a
+// last deployed revision it could not supersede: two deployed revisions.
+func TestIntegrationFenceIgnoresStaleLockOnOlderRecord(t *testing.T) {
+	env := testenv.Get(t)
+	ns := env.Namespace(t)
+	t0 := time.Now()
+	ours := newHeld("next-session", t0)
+	previous := newHeld("previous-session", t0.Add(800*time.Millisecond)) // stamped later than ours
+	plain := driver.NewSecrets(env.Client.CoreV1().Secrets(ns))
+	if err := store(t, plain, 1, common.StatusDeployed); err != nil {
+		t.Fatal(err)
+	}
+	// The previous holder took the lock on revision 1 and created revision
+	// 2, then failed and released (on revision 2).
+	prevRec := previous.rec
+	s, err := prevRec.Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	annotate(t, env, ns, 1, s)
+	prevRec.Revision = 2
+	prevRec.ReleasedAt = t0.Add(time.Second)
+	if err := store(t, plain, 2, common.StatusFailed); err != nil {
+		t.Fatal(err)
+	}
+	s, err = prevRec.Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	annotate(t, env, ns, 2, s)
+	// We take the lock on revision 2 (the newest), create revision 3 and
+	// supersede revision 1.
+	ourRec := ours.rec
+	s, err = ourRec.Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	annotate(t, env, ns, 2, s)
+	d := fencedDriver(t, env.Config, ns, ours)
+	if err := store(t, d, 3, common.StatusPendingUpgrade); err != nil {
+		t.Fatalf("our create: %v", err)
+	}
+	if _, err := d.Get(ReleaseSecretName("web", 1)); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Update(ReleaseSecretName("web", 1), webRelease(1, common.StatusSuperseded)); err != nil {
+		t.Fatalf("supersede of revision 1, which carries the previous holder's stale record: %v", err)
+	}
+	if err := d.Update(ReleaseSecretName("web", 3), webRelease(3, common.StatusDeployed)); err != nil {
+		t.Fatalf("our final write: %v", err)
+	}
+	if rec := lockOn(t, env, ns, 1); rec == nil || rec.Session != "previous-session" {
+		t.Errorf("revision 1's record after the supersede: %+v; want the previous holder's kept as it was", rec)
+	}
+}
+
+// annotate puts the lock record s on revision rev of release "web".
+func annotate(t *testing.T, env *testenv.Env, ns string, rev int, s string) {
+	t.Helper()
+	ctx := context.Background()
+	sec, err := env.Client.CoreV1().Secrets(ns).Get(ctx, ReleaseSecretName("web", rev), metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sec.Annotations == nil {
+		sec.Annotations = map[string]string{}
+	}
+	sec.Annotations[lock.AnnotationRecord] = s
+	if _, err := env.Client.CoreV1().Secrets(ns).Update(ctx, sec, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
