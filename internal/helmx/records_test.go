@@ -3,11 +3,14 @@ package helmx
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 
 	"helm.sh/helm/v4/pkg/release/common"
 	rspb "helm.sh/helm/v4/pkg/release/v1"
 	"helm.sh/helm/v4/pkg/storage/driver"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/helm-autorecover/helm-autorecover/internal/records"
@@ -102,5 +105,43 @@ func TestNewRecordsWithoutKubernetesRecords(t *testing.T) {
 	}
 	if _, err := NewRecords(fake.NewClientset(), "etcd"); err == nil {
 		t.Errorf("NewRecords(etcd) accepted an unknown driver")
+	}
+}
+
+// TestReadHistorySkipsUnreadableRecords: a record labelled as a revision of
+// the release whose payload is not a release is skipped, as helm's storage
+// skips it, unless it is the newest record (which may carry a live
+// holder's lock): then the history cannot be read.
+func TestReadHistorySkipsUnreadableRecords(t *testing.T) {
+	ctx := context.Background()
+	corrupt := func(rev string) *corev1.Secret {
+		return &corev1.Secret{
+			ObjectMeta: metav1.ObjectMeta{
+				Name: "sh.helm.release.v1." + sampleRelease().Name + ".v" + rev, Namespace: "shop",
+				Labels: map[string]string{LabelOwner: OwnerHelm, LabelName: sampleRelease().Name, LabelVersion: rev},
+			},
+			Type: ReleaseSecretType,
+			Data: map[string][]byte{ReleaseDataKey: []byte("not a release")},
+		}
+	}
+	setup := func(corruptRev string) Records {
+		cs := fake.NewClientset(corrupt(corruptRev))
+		d := driver.NewSecrets(cs.CoreV1().Secrets("shop"))
+		for v, st := range []common.Status{common.StatusSuperseded, common.StatusDeployed} {
+			rel := sampleRelease()
+			rel.Version, rel.Info.Status = v+1, st
+			if err := d.Create(ReleaseSecretName(rel.Name, rel.Version), rel); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return SecretRecords(cs)
+	}
+
+	hist, err := ReadHistory(ctx, setup("0"), "shop", sampleRelease().Name)
+	if err != nil || len(hist) != 2 || hist[0].Revision != 1 || hist[1].Revision != 2 {
+		t.Fatalf("history with an unreadable v0: %+v, %v; want revisions 1 and 2", hist, err)
+	}
+	if _, err := ReadHistory(ctx, setup("3"), "shop", sampleRelease().Name); err == nil || !strings.Contains(err.Error(), "newest record is unreadable") {
+		t.Fatalf("history with an unreadable newest record: %v; want a refusal", err)
 	}
 }

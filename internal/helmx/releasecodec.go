@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"maps"
 	"slices"
 	"strconv"
@@ -318,14 +319,24 @@ func ReadHistory(ctx context.Context, recs Records, ns, release string) ([]Summa
 	if err != nil {
 		return nil, fmt.Errorf("release %q in namespace %q: reading its history: %w", release, ns, err)
 	}
+	newest, _ := records.NewestOf(list)
 	out := make([]Summary, 0, len(list))
 	for _, r := range list {
 		s, err := SummarizeRecord(r)
-		if err != nil {
-			return nil, fmt.Errorf("release %q in namespace %q: %w; inspect it with: %s -n %s %s -o yaml",
+		switch {
+		case err == nil:
+			out = append(out, s)
+		case r.Meta.Name == newest.Meta.Name:
+			// The newest record may carry a live holder's lock: nothing is
+			// decided past it.
+			return nil, fmt.Errorf("release %q in namespace %q: its newest record is unreadable: %w; inspect it with: %s -n %s %s -o yaml",
 				release, ns, err, recs.Kubectl(), ns, r.Meta.Name)
+		default:
+			// helm's own storage skips a record it cannot decode; so does
+			// the history, saying which.
+			slog.Warn("helm-autorecover: skipping an unreadable record labelled as a revision of the release, as helm does",
+				slog.String("release", release), slog.String("namespace", ns), slog.String("record", recs.Kind()+"/"+r.Meta.Name), slog.Any("error", err))
 		}
-		out = append(out, s)
 	}
 	slices.SortFunc(out, func(a, b Summary) int { return a.Revision - b.Revision })
 	return out, nil

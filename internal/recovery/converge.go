@@ -134,7 +134,13 @@ func LoadConvergeInput(ctx context.Context, records helmx.Records, abandoned hel
 	for _, r := range list {
 		sum, err := helmx.SummarizeRecord(r)
 		if err != nil {
-			return ConvergeInput{}, fmt.Errorf("%s: %w", subject, err)
+			if r.Meta.Name == abandoned.RecordName {
+				return ConvergeInput{}, fmt.Errorf("%s: %w", subject, err)
+			}
+			// An unreadable record that is neither the abandoned revision
+			// nor a deployed one helm could use: helm skips it, and so does
+			// the history (helmx.ReadHistory warns about it).
+			continue
 		}
 		switch {
 		case r.Meta.Name == abandoned.RecordName || (abandoned.RecordName == "" && sum.Revision == abandoned.Revision):
