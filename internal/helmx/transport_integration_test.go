@@ -303,3 +303,39 @@ func annotate(t *testing.T, env *testenv.Env, ns string, rev int, s string) {
 		t.Fatal(err)
 	}
 }
+
+// TestIntegrationFenceForcedOutHolderStops: after a person released our
+// lock (unlock --force marks our record released on the newest record),
+// helm's next write of ours is refused and the record stays released: the
+// forced-out holder never restores its lock by writing.
+func TestIntegrationFenceForcedOutHolderStops(t *testing.T) {
+	env := testenv.Get(t)
+	ns := env.Namespace(t)
+	ours := newHeld("forced-session", time.Now())
+	d := fencedDriver(t, env.Config, ns, ours)
+	if err := store(t, d, 1, common.StatusPendingInstall); err != nil {
+		t.Fatalf("our create: %v", err)
+	}
+	forced := ours.rec
+	forced.Revision = 1
+	forced.ReleasedAt = time.Now()
+	forced.ReleasedBy = "bob@laptop"
+	s, err := forced.Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	annotate(t, env, ns, 1, s)
+	if _, err := d.Get(ReleaseSecretName("web", 1)); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Update(ReleaseSecretName("web", 1), webRelease(1, common.StatusDeployed)); !errors.Is(err, lock.ErrLost) {
+		t.Fatalf("a forced-out holder's update: %v; want ErrLost", err)
+	}
+	rec := lockOn(t, env, ns, 1)
+	if rec == nil || rec.ReleasedAt.IsZero() || rec.ReleasedBy != "bob@laptop" {
+		t.Errorf("the lock record after the refused write: %+v; want it still released by bob@laptop", rec)
+	}
+	if st := env.History(t, ns, "web")[0].Status; st != "pending-install" {
+		t.Errorf("revision 1 is %s; want it untouched (pending-install)", st)
+	}
+}
