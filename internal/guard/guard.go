@@ -314,19 +314,9 @@ func (r *run) recover(ctx context.Context) (latest int, err error) {
 // is about to write, so that whoever finds it abandoned can tell it is ours.
 // latest is the highest revision recovery read, or -1 to read it again.
 func (r *run) recordRevision(ctx context.Context, latest int) error {
-	if latest < 0 {
-		hist, err := r.history(ctx)
-		if err != nil {
-			return err
-		}
-		latest = 0
-		if n := len(hist); n > 0 {
-			latest = hist[n-1].Revision
-		}
-	}
-	rev := latest + 1
-	if r.t.Op == lock.OpUninstall {
-		rev = latest
+	rev, err := r.held.NextRevision(ctx, r.t.Op, latest)
+	if err != nil {
+		return err
 	}
 	if err := r.held.SetRevision(ctx, rev); err != nil {
 		return r.lost(err)

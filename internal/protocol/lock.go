@@ -58,6 +58,31 @@ func (l *Lock) Valid() error { return l.joint.Valid() }
 // Previous maps what the lock was taken from onto recovery's input.
 func (l *Lock) Previous() recovery.LockInfo { return recovery.PreviousLock(l.joint.Previous()) }
 
+// NextRevision is the revision op is about to write, to record with
+// SetRevision so that whoever finds it abandoned recovers it at once: the
+// one after latest, the highest stored revision recovery read (or latest
+// itself for an uninstall, which rewrites it). A negative latest (recovery
+// rolled back, writing a revision it did not read) reads the history again;
+// a driver that keeps no record counts as no revision.
+func (l *Lock) NextRevision(ctx context.Context, op lock.Operation, latest int) (int, error) {
+	if latest < 0 {
+		latest = 0
+		if _, err := l.conn.Records(); err == nil {
+			hist, err := l.conn.History(ctx, l.namespace, l.release)
+			if err != nil {
+				return 0, err
+			}
+			if n := len(hist); n > 0 {
+				latest = hist[n-1].Revision
+			}
+		}
+	}
+	if op == lock.OpUninstall {
+		return latest, nil
+	}
+	return latest + 1, nil
+}
+
 // Renew extends every part by one lease from now.
 func (l *Lock) Renew(ctx context.Context) error { return l.joint.Renew(ctx) }
 

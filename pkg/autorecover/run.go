@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/helm-autorecover/helm-autorecover/internal/lock"
 	"helm.sh/helm/v4/pkg/action"
 	"helm.sh/helm/v4/pkg/kube"
 )
@@ -88,22 +89,10 @@ func (c *Client) Run(ctx context.Context, rc RunConfig, op func(ctx context.Cont
 		return &BlockedError{Decision: d}
 	}
 	// Record the revision op is about to write, so that whoever finds it
-	// abandoned recovers it at once. After a rollback the newest revision
-	// was written by it, unread.
-	latest := out.Latest
-	if latest < 0 {
-		hist, err := l.c.history(opCtx, l.namespace, l.release)
-		if err != nil {
-			return lostCause(opCtx, err)
-		}
-		latest = len(hist)
-		if latest > 0 {
-			latest = hist[len(hist)-1].Revision
-		}
-	}
-	rev := latest + 1
-	if rc.Lock.Operation == OpUninstall {
-		rev = latest
+	// abandoned recovers it at once.
+	rev, err := l.held.NextRevision(opCtx, lock.Operation(rc.Lock.Operation), out.Latest)
+	if err != nil {
+		return lostCause(opCtx, fmt.Errorf("autorecover: %w", err))
 	}
 	if err := l.SetRevision(opCtx, rev); err != nil {
 		return lostCause(opCtx, fmt.Errorf("autorecover: release %q in namespace %q: %w", l.release, l.namespace, err))
