@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"flag"
+	"io"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -71,6 +72,20 @@ type fakeEnv struct {
 	in          *strings.Reader
 	tty         bool
 	autoStep    atomic.Bool
+	waiting     atomic.Bool
+}
+
+// waitWatcher passes writes on and notes when recovery says it waits.
+type waitWatcher struct {
+	w       io.Writer
+	waiting *atomic.Bool
+}
+
+func (w waitWatcher) Write(p []byte) (int, error) {
+	if bytes.Contains(p, []byte("waiting for it")) {
+		w.waiting.Store(true)
+	}
+	return w.w.Write(p)
 }
 
 func newFakeEnv(t *testing.T, objs ...runtime.Object) *fakeEnv {
@@ -93,8 +108,10 @@ func newFakeEnv(t *testing.T, objs ...runtime.Object) *fakeEnv {
 				return
 			case <-time.After(time.Millisecond):
 			}
-			if e.autoStep.Load() && clk.HasWaiters() {
-				clk.Step(time.Second)
+			// Only once recovery says it waits (its timer is armed right
+			// after), in steps well inside the recovering lock's own lease.
+			if e.autoStep.Load() && e.waiting.Load() && clk.HasWaiters() {
+				clk.Step(100 * time.Millisecond)
 			}
 		}
 	}()
@@ -104,7 +121,7 @@ func newFakeEnv(t *testing.T, objs ...runtime.Object) *fakeEnv {
 	e.c = &lockCmds{
 		settings:   settings,
 		out:        e.out,
-		errOut:     e.errOut,
+		errOut:     waitWatcher{w: e.errOut, waiting: &e.waiting},
 		in:         e.in,
 		isTerminal: func() bool { return e.tty },
 		connect: func() (*conn, error) {
