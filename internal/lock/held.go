@@ -10,6 +10,8 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/helm-autorecover/helm-autorecover/internal/sleepclock"
 )
 
 // Held is a lock this process holds. Its methods are safe for concurrent use;
@@ -75,11 +77,20 @@ func (h *Held) Record() Record {
 }
 
 // Deadline is the renew deadline on the injected local clock: unless a
-// renewal succeeds first, the lock must be considered lost from then on.
+// renewal succeeds first, the lock must be considered lost from then on. It
+// is moved earlier by any time the machine spent asleep since the last
+// renewal was sent, which the clock's readings do not count but the lease
+// does (sleepclock.Elapsed's larger estimate).
 func (h *Held) Deadline() time.Time {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return h.deadline
+	return h.deadlineLocked()
+}
+
+func (h *Held) deadlineLocked() time.Time {
+	now := h.b.clock.Now()
+	_, hi := sleepclock.Elapsed(h.b.clock, h.lastSend, now)
+	return h.deadline.Add(now.Sub(h.lastSend) - hi)
 }
 
 // Done is closed once the lock has been released or lost.
@@ -102,7 +113,7 @@ func (h *Held) validLocked() error {
 		return h.lost
 	case h.released:
 		return fmt.Errorf("lock on release %q in namespace %q was already released: %w", h.req.Release, h.req.Namespace, ErrLost)
-	case !h.b.clock.Now().Before(h.deadline):
+	case !h.b.clock.Now().Before(h.deadlineLocked()):
 		return h.loseLocked(fmt.Errorf("lock on release %q in namespace %q was not renewed before its renew deadline (lease %s less margin %s after the last renewal was sent); stop writing: %w", h.req.Release, h.req.Namespace, h.req.LeaseDuration, h.b.renewMargin(), ErrLost))
 	}
 	return nil
@@ -125,6 +136,15 @@ func (h *Held) loseGone(err error) error {
 	defer h.mu.Unlock()
 	h.gone = true
 	return h.loseLocked(err)
+}
+
+// isGone reports whether the lock was lost to someone else (taken, released
+// by a person, or vanished with its record), not merely at its renew
+// deadline.
+func (h *Held) isGone() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.gone
 }
 
 func (h *Held) maxHoldPassedLocked() bool {

@@ -27,7 +27,8 @@ const maxJointRetries = 5
 // AcquireJoint takes the lock of every backend in order, for one request and
 // one session. With wait false it fails at once when any part is held by a
 // live client (releasing the parts it took); with wait true it waits for
-// each in turn until ctx ends, keeping the parts it holds renewed. onProgress
+// each in turn until ctx ends, keeping every part it holds renewed while it
+// waits for another (an earlier one lost meanwhile included). onProgress
 // is passed to Backend.Wait.
 func AcquireJoint(ctx context.Context, req Request, wait bool, onProgress func(*Record, time.Duration), backends ...*Backend) (*Joint, error) {
 	if len(backends) == 0 {
@@ -73,9 +74,11 @@ func AcquireJoint(ctx context.Context, req Request, wait bool, onProgress func(*
 			return err
 		}
 		held[i] = h
-		if i < len(backends)-1 {
-			keep(h) // renewed while the next part is taken
-		}
+		// Every part is renewed from the moment it is taken until the
+		// joint lock is handed over: while a later part is awaited, and
+		// while an earlier part that was lost is awaited again (the last
+		// part included).
+		keep(h)
 		return nil
 	}
 	for i := range backends {
@@ -85,12 +88,20 @@ func AcquireJoint(ctx context.Context, req Request, wait bool, onProgress func(*
 	}
 	// A part taken while a later one was awaited may have been lost meanwhile
 	// (a virtual record lock whose release was installed by another client):
-	// confirm each with a renewal, and take a lost one again.
+	// confirm each with a renewal, and take a lost one again. The last part
+	// has been kept renewed since it was taken: checking it is enough. Only
+	// a part someone else took (or whose lock vanished) is taken again: one
+	// lost at its renew deadline is still named ours on the server, and
+	// taking it again would queue behind our own session.
 	for range maxJointRetries {
 		lost := -1
-		for i, h := range held[:len(held)-1] {
-			if err := h.Renew(ctx); err != nil {
-				if !errors.Is(err, ErrLost) {
+		for i, h := range held {
+			confirm := h.Renew
+			if i == len(held)-1 {
+				confirm = func(context.Context) error { return h.Valid() }
+			}
+			if err := confirm(ctx); err != nil {
+				if !errors.Is(err, ErrLost) || !h.isGone() {
 					return fail(err)
 				}
 				lost = i
