@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strconv"
 	"sync"
 	"time"
 
@@ -241,7 +242,7 @@ func (h *Held) ReleaseAndDelete(ctx context.Context) error {
 			h.mu.Unlock()
 			return nil
 		case apierrors.IsConflict(err):
-			fresh, err := h.reread(ctx)
+			fresh, err := h.reread(ctx, cur)
 			if err != nil {
 				return err
 			}
@@ -258,16 +259,34 @@ func (h *Held) ReleaseAndDelete(ctx context.Context) error {
 	return fmt.Errorf("release lock on release %q in namespace %q: lease changed %d times; retry", h.req.Release, h.req.Namespace, maxConflicts)
 }
 
-// reread fetches the Lease after a conflict and checks that this session
-// still holds it.
-func (h *Held) reread(ctx context.Context) (*coordinationv1.Lease, error) {
+// reread fetches the Lease after a conflict on cur (the Lease as last
+// written or read) and checks that this session still holds it.
+//
+// In the release store, the lock moves from record to record: our own
+// fenced helm writes carry it onto a new revision, and before helm prunes
+// the newest record they write our current record onto the next newest. Any
+// other change that leaves no record of ours on the newest record means the
+// lock vanished while held (stock helm, which takes no lock, rewrote or
+// superseded the record, or deleted it): the lock is lost, never written
+// back. When the newest record is older than the one the lock was on (the
+// newer one was deleted), a record of ours found there counts only if it is
+// at least as recent as our last write: an older copy is what was left
+// behind when the lock moved on, not the lock.
+func (h *Held) reread(ctx context.Context, cur *coordinationv1.Lease) (*coordinationv1.Lease, error) {
 	name := LeaseName(h.req.Release)
 	fresh, err := h.b.leases(h.req.Namespace).Get(ctx, name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
-		return nil, h.loseGone(fmt.Errorf("lock on release %q in namespace %q: lease %s was deleted by someone else: %w", h.req.Release, h.req.Namespace, name, ErrLost))
+		what := "lease " + name + " was deleted by someone else"
+		if h.b.store == StoreRelease {
+			what = "every stored revision of the release was deleted (by a client that takes no lock, such as stock helm's uninstall, or by hand)"
+		}
+		return nil, h.loseGone(fmt.Errorf("lock on release %q in namespace %q: %s: %w", h.req.Release, h.req.Namespace, what, ErrLost))
 	}
 	if err != nil {
 		return nil, fmt.Errorf("lock on release %q in namespace %q: read lease %s: %w", h.req.Release, h.req.Namespace, name, err)
+	}
+	if err := h.vanished(cur, fresh); err != nil {
+		return nil, h.loseGone(err)
 	}
 	if holder := holderOf(&fresh.Spec); holder != h.req.Session {
 		by := "nobody (released)"
@@ -279,7 +298,49 @@ func (h *Held) reread(ctx context.Context) (*coordinationv1.Lease, error) {
 		}
 		return nil, h.loseGone(fmt.Errorf("lock on release %q in namespace %q is now held by %s: %w", h.req.Release, h.req.Namespace, by, ErrLost))
 	}
+	// A write of ours whose answer was lost may have committed a later
+	// renewal than the last one we know of: the next one stamps after it,
+	// so LOCKED TILL never moves back.
+	if rec, err := DecodeRecord(fresh.Annotations[AnnotationRecord]); err == nil && rec.Session == h.req.Session {
+		h.mu.Lock()
+		if rec.RenewedAt.After(h.rec.RenewedAt) {
+			h.rec.RenewedAt, h.rec.LockedTill = rec.RenewedAt, rec.LockedTill
+		}
+		h.mu.Unlock()
+	}
 	return fresh, nil
+}
+
+// vanished reports, for the release store, a lock that vanished while held:
+// fresh, the release's newest record, carries no lock record at all (stock
+// helm rewrote it, or wrote a newer revision), or it is older than cur's
+// record and carries an older copy of our record than our last write (the
+// record the lock was on was deleted). See reread.
+func (h *Held) vanished(cur, fresh *coordinationv1.Lease) error {
+	if h.b.store != StoreRelease {
+		return nil
+	}
+	ref := fresh.Annotations[annotationAnchorRef]
+	s, ok := fresh.Annotations[AnnotationRecord]
+	if !ok {
+		return fmt.Errorf("lock on release %q in namespace %q vanished: the release's newest record %s no longer carries it (rewritten or written by a client that takes no lock, such as stock helm's rollback or uninstall): %w", h.req.Release, h.req.Namespace, ref, ErrLost)
+	}
+	was, _ := strconv.Atoi(cur.Annotations[annotationAnchorRevision])
+	now, _ := strconv.Atoi(fresh.Annotations[annotationAnchorRevision])
+	if cur.Annotations[annotationAnchor] == "" || now >= was {
+		return nil
+	}
+	rec, err := DecodeRecord(s)
+	if err != nil || rec.Session != h.req.Session {
+		return nil // judged by its holder below
+	}
+	h.mu.Lock()
+	last := h.rec.RenewedAt
+	h.mu.Unlock()
+	if rec.RenewedAt.Before(last) {
+		return fmt.Errorf("lock on release %q in namespace %q vanished: revision %d, which it was on, was deleted, and %s carries only an older copy of it (renewed %s, last renewal %s): %w", h.req.Release, h.req.Namespace, was, ref, rec.RenewedAt.UTC().Format(time.RFC3339Nano), last.UTC().Format(time.RFC3339Nano), ErrLost)
+	}
+	return nil
 }
 
 func (h *Held) write(ctx context.Context, release bool, mutate func(*Record)) error {
@@ -347,7 +408,7 @@ func (h *Held) writeLocked(ctx context.Context, release bool, mutate func(*Recor
 			h.deadline = sent.Add(h.req.LeaseDuration - h.b.renewMargin())
 			return nil
 		case apierrors.IsConflict(err):
-			fresh, err := h.reread(ctx)
+			fresh, err := h.reread(ctx, cur)
 			if err != nil {
 				return err
 			}

@@ -2,6 +2,7 @@ package lock_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"testing"
@@ -196,4 +197,179 @@ func TestIntegrationJointKeepsLeaseWhileRetakingRecord(t *testing.T) {
 	if st, err := c.release.Inspect(ctx, ns, "web"); err != nil || st.HolderIdentity != aSession {
 		t.Errorf("record lock after A got it: %+v, %v", st, err)
 	}
+}
+
+// holdRecordLock installs revision 1 of release web as stock helm would and
+// takes its record lock with a fresh client.
+func holdRecordLock(t *testing.T, env *testenv.Env, ns string) (*client, *lock.Held) {
+	t.Helper()
+	ctx := context.Background()
+	if _, err := env.Client.CoreV1().Secrets(ns).Create(ctx, stockRecord(ns, "web", 1, "deployed"), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	c := newClient(t, env, nil)
+	h, _, err := c.release.TryAcquire(ctx, request(ns, "web", 15*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, h
+}
+
+// lockOn reads the lock annotation of revision rev ("" when there is none)
+// and the record's resourceVersion.
+func lockOn(t *testing.T, env *testenv.Env, ns string, rev int) (string, string) {
+	t.Helper()
+	s, err := env.Client.CoreV1().Secrets(ns).Get(context.Background(), recordName("web", rev), metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s.Annotations[lock.AnnotationRecord], s.ResourceVersion
+}
+
+// ourRecordOn writes h's current record onto revision rev as our fence does
+// (helm's create of the next revision carries it; before helm prunes the
+// newest record the lock is moved onto the next newest): create when the
+// record does not exist yet, else a conditional update.
+func ourRecordOn(t *testing.T, env *testenv.Env, ns string, h *lock.Held, rev int, status string) {
+	t.Helper()
+	ctx := context.Background()
+	rec := h.Record()
+	rec.Revision = rev
+	s, err := rec.Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	secrets := env.Client.CoreV1().Secrets(ns)
+	cur, err := secrets.Get(ctx, recordName("web", rev), metav1.GetOptions{})
+	if err != nil {
+		sec := stockRecord(ns, "web", rev, status)
+		sec.Annotations = map[string]string{lock.AnnotationRecord: s}
+		if _, err := secrets.Create(ctx, sec, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	if cur.Annotations == nil {
+		cur.Annotations = map[string]string{}
+	}
+	cur.Annotations[lock.AnnotationRecord] = s
+	if _, err := secrets.Update(ctx, cur, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestIntegrationVanishedLockIsLost (issue 11 item 9): stock helm takes no
+// lock; its rollback or uninstall rewrites, supersedes or deletes the
+// release's newest record and the live lock on it vanishes. The holder must
+// find out at its next renewal (ErrLost: the guard exits 4) and must not
+// silently take the lock again, on that record or on an older one still
+// carrying an old copy of its record. Moves of its own lock by its own
+// fenced helm writes (onto a new revision, or back onto the next newest
+// record before helm prunes the newest) stay its lock.
+func TestIntegrationVanishedLockIsLost(t *testing.T) {
+	env := testenv.Get(t)
+	ctx := context.Background()
+	secrets := func(ns string) interface {
+		Update(context.Context, *corev1.Secret, metav1.UpdateOptions) (*corev1.Secret, error)
+		Create(context.Context, *corev1.Secret, metav1.CreateOptions) (*corev1.Secret, error)
+		Delete(context.Context, string, metav1.DeleteOptions) error
+	} {
+		return env.Client.CoreV1().Secrets(ns)
+	}
+	lost := func(t *testing.T, h *lock.Held) {
+		t.Helper()
+		err := h.Renew(ctx)
+		if !errors.Is(err, lock.ErrLost) {
+			t.Fatalf("Renew after the lock vanished = %v, want ErrLost", err)
+		}
+		t.Logf("holder told: %v", err)
+		if err := h.Valid(); !errors.Is(err, lock.ErrLost) {
+			t.Errorf("Valid after the lock vanished = %v, want ErrLost", err)
+		}
+	}
+
+	t.Run("rewrite of the newest record", func(t *testing.T) {
+		ns := env.Namespace(t)
+		_, h := holdRecordLock(t, env, ns)
+		// helm's Update: a rebuilt Secret, no resourceVersion, no
+		// annotations (helm uninstall marks it uninstalling this way).
+		if _, err := secrets(ns).Update(ctx, stockRecord(ns, "web", 1, "uninstalling"), metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		_, rv := lockOn(t, env, ns, 1)
+		lost(t, h)
+		if a, now := lockOn(t, env, ns, 1); a != "" || now != rv {
+			t.Errorf("the record got a lock back: %q (resourceVersion %s, was %s)", a, now, rv)
+		}
+	})
+
+	t.Run("stock rollback creates the next revision", func(t *testing.T) {
+		ns := env.Namespace(t)
+		_, h := holdRecordLock(t, env, ns)
+		if _, err := secrets(ns).Create(ctx, stockRecord(ns, "web", 2, "pending-rollback"), metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		a1, rv1 := lockOn(t, env, ns, 1)
+		lost(t, h)
+		if a, _ := lockOn(t, env, ns, 2); a != "" {
+			t.Errorf("revision 2 got a lock: %s", a)
+		}
+		if a, rv := lockOn(t, env, ns, 1); a != a1 || rv != rv1 {
+			t.Errorf("revision 1 was written again (resourceVersion %s, was %s)", rv, rv1)
+		}
+	})
+
+	t.Run("newest record deleted after our lock moved onto it", func(t *testing.T) {
+		ns := env.Namespace(t)
+		_, h := holdRecordLock(t, env, ns)
+		// Our helm creates revision 2 with the lock; we renew there.
+		ourRecordOn(t, env, ns, h, 2, "pending-upgrade")
+		if err := h.Renew(ctx); err != nil {
+			t.Fatalf("renewal after our own revision 2 took the lock: %v", err)
+		}
+		if a, _ := lockOn(t, env, ns, 2); a == "" {
+			t.Fatal("the renewal did not go to revision 2")
+		}
+		// Someone else (stock helm's uninstall purging the history, a
+		// person) deletes revision 2: revision 1 still carries an old copy
+		// of our record, and it is not our lock any more.
+		a1, rv1 := lockOn(t, env, ns, 1)
+		if err := secrets(ns).Delete(ctx, recordName("web", 2), metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		lost(t, h)
+		if a, rv := lockOn(t, env, ns, 1); a != a1 || rv != rv1 {
+			t.Errorf("the lock was taken again on revision 1 (resourceVersion %s, was %s): %s", rv, rv1, a)
+		}
+	})
+
+	t.Run("our own moves stay ours", func(t *testing.T) {
+		ns := env.Namespace(t)
+		_, h := holdRecordLock(t, env, ns)
+		ourRecordOn(t, env, ns, h, 2, "failed")
+		if err := h.Renew(ctx); err != nil {
+			t.Fatalf("renewal after our own revision 2 took the lock: %v", err)
+		}
+		// helm prunes revision 2 (not the last deployed): the fence first
+		// moves our lock back onto revision 1.
+		ourRecordOn(t, env, ns, h, 1, "deployed")
+		if err := secrets(ns).Delete(ctx, recordName("web", 2), metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		if err := h.Renew(ctx); err != nil {
+			t.Fatalf("renewal after our fence moved the lock back onto revision 1: %v", err)
+		}
+		before := h.Record().RenewedAt
+		if err := h.Renew(ctx); err != nil {
+			t.Fatal(err)
+		}
+		a, _ := lockOn(t, env, ns, 1)
+		rec, err := lock.DecodeRecord(a)
+		if err != nil || rec.Session != h.Session() || rec.RenewedAt.Before(before) {
+			t.Errorf("lock on revision 1 = %+v, %v; want our renewal", rec, err)
+		}
+		if err := h.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	})
 }

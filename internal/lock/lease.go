@@ -348,13 +348,17 @@ func (b *Backend) lockedError(req *Request, v view, now servertime.Bounds, ahead
 // the upper bound of server time, so LockedTill is never early.
 // The upper bound can shrink as the estimate narrows; a renewal never stamps
 // a time before the record's previous ones (a later LockedTill only makes
-// others wait longer, never shorter).
+// others wait longer, never shorter), and stamps at least a millisecond after
+// the previous renewal, so every write of one holder has its own RenewedAt
+// and an older copy of its record is told from the current one (see
+// Held.vanished).
 func stamp(rec *Record, now servertime.Bounds) {
 	t := ceilMilli(now.Latest)
-	for _, prev := range []time.Time{rec.RenewedAt, rec.AcquiredAt} {
-		if t.Before(prev) {
-			t = prev
-		}
+	if !rec.RenewedAt.IsZero() && !t.After(rec.RenewedAt) {
+		t = rec.RenewedAt.Add(time.Millisecond)
+	}
+	if t.Before(rec.AcquiredAt) {
+		t = rec.AcquiredAt
 	}
 	rec.RenewedAt = t
 	rec.LockedTill = t.Add(rec.LeaseDuration.Duration)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strconv"
 	"strings"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -41,6 +42,11 @@ const annotationAnchor = "helm-autorecover.io/anchor"
 // configmap/NAME), on a virtual Lease only, for messages.
 const annotationAnchorRef = "helm-autorecover.io/anchor-ref"
 
+// annotationAnchorRevision is the revision number of the anchor record, on a
+// virtual Lease only: a holder whose lock is found on an older revision than
+// the one it was on knows the newer record was deleted under it.
+const annotationAnchorRevision = "helm-autorecover.io/anchor-revision"
+
 // unreadableHolder stands for the holder of a lock record that is not JSON
 // at all: the lock is judged Live (its expiry cannot be told) until someone
 // unlocks it with --force naming this session.
@@ -59,9 +65,14 @@ const unreadableHolder = "unreadable-lock-record"
 // lock is then virtual (nothing is written) and the first revision's create,
 // which fails for all but one writer, decides who holds it.
 //
-// Stock helm rebuilds a record when it rewrites it (annotations vanish) and
-// never copies annotations to the next revision, so a lock never outlives a
-// stock helm write and a stale lock is never carried forward.
+// Stock helm takes no lock. It rebuilds a record when it rewrites it
+// (annotations vanish) and never copies annotations to the next revision, so
+// a stale lock is never carried forward; but a stock rollback or uninstall
+// running while a client holds the lock drops that live lock too. The holder
+// finds out at its next renewal and stops (ErrLost), whether its record
+// vanished from the newest record, a newer record without it appeared, or
+// the newest record was deleted and an older one shows an older copy of its
+// record (see Held.reread); it never writes its lock back.
 func NewReleaseBackend(client kubernetes.Interface, est *servertime.Estimator, clk clock.Clock, driver records.Driver) *Backend {
 	store := records.New(client, driver)
 	return &Backend{
@@ -100,7 +111,11 @@ func virtualLease(release string, r records.Record) *coordinationv1.Lease {
 		ResourceVersion: r.Meta.ResourceVersion,
 		UID:             r.Meta.UID,
 		Labels:          leaseLabels(release),
-		Annotations:     map[string]string{annotationAnchor: r.Meta.Name, annotationAnchorRef: strings.ToLower(r.Kind) + "/" + r.Meta.Name},
+		Annotations: map[string]string{
+			annotationAnchor:         r.Meta.Name,
+			annotationAnchorRef:      strings.ToLower(r.Kind) + "/" + r.Meta.Name,
+			annotationAnchorRevision: strconv.Itoa(r.Revision()),
+		},
 	}}
 	for _, k := range []string{AnnotationRecord, AnnotationQueue} {
 		if v, ok := r.Meta.Annotations[k]; ok {
@@ -166,6 +181,7 @@ func (s *releaseStore) Create(ctx context.Context, l *coordinationv1.Lease, _ me
 	out := l.DeepCopy()
 	out.ResourceVersion = listRV
 	delete(out.Annotations, annotationAnchor)
+	delete(out.Annotations, annotationAnchorRevision)
 	return out, nil
 }
 
