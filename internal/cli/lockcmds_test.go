@@ -217,6 +217,18 @@ func revision(t *testing.T, rel, ns string, rev int, status common.Status, creat
 	}
 }
 
+// carrying is the record sec carrying lock rec, as a holder's fenced create
+// writes it (both stores then hold the same lock).
+func carrying(t *testing.T, sec *corev1.Secret, rec *lock.Record) *corev1.Secret {
+	t.Helper()
+	s, err := rec.Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sec.Annotations = map[string]string{lock.AnnotationRecord: s}
+	return sec
+}
+
 func record(rel, ns, session string, op lock.Operation, rev int, acquired, renewed time.Time) *lock.Record {
 	return &lock.Record{
 		Schema: lock.SchemaVersion, Session: session, Operation: op, Release: rel, Namespace: ns, Revision: rev,
@@ -269,10 +281,10 @@ func fixture(t *testing.T) []runtime.Object {
 	released.ReleasedAt = at(-59 * time.Minute)
 	return []runtime.Object{
 		revision(t, "web", "prod", 7, common.StatusDeployed, at(-time.Hour)),
-		revision(t, "web", "prod", 8, common.StatusPendingUpgrade, at(-30*time.Second)),
+		carrying(t, revision(t, "web", "prod", 8, common.StatusPendingUpgrade, at(-30*time.Second)), live),
 		lease(t, live),
 		revision(t, "api", "prod", 2, common.StatusDeployed, at(-time.Hour)),
-		revision(t, "api", "prod", 3, common.StatusPendingUpgrade, at(-9*time.Minute-30*time.Second)),
+		carrying(t, revision(t, "api", "prod", 3, common.StatusPendingUpgrade, at(-9*time.Minute-30*time.Second)), dead),
 		lease(t, dead),
 		revision(t, "legacy", "prod", 1, common.StatusDeployed, at(-time.Hour)),
 		revision(t, "legacy", "prod", 2, common.StatusPendingRollback, at(-4*time.Minute)),

@@ -72,17 +72,8 @@ func TestLocksErrors(t *testing.T) {
 // holder was edited by hand, with a warning, and exits 0: a listing must
 // not fail because of one bad object.
 func TestLocksBadLease(t *testing.T) {
-	objs := fixture(t)
-	for _, o := range objs {
-		if l, ok := o.(*coordinationv1.Lease); ok {
-			switch l.Name {
-			case lock.LeaseName("web"):
-				l.Annotations[lock.AnnotationRecord] = `{"schema":1,"session":`
-			case lock.LeaseName("api"):
-				l.Spec.HolderIdentity = ptrTo("me")
-			}
-		}
-	}
+	objs := editLease(fixture(t), "web", func(l *coordinationv1.Lease) { l.Annotations[lock.AnnotationRecord] = `{"schema":1,"session":` })
+	objs = editLease(objs, "api", func(l *coordinationv1.Lease) { l.Spec.HolderIdentity = ptrTo("me") })
 	e := newFakeEnv(t, objs...)
 	if code, err := e.run(t, newLocksCmd(e.c)); code != 0 {
 		t.Fatalf("exit %d: %v", code, err)

@@ -7,6 +7,7 @@ import (
 
 	"helm.sh/helm/v4/pkg/release/common"
 	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 
@@ -17,10 +18,16 @@ import (
 )
 
 // editLease applies mut to the Lease of rel in objs.
+// editLease edits rel's Lease after dropping the lock from rel's records,
+// so that the Lease is the only place its lock lives (as a client that took
+// only the Lease leaves it) and the edit is what the command judges.
 func editLease(objs []runtime.Object, rel string, mut func(*coordinationv1.Lease)) []runtime.Object {
 	for _, o := range objs {
 		if l, ok := o.(*coordinationv1.Lease); ok && l.Name == lock.LeaseName(rel) {
 			mut(l)
+		}
+		if s, ok := o.(*corev1.Secret); ok && s.Labels[helmx.LabelName] == rel {
+			delete(s.Annotations, lock.AnnotationRecord)
 		}
 	}
 	return objs
@@ -152,9 +159,9 @@ func TestUnlockExpired(t *testing.T) {
 		t.Fatalf("exit %d: %v\nstderr: %s", code, err, e.errOut.String())
 	}
 	golden(t, "unlock-expired.txt", e.out.Bytes())
-	// The holder's lock released (the Lease; the fixture's record carries
-	// no lock), then taken, the revision marked failed under it, released.
-	if got, want := strings.Join(e.writes(), ", "), "update leases, update secrets, update leases, update secrets, update secrets, update leases, update secrets, create events"; got != want {
+	// The holder's lock released (the record's, then the Lease), then taken
+	// (both), the revision marked failed under it, both released.
+	if got, want := strings.Join(e.writes(), ", "), "update secrets, update leases, update secrets, update leases, update secrets, update secrets, update leases, update secrets, create events"; got != want {
 		t.Errorf("writes: %s; want %s", got, want)
 	}
 	checkUnlocked(t, e, "api", 3, "Abandoned pending-upgrade by alice@ci-7 (session "+sessAPI+", operation upgrade); its lock was released by bob@laptop with helm-autorecover unlock at 2026-12-02T13:10:01Z", "Unlocked")

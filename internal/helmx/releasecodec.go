@@ -197,6 +197,22 @@ type Summary struct {
 	// record with the same hash hold the same release, whatever happened to
 	// its annotations (where the lock lives) in between.
 	ContentHash string
+
+	// LockSession and LockAbandoned are the sessions the record's own lock
+	// annotation (lock.AnnotationRecord) names: its holder, and the holder
+	// it names as abandoned (lock.Record.Abandoned). Empty when the record
+	// carries no readable lock. Recovery attributes a pending revision to a
+	// holder only when the revision's record names that holder (see
+	// recovery.Decide, rule 4): a holder's fenced create writes its lock
+	// into the record, stock helm's never does, and a takeover names the
+	// holder it found in the record it took.
+	LockSession, LockAbandoned string
+}
+
+// CarriesLockOf reports whether the record's own lock annotation names
+// session, as its holder or as the holder it names abandoned.
+func (s Summary) CarriesLockOf(session string) bool {
+	return session != "" && (s.LockSession == session || s.LockAbandoned == session)
 }
 
 // releaseHeader holds the few release fields Summarize reads. Times are kept
@@ -280,6 +296,7 @@ func SummarizeRecord(r Record) (Summary, error) {
 		s.ChartName = h.Chart.Metadata.Name
 		s.ChartVersion = h.Chart.Metadata.Version
 	}
+	s.LockSession, s.LockAbandoned = lockSessions(r.Meta.Annotations[lock.AnnotationRecord])
 	for _, mf := range r.Meta.ManagedFields {
 		if mf.Manager == lock.FieldManager {
 			continue // a lock write, not a change of the release
@@ -289,6 +306,25 @@ func SummarizeRecord(r Record) (Summary, error) {
 		}
 	}
 	return s, nil
+}
+
+// lockSessions reads the sessions a record's lock annotation names (its
+// holder, and the holder it names abandoned); an absent or unreadable
+// annotation names none.
+func lockSessions(annotation string) (holder, abandoned string) {
+	if annotation == "" {
+		return "", ""
+	}
+	// A record of a newer schema still names its sessions (see
+	// lock.DecodeRecord); only expiry may not be judged from it.
+	rec, _ := lock.DecodeRecord(annotation)
+	if rec == nil {
+		return "", ""
+	}
+	if rec.Abandoned != nil {
+		abandoned = rec.Abandoned.Session
+	}
+	return rec.Session, abandoned
 }
 
 // contentHash digests what makes a record a release revision: its payload

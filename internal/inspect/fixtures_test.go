@@ -61,6 +61,13 @@ func summary(rel, ns string, rev int, status common.Status, created time.Time) *
 	}
 }
 
+// carrying is s whose record carries the lock rec, as a holder's fenced
+// create writes it.
+func carrying(s *helmx.Summary, rec *lock.Record) *helmx.Summary {
+	s.LockSession = rec.Session
+	return s
+}
+
 func record(rel, ns, session string, op lock.Operation, rev int, acquired, renewed time.Time) *lock.Record {
 	return &lock.Record{
 		Schema: lock.SchemaVersion, Session: session, Operation: op, Release: rel, Namespace: ns, Revision: rev,
@@ -96,7 +103,7 @@ func fixtureInputs() []Input {
 
 	return []Input{
 		{Lock: liveSt, Release: Release{Name: "web", Namespace: "prod", Latest: summary("web", "prod", 8, common.StatusPendingUpgrade, at(-30*time.Second))}},
-		{Lock: held(dead, lock.Expired), Release: Release{Name: "api", Namespace: "prod", Latest: summary("api", "prod", 3, common.StatusPendingUpgrade, at(-9*time.Minute-30*time.Second))}},
+		{Lock: held(dead, lock.Expired), Release: Release{Name: "api", Namespace: "prod", Latest: carrying(summary("api", "prod", 3, common.StatusPendingUpgrade, at(-9*time.Minute-30*time.Second)), dead)}},
 		{Release: Release{Name: "legacy", Namespace: "prod", Latest: summary("legacy", "prod", 2, common.StatusPendingRollback, at(-4*time.Minute))}},
 		{Release: Release{Name: "old", Namespace: "prod", Latest: summary("old", "prod", 5, common.StatusPendingInstall, at(-2*time.Hour))}},
 		{Lock: &lock.Status{Release: "db", Namespace: "prod", Exists: true, State: lock.Free, Record: released, Now: now}, Release: Release{Name: "db", Namespace: "prod", Latest: summary("db", "prod", 1, common.StatusDeployed, at(-time.Hour))}},

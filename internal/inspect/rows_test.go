@@ -197,7 +197,7 @@ func TestReportGolden(t *testing.T) {
 	hist := []helmx.Summary{
 		*summary("api", "prod", 1, common.StatusPendingInstall, at(-time.Hour)),
 		*summary("api", "prod", 2, common.StatusDeployed, at(-30*time.Minute)),
-		*summary("api", "prod", 3, common.StatusPendingUpgrade, at(-9*time.Minute-30*time.Second)),
+		*carrying(summary("api", "prod", 3, common.StatusPendingUpgrade, at(-9*time.Minute-30*time.Second)), rec),
 	}
 	expired := recovery.LockInfo{State: recovery.LockExpired, Session: rec.Session, Who: rec.Who, Operation: string(rec.Operation), Revision: 3, LockedTill: rec.LockedTill}
 	live := expired

@@ -260,7 +260,10 @@ func IsPending(status common.Status) bool {
 //     revision, or names no revision (0) and an operation that writes this
 //     pending status (install: pending-install; upgrade: pending-upgrade, or
 //     pending-install for upgrade --install; rollback: pending-rollback;
-//     uninstall: uninstalling). In both cases the revision's last write, in
+//     uninstall: uninstalling), and the revision's own record carries that
+//     holder's lock (its session is the record's holder, or the holder the
+//     record names abandoned: helmx.Summary.CarriesLockOf). In all cases the
+//     revision's last write, in
 //     server time, must lie inside the lock's tenure: after AcquiredAt (when
 //     known; timestamps are whole seconds, so within TimestampResolution
 //     before it counts as after) and no later than LockedTill, since a fenced
@@ -448,6 +451,13 @@ func writtenUnder(s helmx.Summary, lock LockInfo) bool {
 	case lock.Revision > 0 && lock.Revision == s.Revision:
 	case lock.Revision == 0 && operationWrites(lock.Operation, s.Status):
 	default:
+		return false
+	}
+	if !s.CarriesLockOf(lock.Session) {
+		// Not written under this lock: a holder's fenced write carries its
+		// lock into the record, and a takeover names the holder it found
+		// there. Stock helm may have created this revision between the
+		// holder's stamp of the revision number and its own create.
 		return false
 	}
 	since := pendingSince(s)

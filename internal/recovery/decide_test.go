@@ -23,9 +23,12 @@ const (
 	uninstalng = common.StatusUninstalling
 )
 
-// rev is a stored revision created at the given server time.
+// rev is a stored revision created at the given server time, by the holder
+// of session s-old (its record carries that lock, as a fenced create
+// writes it; see stock and takenOver for other records).
 func rev(n int, st common.Status, created time.Time) helmx.Summary {
 	return helmx.Summary{
+		LockSession:       "s-old",
 		RecordName:        helmx.ReleaseSecretName("web", n),
 		RecordNamespace:   "shop",
 		Name:              "web",
@@ -38,6 +41,25 @@ func rev(n int, st common.Status, created time.Time) helmx.Summary {
 }
 
 func history(revs ...helmx.Summary) []helmx.Summary { return revs }
+
+// stock is s written by stock helm: its record carries no lock.
+func stock(s helmx.Summary) helmx.Summary {
+	s.LockSession, s.LockAbandoned = "", ""
+	return s
+}
+
+// heldBy is s whose record carries the lock of session by alone.
+func heldBy(s helmx.Summary, by string) helmx.Summary {
+	s.LockSession, s.LockAbandoned = by, ""
+	return s
+}
+
+// takenOver is s after session by took the lock over from s-old: its record
+// names by as holder and s-old as the holder it abandoned.
+func takenOver(s helmx.Summary, by string) helmx.Summary {
+	s.LockSession, s.LockAbandoned = by, "s-old"
+	return s
+}
 
 func expired(revision int, op string) LockInfo {
 	return LockInfo{State: LockExpired, Session: "s-old", Who: "alice@ci-7", Operation: op, Revision: revision, AcquiredAt: t0.Add(-10*time.Minute + 300*time.Millisecond), LockedTill: t0}
@@ -105,6 +127,32 @@ func TestDecide(t *testing.T) {
 			target:    2,
 			ours:      true,
 			reasonHas: []string{`revision 2 is pending-upgrade, written by alice@ci-7 (session s-old, operation upgrade) whose lock expired at 2026-03-01T12:00:00Z; it is abandoned and will be marked failed`},
+		},
+		{
+			name:      "record taken over: it names the expired holder as abandoned",
+			in:        Input{History: history(rev(1, deployed, t0), takenOver(rev(2, pUpgrade, t0.Add(-time.Minute)), "s-new")), Lock: expired(2, OpUpgrade), Now: at(t0.Add(time.Second)), Policy: on},
+			verdict:   Recover,
+			target:    2,
+			ours:      true,
+			reasonHas: []string{`written by alice@ci-7 (session s-old, operation upgrade)`},
+		},
+		{
+			// Stock helm created revision 2 between the holder's stamp of
+			// revision 2 (on the Lease, or on revision 1's record) and its own
+			// create; stock helm may still be running it.
+			name:       "stock helm's revision under the number the expired lock names is legacy",
+			in:         Input{History: history(rev(1, deployed, t0), stock(rev(2, pUpgrade, t0.Add(-time.Minute)))), Lock: expired(2, OpUpgrade), Now: at(t0.Add(time.Second)), Policy: on},
+			verdict:    Blocked,
+			target:     2,
+			retryAfter: 14 * time.Minute,
+			reasonHas:  []string{"with no lock record covering it (stock helm may have written it)"},
+		},
+		{
+			name:       "a record another holder took without naming the expired one is legacy",
+			in:         Input{History: history(rev(1, deployed, t0), heldBy(rev(2, pUpgrade, t0.Add(-time.Minute)), "s-new")), Lock: expired(2, OpUpgrade), Now: at(t0.Add(time.Second)), Policy: on},
+			verdict:    Blocked,
+			target:     2,
+			retryAfter: 14 * time.Minute,
 		},
 		{
 			name:    "expired lock with unknown revision, upgrade wrote pending-upgrade",

@@ -176,6 +176,21 @@ func createStockPending(t *testing.T, env *testenv.Env, ns string) {
 	}
 }
 
+// createPendingUnder writes revision 2 pending-upgrade as lk's holder does:
+// through storage fenced by lk, so that the record carries lk's lock.
+func createPendingUnder(t *testing.T, env *testenv.Env, ns string, lk *autorecover.Lock) {
+	t.Helper()
+	r := readRecord(t, env, ns, 1)
+	r.Version, r.Info.Status, r.Info.Description = 2, common.StatusPendingUpgrade, "Preparing upgrade"
+	cfg := actionConfig(t, env, ns)
+	if err := autorecover.FencedStorage(cfg, lk); err != nil {
+		t.Fatal(err)
+	}
+	if err := cfg.Releases.Create(r); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // nodeSelector returns the Deployment's pod nodeSelector.
 func nodeSelector(t *testing.T, env *testenv.Env, ns string) map[string]string {
 	t.Helper()
@@ -940,9 +955,8 @@ func TestIntegrationReleaseAfterFailedRecoverHandsOn(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// A writes its revision at once (through a driver that adds no lock to
-	// it), then dies.
-	createStockPending(t, env, ns)
+	// A writes its revision at once, then dies.
+	createPendingUnder(t, env, ns, lkA)
 
 	// B takes over and fails to recover (its context has ended).
 	lkB, err := b.Acquire(ctx, autorecover.LockRequest{Release: releaseName, Namespace: ns, Operation: autorecover.OpUpgrade, Wait: generous})
@@ -1140,7 +1154,7 @@ func TestIntegrationRun(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		createStockPending(t, env, ns)
+		createPendingUnder(t, env, ns, dead)
 		req := upgradeRequest(ns)
 		req.Wait = generous
 		if err := newClient(t, env.Config).Run(ctx, autorecover.RunConfig{Lock: req}, runUpgrade(t, env, ns, map[string]any{"message": "after recovery"})); err != nil {
