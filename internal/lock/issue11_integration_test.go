@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -372,4 +375,161 @@ func TestIntegrationVanishedLockIsLost(t *testing.T) {
 			t.Fatal(err)
 		}
 	})
+}
+
+// loseAnswer lets the first request that match selects through to the API
+// server, then throws its answer away and answers 504 Gateway Timeout, as a
+// proxy whose upstream answered too late does: the write committed, the
+// client cannot know.
+type loseAnswer struct {
+	next  http.RoundTripper
+	match func(*http.Request) bool
+	mu    sync.Mutex
+	armed bool
+	// sent is the local time just before the lost request was sent.
+	sent time.Time
+}
+
+func (l *loseAnswer) RoundTrip(r *http.Request) (*http.Response, error) {
+	l.mu.Lock()
+	lose := l.armed && l.match(r)
+	if lose {
+		l.armed = false
+		l.sent = time.Now()
+	}
+	l.mu.Unlock()
+	resp, err := l.next.RoundTrip(r)
+	if !lose || err != nil {
+		return resp, err
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	_ = resp.Body.Close()
+	return &http.Response{
+		Status: "504 Gateway Timeout", StatusCode: http.StatusGatewayTimeout,
+		Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
+		Header:  http.Header{"Content-Type": {"text/plain"}},
+		Body:    io.NopCloser(strings.NewReader("upstream request timeout")),
+		Request: r,
+	}, nil
+}
+
+func (l *loseAnswer) sentAt() time.Time {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.sent
+}
+
+// TestIntegrationLostAnswerTakeIsAdopted (issue 11 item 7): a take of the
+// lock that committed but whose answer was lost (504) leaves the lock named
+// by the client's own session. The client must recognise it and hold the
+// lock at once (not queue behind itself until its own lock expires, nor
+// fail), with a renew deadline no later than that of a holder whose write
+// committed when it was sent; and what it took over is what that write
+// took over, not its own record.
+func TestIntegrationLostAnswerTakeIsAdopted(t *testing.T) {
+	env := testenv.Get(t)
+	const lease = 6 * time.Second
+	isWrite := func(method, resource string) func(*http.Request) bool {
+		return func(r *http.Request) bool {
+			return r.Method == method && strings.Contains(r.URL.Path, "/"+resource)
+		}
+	}
+	cases := []struct {
+		name    string
+		backend func(*client) *lock.Backend
+		// setup prepares the release; it returns the session of the
+		// record the take finds (released), "" for none.
+		setup func(t *testing.T, ns string) string
+		lose  func(*http.Request) bool
+	}{
+		{
+			name:    "lease create",
+			backend: func(c *client) *lock.Backend { return c.lease },
+			setup:   func(*testing.T, string) string { return "" },
+			lose:    isWrite(http.MethodPost, "leases"),
+		},
+		{
+			name:    "lease update",
+			backend: func(c *client) *lock.Backend { return c.lease },
+			setup: func(t *testing.T, ns string) string {
+				h, _, err := newClient(t, env, nil).lease.TryAcquire(context.Background(), request(ns, "web", lease))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := h.Release(context.Background()); err != nil {
+					t.Fatal(err)
+				}
+				return h.Session()
+			},
+			lose: isWrite(http.MethodPut, "leases"),
+		},
+		{
+			name:    "release record update",
+			backend: func(c *client) *lock.Backend { return c.release },
+			setup: func(t *testing.T, ns string) string {
+				if _, err := env.Client.CoreV1().Secrets(ns).Create(context.Background(), stockRecord(ns, "web", 1, "deployed"), metav1.CreateOptions{}); err != nil {
+					t.Fatal(err)
+				}
+				return ""
+			},
+			lose: isWrite(http.MethodPut, "secrets"),
+		},
+	}
+	for _, tc := range cases {
+		for _, wait := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s wait=%v", tc.name, wait), func(t *testing.T) {
+				ns := env.Namespace(t)
+				ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+				defer cancel()
+				before := tc.setup(t, ns)
+				lost := &loseAnswer{match: tc.lose}
+				c := newClient(t, env, func(rt http.RoundTripper) http.RoundTripper { lost.next = rt; return lost })
+				b := tc.backend(c)
+				lost.mu.Lock()
+				lost.armed = true
+				lost.mu.Unlock()
+				r := request(ns, "web", lease)
+				r.Session = lock.NewSession()
+				var h *lock.Held
+				var err error
+				if wait {
+					h, err = b.Wait(ctx, r, nil)
+				} else {
+					h, _, err = b.TryAcquire(ctx, r)
+				}
+				sent := lost.sentAt()
+				if sent.IsZero() {
+					t.Fatal("no answer was lost: the test did not stage its fault")
+				}
+				if err != nil {
+					t.Fatalf("acquire after its take's answer was lost: %v", err)
+				}
+				if h.Session() != r.Session {
+					t.Fatalf("held session %s, want %s", h.Session(), r.Session)
+				}
+				if h.PreviousState == lock.Expired || (h.Previous != nil && h.Previous.Session == r.Session) {
+					t.Errorf("took its own lock over as %v from %+v: it queued behind itself", h.PreviousState, h.Previous)
+				}
+				if before != "" && (h.Previous == nil || h.Previous.Session != before) {
+					t.Errorf("previous = %+v, want the released record of %s", h.Previous, before)
+				}
+				if limit := sent.Add(lease - lock.RenewMargin); h.Deadline().After(limit) {
+					t.Errorf("renew deadline %v is later than the lost write's send time + lease - margin (%v)", h.Deadline(), limit)
+				}
+				st, err := b.Inspect(ctx, ns, "web")
+				if err != nil || st.HolderIdentity != r.Session || st.State != lock.Live {
+					t.Fatalf("lock on the server = %+v, %v", st, err)
+				}
+				if err := h.Valid(); err != nil {
+					t.Fatal(err)
+				}
+				if err := h.Renew(ctx); err != nil {
+					t.Fatalf("renewing the adopted lock: %v", err)
+				}
+				if err := h.Release(ctx); err != nil {
+					t.Fatalf("releasing the adopted lock: %v", err)
+				}
+			})
+		}
+	}
 }

@@ -192,11 +192,12 @@ func (b *Backend) TryAcquire(ctx context.Context, req Request) (*Held, *Record, 
 	if err != nil {
 		return nil, nil, err
 	}
-	res, err := b.attempt(ctx, &req, nil)
+	maybe := &maybeTaken{}
+	res, err := b.attempt(ctx, &req, nil, maybe)
 	if err == nil && res.locked != nil && b.Settled(ctx, res.locked.State, res.locked.LockedTill) {
 		// The holder's lock had already expired; the first look could not
 		// tell yet.
-		res, err = b.attempt(ctx, &req, nil)
+		res, err = b.attempt(ctx, &req, nil, maybe)
 	}
 	if err != nil {
 		return nil, nil, err
@@ -255,6 +256,8 @@ func (b *Backend) decode(l *coordinationv1.Lease, now servertime.Bounds) view {
 type waitState struct {
 	enqueuedAt time.Time // server time of the first enqueue
 	lastBeat   time.Time // local time of the last successful queue write's send
+	// maybe remembers takes whose answer was lost.
+	maybe maybeTaken
 }
 
 type attemptResult struct {
@@ -267,16 +270,28 @@ type attemptResult struct {
 
 // attempt makes one decision on fresh data: take the lock, or report who has
 // it (and, for a waiter, make sure it is queued and its entry fresh).
-func (b *Backend) attempt(ctx context.Context, req *Request, w *waitState) (attemptResult, error) {
+//
+// A take whose answer was lost (a timeout, a 5xx) may have committed: maybe
+// remembers it, the lock is read again at once, and a lock found held by
+// our own session is adopted (see adopt), never waited for.
+func (b *Backend) attempt(ctx context.Context, req *Request, w *waitState, maybe *maybeTaken) (attemptResult, error) {
 	name := LeaseName(req.Release)
+	reread := false
+	retry := func(err error) bool {
+		if errors.Is(err, errMaybeCommitted) && !reread {
+			reread = true
+			return true
+		}
+		return false
+	}
 	for range maxConflicts {
 		if err := ctx.Err(); err != nil {
 			return attemptResult{}, fmt.Errorf("lock release %q in namespace %q: %w", req.Release, req.Namespace, err)
 		}
 		cur, err := b.leases(req.Namespace).Get(ctx, name, metav1.GetOptions{})
 		if apierrors.IsNotFound(err) {
-			h, err := b.create(ctx, req)
-			if apierrors.IsAlreadyExists(err) {
+			h, err := b.create(ctx, req, maybe)
+			if apierrors.IsAlreadyExists(err) || retry(err) {
 				continue
 			}
 			if err != nil {
@@ -292,10 +307,20 @@ func (b *Backend) attempt(ctx context.Context, req *Request, w *waitState) (atte
 			return attemptResult{}, fmt.Errorf("lock release %q in namespace %q: %w", req.Release, req.Namespace, err)
 		}
 		v := b.decode(cur, now)
+		if maybe.any() && holderOf(&cur.Spec) == req.Session {
+			h, err := b.adopt(ctx, req, v, now, maybe)
+			if apierrors.IsConflict(err) || retry(err) {
+				continue
+			}
+			if err != nil {
+				return attemptResult{}, err
+			}
+			return attemptResult{held: h, seen: h.lease}, nil
+		}
 		ahead := waitersAhead(v.live, req.Session)
 		if v.state != Live && ahead == 0 {
-			h, err := b.take(ctx, req, v)
-			if apierrors.IsConflict(err) {
+			h, err := b.take(ctx, req, v, maybe)
+			if apierrors.IsConflict(err) || retry(err) {
 				continue
 			}
 			if err != nil {
@@ -436,8 +461,9 @@ func setQueue(l *coordinationv1.Lease, ws []Waiter) error {
 func ptr[T any](v T) *T { return &v }
 
 // create makes the Lease with the caller as holder. It fails with
-// AlreadyExists when someone else created it first.
-func (b *Backend) create(ctx context.Context, req *Request) (*Held, error) {
+// AlreadyExists when someone else created it first. A failure that leaves
+// the outcome unknown is noted in maybe.
+func (b *Backend) create(ctx context.Context, req *Request, maybe *maybeTaken) (*Held, error) {
 	sent := b.clock.Now()
 	now, err := b.serverNow(ctx)
 	if err != nil {
@@ -458,14 +484,16 @@ func (b *Backend) create(ctx context.Context, req *Request) (*Held, error) {
 		if apierrors.IsAlreadyExists(err) {
 			return nil, err
 		}
+		err = maybe.note(err, maybeWrite{sent: sent, rec: rec, prevState: Free})
 		return nil, fmt.Errorf("lock release %q in namespace %q: create lease %s: %w", req.Release, req.Namespace, l.Name, err)
 	}
 	return b.newHeld(req, created, rec, sent, nil, Free), nil
 }
 
 // take updates a Free or Expired Lease to name the caller as holder,
-// conditional on the resourceVersion of v.
-func (b *Backend) take(ctx context.Context, req *Request, v view) (*Held, error) {
+// conditional on the resourceVersion of v. A failure that leaves the outcome
+// unknown is noted in maybe.
+func (b *Backend) take(ctx context.Context, req *Request, v view, maybe *maybeTaken) (*Held, error) {
 	sent := b.clock.Now()
 	now, err := b.serverNow(ctx)
 	if err != nil {
@@ -504,16 +532,17 @@ func (b *Backend) take(ctx context.Context, req *Request, v view) (*Held, error)
 	if err := setQueue(l, rest); err != nil {
 		return nil, err
 	}
+	prev := v.rec
+	if v.recErr != nil {
+		prev = nil
+	}
 	updated, err := b.leases(req.Namespace).Update(ctx, l, metav1.UpdateOptions{})
 	if err != nil {
 		if apierrors.IsConflict(err) {
 			return nil, err
 		}
+		err = maybe.note(err, maybeWrite{sent: sent, rec: rec, prev: prev, prevState: v.state})
 		return nil, fmt.Errorf("lock release %q in namespace %q: update lease %s: %w", req.Release, req.Namespace, l.Name, err)
-	}
-	prev := v.rec
-	if v.recErr != nil {
-		prev = nil
 	}
 	return b.newHeld(req, updated, rec, sent, prev, v.state), nil
 }

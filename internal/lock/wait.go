@@ -62,7 +62,7 @@ func (b *Backend) Wait(ctx context.Context, req Request, onProgress func(holder 
 func (b *Backend) waitLoop(ctx context.Context, req *Request, w *waitState, onProgress func(*Record, time.Duration)) (*Held, error) {
 	var last *LockedError
 	for {
-		res, err := b.attempt(ctx, req, w)
+		res, err := b.attempt(ctx, req, w, &w.maybe)
 		if err != nil {
 			if last != nil && ctx.Err() != nil {
 				return nil, b.gaveUp(ctx, last)
