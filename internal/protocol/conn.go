@@ -13,6 +13,7 @@ import (
 	"github.com/helm-autorecover/helm-autorecover/internal/helmx"
 	"github.com/helm-autorecover/helm-autorecover/internal/recovery"
 	"github.com/helm-autorecover/helm-autorecover/internal/servertime"
+	"github.com/helm-autorecover/helm-autorecover/internal/sleepclock"
 )
 
 // ErrNoRecords reports a storage driver that keeps no Kubernetes record of
@@ -42,10 +43,15 @@ type Conn struct {
 }
 
 // Connect returns a connection to the cluster cfg points at, for helm's
-// storage driver helmDriver ("" is secret). cfg itself is not modified.
+// storage driver helmDriver ("" is secret). cfg itself is not modified. clk
+// is the local clock; nil or clock.RealClock stands for sleepclock.System(),
+// the real clock that also counts time the machine spends asleep.
 func Connect(cfg *rest.Config, clk clock.Clock, helmDriver string) (*Conn, error) {
 	if cfg == nil {
 		return nil, errors.New("no REST configuration given")
+	}
+	if clk == nil || sleepclock.IsReal(clk) {
+		clk = sleepclock.System()
 	}
 	est := servertime.New(clk)
 	client, err := kubernetes.NewForConfig(est.Instrument(cfg))

@@ -10,6 +10,8 @@ import (
 
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/clock"
+
+	"github.com/helm-autorecover/helm-autorecover/internal/sleepclock"
 )
 
 // DateResolution is the resolution of the HTTP Date header: the server
@@ -43,15 +45,22 @@ type observation struct {
 	sent, recv, date time.Time
 }
 
-// earliestAt is the lower bound this observation gives at local instant t.
-func (o observation) earliestAt(t time.Time) time.Time {
-	el := t.Sub(o.recv)
+// earliestAt is the lower bound observation o gives at local instant t. It
+// counts only the local time certainly elapsed since o was received (the
+// smaller estimate of sleepclock.Elapsed): time this machine may have spent
+// asleep, or a wall clock stepped forward, must not make another holder's
+// lock look expired sooner.
+func (e *Estimator) earliestAt(o *observation, t time.Time) time.Time {
+	el, _ := sleepclock.Elapsed(e.clock, o.recv, t)
 	return o.date.Add(el - el/driftDivisor)
 }
 
-// latestAt is the upper bound this observation gives at local instant t.
-func (o observation) latestAt(t time.Time) time.Time {
-	el := t.Sub(o.sent)
+// latestAt is the upper bound observation o gives at local instant t. It
+// counts all the local time that may have elapsed since o was sent (the
+// larger estimate of sleepclock.Elapsed), time spent asleep included, since
+// the server's clock ran on meanwhile.
+func (e *Estimator) latestAt(o *observation, t time.Time) time.Time {
+	_, el := sleepclock.Elapsed(e.clock, o.sent, t)
 	return o.date.Add(DateResolution + el + el/driftDivisor)
 }
 
@@ -64,15 +73,20 @@ type Estimator struct {
 	// lo and hi are the observations giving the largest lower bound and the
 	// smallest upper bound. All lower bounds grow at the same rate (as do all
 	// upper bounds), so the best one stays the best until a better one
-	// arrives and two observations are all that must be kept.
+	// arrives and two observations are all that must be kept. (Where the
+	// wall clock is cross-checked, a step of it can change the rates; every
+	// observation's bounds stay true, the kept ones merely less tight.)
 	lo, hi *observation
 	// rtt is the round trip of the latest observation.
 	rtt    time.Duration
 	resets int
 }
 
-// New returns an Estimator that reads local time from clk (clock.RealClock{}
-// in production). Only differences between readings of clk are used.
+// New returns an Estimator that reads local time from clk (sleepclock.System()
+// in production). Only differences between readings of clk are used, as
+// sleepclock.Elapsed measures them: when clk is a sleepclock.Meter, the
+// lower bound counts only the time certainly elapsed and the upper bound
+// also any time the machine spent asleep.
 func New(clk clock.PassiveClock) *Estimator {
 	return &Estimator{clock: clk}
 }
@@ -101,13 +115,13 @@ func (e *Estimator) Observe(sentLocal, recvLocal, date time.Time) {
 		return
 	}
 	lo, hi := e.lo, e.hi
-	if o.earliestAt(now).After(lo.earliestAt(now)) {
+	if e.earliestAt(o, now).After(e.earliestAt(lo, now)) {
 		lo = o
 	}
-	if o.latestAt(now).Before(hi.latestAt(now)) {
+	if e.latestAt(o, now).Before(e.latestAt(hi, now)) {
 		hi = o
 	}
-	if lo.earliestAt(now).After(hi.latestAt(now)) {
+	if e.earliestAt(lo, now).After(e.latestAt(hi, now)) {
 		// The observations contradict each other: the server clock was
 		// stepped, or several API servers disagree. The server is the
 		// reference, so start again from what it says now.
@@ -127,7 +141,7 @@ func (e *Estimator) Now() (Bounds, bool) {
 		return Bounds{}, false
 	}
 	now := e.clock.Now()
-	return Bounds{Earliest: e.lo.earliestAt(now), Latest: e.hi.latestAt(now)}, true
+	return Bounds{Earliest: e.earliestAt(e.lo, now), Latest: e.latestAt(e.hi, now)}, true
 }
 
 // ProbeAt returns the local instant, no earlier than notBefore and less than
@@ -144,7 +158,7 @@ func (e *Estimator) ProbeAt(notBefore time.Time, want time.Duration) (time.Time,
 	if e.lo == nil {
 		return time.Time{}, false
 	}
-	lo, hi := e.lo.earliestAt(notBefore), e.hi.latestAt(notBefore)
+	lo, hi := e.earliestAt(e.lo, notBefore), e.latestAt(e.hi, notBefore)
 	w := hi.Sub(lo)
 	if w <= want {
 		return time.Time{}, false

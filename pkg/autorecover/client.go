@@ -14,6 +14,7 @@ import (
 	"github.com/helm-autorecover/helm-autorecover/internal/helmx"
 	"github.com/helm-autorecover/helm-autorecover/internal/lock"
 	"github.com/helm-autorecover/helm-autorecover/internal/protocol"
+	"github.com/helm-autorecover/helm-autorecover/internal/sleepclock"
 )
 
 var (
@@ -90,9 +91,10 @@ type clientOptions struct {
 	driver  string
 }
 
-// WithClock sets the local clock the client measures elapsed time with
-// (clock.RealClock by default). Only differences between its readings are
-// used; expiry is always judged in the API server's clock.
+// WithClock sets the local clock the client measures elapsed time with (by
+// default the real clock, counting time the machine spends asleep, which
+// clock.RealClock{} also stands for). Only differences between its readings
+// are used; expiry is always judged in the API server's clock.
 func WithClock(c clock.Clock) Option {
 	return func(o *clientOptions) { o.clock = c }
 }
@@ -118,7 +120,7 @@ func NewClient(cfg *rest.Config, opts ...Option) (*Client, error) {
 	if cfg == nil {
 		return nil, errors.New("autorecover: no REST configuration given")
 	}
-	o := clientOptions{clock: clock.RealClock{}, backend: BackendAuto}
+	o := clientOptions{clock: sleepclock.System(), backend: BackendAuto}
 	for _, opt := range opts {
 		opt(&o)
 	}
