@@ -201,13 +201,18 @@ func (j *Joint) Release(ctx context.Context) error {
 }
 
 // ReleaseAfterFailedRecovery gives every part back after a failed recovery
-// of what the previous holder abandoned: when Previous found it Expired,
-// every part's record names it (see Held.ReleaseAbandoning).
+// of what the previous holder abandoned: each part's record names the
+// holder that part itself was found Expired with (see Held.ReleaseAbandoning
+// and Found), and no other. A part never names a holder it did not find:
+// the release record's lock is the evidence recovery attributes a revision
+// by (helmx.Summary.CarriesLockOf), so naming there a holder found only in
+// the Lease would attribute to it a revision stock helm wrote after the
+// holder stamped the number in its Lease and died.
 func (j *Joint) ReleaseAfterFailedRecovery(ctx context.Context) error {
-	abandoned := expiredOnly(j.Previous())
 	var errs []error
 	for i := len(j.parts) - 1; i >= 0; i-- {
-		errs = append(errs, j.parts[i].ReleaseAbandoning(ctx, abandoned))
+		h := j.parts[i]
+		errs = append(errs, h.ReleaseAbandoning(ctx, expiredOnly(Found(h.Previous, h.PreviousState))))
 	}
 	return errors.Join(errs...)
 }
