@@ -39,7 +39,8 @@ Recovering takes the release's lock first (as the guarded commands do) and
 runs the same recovery they run: it undoes what the abandoned revision
 applied (fields it changed go back to the last deployed revision, objects
 only it created are removed, never those annotated
-helm.sh/resource-policy: keep), marks the pending revision (and any older
+helm.sh/resource-policy: keep, and never PersistentVolumeClaims,
+CustomResourceDefinitions or Namespaces unless --recover-delete-data), marks the pending revision (and any older
 stray pending revision) failed with a description of who abandoned what and
 when, and releases the lock. No revision is deleted; helm history keeps every
 one. With --recover-strategy=rollback it rolls back to the last deployed
@@ -82,7 +83,7 @@ func newRecoverCmd(c *lockCmds) *cobra.Command {
 	// ones that mean something here.
 	guardFlags := pflag.NewFlagSet("guard", pflag.ContinueOnError)
 	flagErr := o.opts.AddFlags(guardFlags)
-	for _, name := range []string{"recover-legacy-after", "recover-strategy", "lease-duration", "lock-timeout"} {
+	for _, name := range []string{"recover-legacy-after", "recover-strategy", "recover-delete-data", "lease-duration", "lock-timeout"} {
 		f.AddFlag(guardFlags.Lookup(name))
 	}
 	_ = cmd.RegisterFlagCompletionFunc("recover-strategy", func(*cobra.Command, []string, string) ([]string, cobra.ShellCompDirective) {
@@ -201,10 +202,11 @@ func (c *lockCmds) runRecover(ctx context.Context, o *recoverOptions, rel string
 	recs, _ := cn.Records()
 	defer helmx.DefaultWriteFence.Guard(helmx.GuardedWrites{Namespace: ns, Release: rel, Resource: recs.Resource(), Lock: held})()
 	out, err := held.Recover(ctx, protocol.Procedure{
-		Policy:   o.policy(),
-		Next:     lock.OpRecover,
-		Rollback: rollbackFunc(c.settings),
-		Log:      c.errOut,
+		Policy:     o.policy(),
+		Next:       lock.OpRecover,
+		Rollback:   rollbackFunc(c.settings),
+		Log:        c.errOut,
+		DeleteData: o.opts.RecoverDeleteData,
 	})
 	rep := inspect.Report{Release: rel, Namespace: ns, Decision: out.Decision, RolledBack: out.RolledBack}
 	for _, m := range out.Marked {

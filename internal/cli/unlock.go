@@ -9,10 +9,12 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/helm-autorecover/helm-autorecover/internal/events"
 	"github.com/helm-autorecover/helm-autorecover/internal/exitcode"
+	"github.com/helm-autorecover/helm-autorecover/internal/guard"
 	"github.com/helm-autorecover/helm-autorecover/internal/helmx"
 	"github.com/helm-autorecover/helm-autorecover/internal/lock"
 	"github.com/helm-autorecover/helm-autorecover/internal/protocol"
@@ -51,7 +53,9 @@ Touches: the lock of the holder (the Lease helm-autorecover.v1.RELEASE and
 the release's newest stored record: holderIdentity cleared, the record marked
 released by you and naming the dead holder). It then takes the lock itself
 and runs the same recovery as "helm-autorecover recover": it undoes what the
-revision the holder was writing applied, marks that revision failed (status
+revision the holder was writing applied (never deleting a
+PersistentVolumeClaim, CustomResourceDefinition or Namespace unless
+--recover-delete-data), marks that revision failed (status
 and description only, a write conditional on the resourceVersion read), and
 releases the lock; one Event (Unlocked or ForceUnlocked) regarding the
 release's latest Secret tells the story. A pending revision not written
@@ -61,9 +65,10 @@ the same way.
 `
 
 type unlockOptions struct {
-	session string
-	force   bool
-	yes     bool
+	session    string
+	force      bool
+	yes        bool
+	deleteData bool
 }
 
 func newUnlockCmd(c *lockCmds) *cobra.Command {
@@ -82,6 +87,14 @@ func newUnlockCmd(c *lockCmds) *cobra.Command {
 	f.StringVar(&o.session, "session", "", "the SESSION ID of the holder whose lock to release (required; see helm-autorecover locks)")
 	f.BoolVar(&o.force, "force", false, "release the lock even while it is live (its holder may still be running); asks for confirmation")
 	f.BoolVarP(&o.yes, "yes", "y", false, "confirm --force without asking (for scripts)")
+	// The guard's own flag, default and environment variable.
+	var gopts guard.Options
+	guardFlags := pflag.NewFlagSet("guard", pflag.ContinueOnError)
+	if err := gopts.AddFlags(guardFlags); err != nil {
+		cmd.RunE = func(*cobra.Command, []string) error { return &exitcode.Error{Code: exitcode.Usage, Err: err} }
+	}
+	dd := guardFlags.Lookup("recover-delete-data")
+	f.BoolVar(&o.deleteData, dd.Name, gopts.RecoverDeleteData, dd.Usage)
 	_ = cmd.RegisterFlagCompletionFunc("session", c.completeSessions)
 	return cmd
 }
@@ -133,7 +146,7 @@ func (c *lockCmds) runUnlock(ctx context.Context, o *unlockOptions, rel string) 
 	// client taking the lock next would: the released record hands the
 	// holder on (lock.Record.Abandoned). The person asserts it is dead, so
 	// its revision is abandoned now; legacy revisions are not its, and stay.
-	out, err := c.recoverUnlocked(ctx, cn, rel, ns, func(a recovery.Abandonment, r recovery.Recoverer) string {
+	out, err := c.recoverUnlocked(ctx, cn, rel, ns, o.deleteData, func(a recovery.Abandonment, r recovery.Recoverer) string {
 		return unlockDescription(a, live, by, r.At)
 	})
 	if le, ok := protocol.IsLocked(err); ok {
@@ -160,7 +173,7 @@ func (c *lockCmds) runUnlock(ctx context.Context, o *unlockOptions, rel string) 
 
 // recoverUnlocked takes the lock released by unlock and runs the one
 // recovery procedure under it, with unlock's descriptions.
-func (c *lockCmds) recoverUnlocked(ctx context.Context, cn *conn, rel, ns string, describe func(recovery.Abandonment, recovery.Recoverer) string) (protocol.Outcome, error) {
+func (c *lockCmds) recoverUnlocked(ctx context.Context, cn *conn, rel, ns string, deleteData bool, describe func(recovery.Abandonment, recovery.Recoverer) string) (protocol.Outcome, error) {
 	req := lock.Request{
 		Release:   rel,
 		Namespace: ns,
@@ -174,10 +187,11 @@ func (c *lockCmds) recoverUnlocked(ctx context.Context, cn *conn, rel, ns string
 	}
 	defer c.keep(ctx, held, rel, ns)()
 	return held.Recover(ctx, protocol.Procedure{
-		Policy:   recovery.Policy{Autorecover: true, Hints: recovery.CLIHints},
-		Next:     lock.OpRecover,
-		Describe: describe,
-		Log:      c.errOut,
+		Policy:     recovery.Policy{Autorecover: true, Hints: recovery.CLIHints},
+		Next:       lock.OpRecover,
+		Describe:   describe,
+		Log:        c.errOut,
+		DeleteData: deleteData,
 	})
 }
 

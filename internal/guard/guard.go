@@ -196,6 +196,10 @@ type run struct {
 	// background counts writes that run beside helm's operation (the
 	// recovery Event); do waits for them before it returns.
 	background sync.WaitGroup
+	// deferred are the objects only the abandoned revision rendered, which
+	// recovery left for after the operation (protocol.Conn.RemoveDeferred);
+	// nil on the happy path.
+	deferred *recovery.Deferred
 }
 
 func (r *run) do(ctx context.Context, op func() error) (err error) {
@@ -240,6 +244,9 @@ func (r *run) do(ctx context.Context, op func() error) (err error) {
 		// write: it holds the release (a first install raced with ours).
 		err = &exitcode.Error{Code: exitcode.Locked, Err: fmt.Errorf("release %q in namespace %q is locked: another client wrote its next revision first (%w); wait for it with --lock-timeout=DURATION, or list locks with \"helm-autorecover locks\": %w", r.t.Release, r.t.Namespace, lock.ErrLocked, err)}
 	}
+	if derr := r.removeDeferred(ctx); derr != nil && err == nil {
+		err = derr
+	}
 	stopKeep()
 	r.release(err == nil)
 	released = true
@@ -272,10 +279,11 @@ func (r *run) recover(ctx context.Context) (latest int, err error) {
 		return 0, nil // sql: nothing here to recover
 	}
 	out, err := r.held.Recover(ctx, protocol.Procedure{
-		Policy:   r.g.Options.policy(),
-		Next:     r.t.Op,
-		Rollback: r.g.Rollback,
-		Log:      r.g.Stderr,
+		Policy:     r.g.Options.policy(),
+		Next:       r.t.Op,
+		Rollback:   r.g.Rollback,
+		Log:        r.g.Stderr,
+		DeleteData: r.g.Options.RecoverDeleteData,
 	})
 	if err != nil {
 		if errors.Is(err, lock.ErrLost) {
@@ -283,6 +291,7 @@ func (r *run) recover(ctx context.Context) (latest int, err error) {
 		}
 		return 0, err
 	}
+	r.deferred = out.Converged.Deferred
 	dec := out.Decision
 	switch dec.Verdict {
 	case recovery.Blocked:
@@ -308,6 +317,28 @@ func (r *run) recover(ctx context.Context) (latest int, err error) {
 	case recovery.NoRelease, recovery.Proceed:
 	}
 	return out.Latest, nil
+}
+
+// removeDeferred removes, once helm's operation has run (successful or
+// not), the objects only the abandoned revision rendered that the revision
+// the operation wrote does not render, still under the lock. It does
+// nothing on the happy path. A failure is a warning on stderr naming the
+// objects left, except a lost lock, which is an error (exit 4). Helm's
+// operation and its revision stand either way.
+func (r *run) removeDeferred(ctx context.Context) error {
+	if r.deferred.Empty() {
+		return nil
+	}
+	_, err := r.conn.RemoveDeferred(context.WithoutCancel(ctx), r.held, r.deferred, r.g.Options.RecoverDeleteData, r.g.Stderr)
+	switch {
+	case err == nil, errors.Is(err, recovery.ErrNoNewRevision):
+		// (the warning is written already)
+		return nil
+	case errors.Is(err, lock.ErrLost):
+		return r.lost(err)
+	}
+	fmt.Fprintf(r.g.Stderr, "helm-autorecover: warning: %v\n", err)
+	return nil
 }
 
 // recordRevision writes into the lock record which revision the operation

@@ -23,6 +23,10 @@ type Options struct {
 	Autorecover        bool
 	RecoverLegacyAfter time.Duration
 	RecoverStrategy    string
+	// RecoverDeleteData lets recovery delete PersistentVolumeClaims,
+	// CustomResourceDefinitions and Namespaces that only an abandoned
+	// revision created (--recover-delete-data).
+	RecoverDeleteData bool
 }
 
 // Environment variables behind the flags.
@@ -34,6 +38,7 @@ const (
 	EnvAutorecover        = "HELM_AUTORECOVER_AUTORECOVER"
 	EnvRecoverLegacyAfter = "HELM_AUTORECOVER_RECOVER_LEGACY_AFTER"
 	EnvRecoverStrategy    = "HELM_AUTORECOVER_RECOVER_STRATEGY"
+	EnvRecoverDeleteData  = "HELM_AUTORECOVER_RECOVER_DELETE_DATA"
 )
 
 // Defaults.
@@ -76,15 +81,20 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) error {
 		}
 		return def
 	}
-	autorecover := true
-	if v := os.Getenv(EnvAutorecover); v != "" {
+	boolean := func(env string, def bool) bool {
+		v := os.Getenv(env)
+		if v == "" {
+			return def
+		}
 		b, err := strconv.ParseBool(v)
 		if err != nil {
-			errs = append(errs, fmt.Errorf("%s=%q: %w", EnvAutorecover, v, err))
-		} else {
-			autorecover = b
+			errs = append(errs, fmt.Errorf("%s=%q: %w", env, v, err))
+			return def
 		}
+		return b
 	}
+	autorecover := boolean(EnvAutorecover, true)
+	deleteData := boolean(EnvRecoverDeleteData, false)
 	fs.StringVar(&o.LockBackend, "lock-backend", str(EnvLockBackend, DefaultLockBackend),
 		"where the release lock lives: release (on the release's newest storage record), lease (there and in a coordination.k8s.io Lease per release), or auto (lease when the caller may get, create and update Leases, release otherwise) ["+EnvLockBackend+"]")
 	fs.DurationVar(&o.LeaseDuration, "lease-duration", dur(EnvLeaseDuration, lock.DefaultLeaseDuration),
@@ -99,6 +109,8 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) error {
 		"recover a release left pending with no lock record (stock helm) once it has been pending this long in server time (0: never) ["+EnvRecoverLegacyAfter+"]")
 	fs.StringVar(&o.RecoverStrategy, "recover-strategy", str(EnvRecoverStrategy, string(recovery.StrategyFail)),
 		"after marking an abandoned revision failed: fail (just run the operation) or rollback (first roll back to the last deployed revision) ["+EnvRecoverStrategy+"]")
+	fs.BoolVar(&o.RecoverDeleteData, "recover-delete-data", deleteData,
+		"let recovery delete PersistentVolumeClaims, CustomResourceDefinitions and Namespaces that only an abandoned revision created and the revision written next does not render (deleting one destroys a volume's data, every custom resource of the kind, everything in the namespace); without it they are kept and reported ["+EnvRecoverDeleteData+"]")
 	if len(errs) > 0 {
 		return fmt.Errorf("bad helm-autorecover environment: %v", errs)
 	}

@@ -49,6 +49,10 @@ type Procedure struct {
 	// failed, and a line when recovery waits for a holder whose lock was
 	// released before it ran out; nil discards them.
 	Log io.Writer
+	// DeleteData lets recovery delete PersistentVolumeClaims,
+	// CustomResourceDefinitions and Namespaces that only the abandoned
+	// revision created (--recover-delete-data); they are kept otherwise.
+	DeleteData bool
 }
 
 // Outcome is what a recovery found and did.
@@ -62,6 +66,9 @@ type Outcome struct {
 	// Marked lists the revisions marked failed, in the order written.
 	Marked []Mark
 	// Converged reports what undoing the abandoned revision's changes did.
+	// Before an upgrade or install, the objects only the abandoned revision
+	// rendered are not removed yet: Converged.Deferred lists them, for
+	// Conn.RemoveDeferred once that operation has written its revision.
 	Converged recovery.ConvergeReport
 	// RolledBack is set when Rollback ran and succeeded.
 	RolledBack bool
@@ -222,10 +229,14 @@ func (c *Conn) sleep(ctx context.Context, d time.Duration) error {
 
 // converge undoes what the abandoned revision applied (fields it changed,
 // objects it created), so that the release starts from its last deployed
-// state; see recovery.ConvergeAbandoned.
+// state; see recovery.ConvergeAbandoned. Before an upgrade or install the
+// objects only the abandoned revision rendered stay until that operation
+// has written its revision (Outcome.Converged.Deferred): it may render them
+// again, and a delete-then-recreate loses a volume's data, a CRD's custom
+// resources, a Namespace's contents, a LoadBalancer's address.
 func (c *Conn) converge(ctx context.Context, p Procedure, out *Outcome, abandoned helmx.Summary) error {
 	rep, err := recovery.ConvergeAbandoned(ctx, c.clusterAccess, c.records, abandoned,
-		recovery.ConvergeOptions{BeforeWrite: p.Writer.Valid})
+		recovery.ConvergeOptions{BeforeWrite: p.Writer.Valid, DeferRemovals: defersRemovals(p.Next), DeleteData: p.DeleteData})
 	out.Converged = rep
 	if (rep.Notable() || err != nil) && p.Log != nil {
 		fmt.Fprintf(p.Log, "helm-autorecover: %s\n", rep.Summary())
@@ -242,6 +253,46 @@ func (c *Conn) converge(ctx context.Context, p Procedure, out *Outcome, abandone
 	}
 	return fmt.Errorf("release %q in namespace %q: %w: abandoned revision %d stays pending and %s: %w",
 		p.Release, p.Namespace, ErrConverge, abandoned.Revision, next, err)
+}
+
+// defersRemovals reports whether the objects only the abandoned revision
+// rendered wait for next's revision before they are removed: an upgrade or
+// install renders a manifest of its own, and whatever it renders again is
+// its to adopt; with no operation to follow, the release ends as it was
+// last deployed.
+func defersRemovals(next lock.Operation) bool {
+	return next == lock.OpUpgrade || next == lock.OpInstall
+}
+
+// RemoveDeferred removes, after the operation a recovery preceded has run
+// (successful or not), the objects only the abandoned revision rendered
+// that the revision it wrote does not render (recovery.RemoveDeferred),
+// under the lock w: every write is checked against w first. Call it only
+// when Outcome.Converged.Deferred is not empty (the happy path reads
+// nothing). Log receives the summary when something was removed, kept on
+// purpose or failed, and a warning naming the objects left when the
+// operation wrote no revision. Errors: lock.ErrLost (wrapped) when the lock
+// was lost before a write; recovery.ErrNoNewRevision; any read or write
+// failure. Every error names the release and the objects left.
+func (c *Conn) RemoveDeferred(ctx context.Context, w Writer, d *recovery.Deferred, deleteData bool, log io.Writer) (recovery.ConvergeReport, error) {
+	if d.Empty() {
+		return recovery.ConvergeReport{}, nil
+	}
+	rep, err := recovery.RemoveDeferred(ctx, c.clusterAccess, c.records, d,
+		recovery.ConvergeOptions{BeforeWrite: w.Valid, DeleteData: deleteData})
+	switch {
+	case errors.Is(err, recovery.ErrFenced):
+		err = fmt.Errorf("release %q in namespace %q: %w: %w", d.Release, d.Namespace, lock.ErrLost, err)
+	case errors.Is(err, recovery.ErrNoNewRevision):
+		if log != nil {
+			fmt.Fprintf(log, "helm-autorecover: warning: %v. Helm's operation wrote no revision, so whether it still wants them is unknown; delete them by hand if no later revision renders them\n", err)
+		}
+		return rep, err
+	}
+	if log != nil && (err != nil || rep.Notable()) {
+		fmt.Fprintf(log, "helm-autorecover: %s\n", rep.Summary())
+	}
+	return rep, err
 }
 
 // markAbandoned marks the decision's target and strays failed, checking the

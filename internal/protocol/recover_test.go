@@ -43,6 +43,25 @@ func TestConverges(t *testing.T) {
 	}
 }
 
+// TestDefersRemovals: objects only the abandoned revision rendered wait for
+// the revision of an upgrade or install (it may render them again: issue
+// 11 item 1); with no operation to follow they go at once.
+func TestDefersRemovals(t *testing.T) {
+	for op, want := range map[lock.Operation]bool{
+		lock.OpUpgrade: true, lock.OpInstall: true,
+		lock.OpRecover: false, lock.OpRollback: false, lock.OpUninstall: false,
+	} {
+		if got := defersRemovals(op); got != want {
+			t.Errorf("defersRemovals(%s) = %v, want %v", op, got, want)
+		}
+	}
+	// Nothing deferred: nothing is read (the happy path costs no request).
+	var c Conn
+	if rep, err := c.RemoveDeferred(context.Background(), &writer{}, nil, false, nil); err != nil || rep.Notable() {
+		t.Errorf("RemoveDeferred(nil) = %+v, %v", rep, err)
+	}
+}
+
 var t0 = time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)
 
 // revision is a release record of the secret driver, with an empty manifest.

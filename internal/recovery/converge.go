@@ -83,13 +83,26 @@ type ConvergeOptions struct {
 	// Converge at once (fencing: a holder that lost its lock writes nothing
 	// more).
 	BeforeWrite func() error
+	// DeferRemovals leaves the objects only the abandoned revision rendered
+	// in place and returns them in ConvergeReport.Deferred, for
+	// RemoveDeferred once the operation recovery precedes has written its
+	// revision: it may render them again (a PersistentVolumeClaim, a
+	// LoadBalancer Service), and deleting them first would lose what they
+	// hold. Recovery that precedes an upgrade or install sets it.
+	DeferRemovals bool
+	// DeleteData lets recovery delete PersistentVolumeClaims,
+	// CustomResourceDefinitions and Namespaces that only the abandoned
+	// revision created (the --recover-delete-data flag); without it they
+	// are always kept, as their deletion destroys a volume's data, every
+	// custom resource of the kind, or everything in the namespace.
+	DeleteData bool
 }
 
 // ConvergeAbandoned loads the abandoned revision and the last deployed one
 // from helm's records in namespace abandoned.RecordNamespace and converges.
-// Call it after MarkFailed succeeded on abandoned (the Summary from the
-// recovery decision), while still holding the lock, and before helm's own
-// upgrade or install runs.
+// Call it with abandoned the Summary from the recovery decision, while
+// holding the lock, before marking it failed and before helm's own upgrade
+// or install runs (with opts.DeferRemovals; then RemoveDeferred after it).
 //
 // An abandoned uninstall (status uninstalling when it was found) is left
 // alone: it applied nothing, it only deleted, and helm's next operation
@@ -113,7 +126,11 @@ func ConvergeAbandoned(ctx context.Context, kube func() (*Kube, error), records 
 		return ConvergeReport{Release: abandoned.Name, Namespace: abandoned.Namespace, Abandoned: abandoned.Revision},
 			fmt.Errorf("converging release %q in namespace %q: %w", abandoned.Name, abandoned.Namespace, err)
 	}
-	return Converge(ctx, kc, in, opts)
+	rep, err := Converge(ctx, kc, in, opts)
+	if rep.Deferred != nil && abandoned.RecordNamespace != "" {
+		rep.Deferred.RecordNamespace = abandoned.RecordNamespace
+	}
+	return rep, err
 }
 
 // LoadConvergeInput reads the abandoned revision and the revision helm's
@@ -229,6 +246,10 @@ func Converge(ctx context.Context, kc *Kube, in ConvergeInput, opts ConvergeOpti
 			errs = append(errs, err)
 		}
 	}
+	if opts.DeferRemovals {
+		c.deferAll(p.OnlyAbandoned, in.AbandonedCreated)
+		p.OnlyAbandoned = nil
+	}
 	for _, o := range p.OnlyAbandoned {
 		if err := c.remove(ctx, o); err != nil {
 			if errors.Is(err, ErrFenced) {
@@ -254,6 +275,15 @@ type converger struct {
 	rep     *ConvergeReport
 	release string
 	ns      string
+}
+
+// target is the revision objects are brought to: the deployed one, or
+// after the operation (RemoveDeferred) the one it wrote.
+func (c *converger) target() int {
+	if c.rep.After > 0 {
+		return c.rep.After
+	}
+	return c.rep.Base
 }
 
 func (c *converger) record(ref ObjectRef, a ConvergeAction, reason string) {

@@ -62,16 +62,17 @@ func hasKeepPolicy(o *unstructured.Unstructured) bool {
 }
 
 // keepReason says why an object only the abandoned revision renders must
-// not be deleted, or "" when it may be.
-func keepReason(live, rendered *unstructured.Unstructured, release, ns string, abandonedCreated time.Time) string {
+// not be deleted, or "" when it may be. deleteData (--recover-delete-data)
+// lifts the protection of the kinds dataHolder names, and only that.
+func keepReason(live, rendered *unstructured.Unstructured, release, ns string, abandonedCreated time.Time, deleteData bool) string {
 	if why := notOwned(live, release, ns); why != "" {
 		return why
 	}
 	if hasKeepPolicy(live) || hasKeepPolicy(rendered) {
 		return AnnotationResourcePolicy + ": " + ResourcePolicyKeep
 	}
-	if kind := dataHolder(live); kind != "" {
-		return "a " + kind + " holds data that a delete destroys with it; recovery never deletes one"
+	if kind := dataHolder(live); kind != "" && !deleteData {
+		return "a " + kind + " holds data that a delete destroys with it; recovery deletes one only with --recover-delete-data"
 	}
 	if abandonedCreated.IsZero() {
 		return "the abandoned revision's creation time is unknown"

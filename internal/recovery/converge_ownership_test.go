@@ -67,12 +67,33 @@ func TestKeepReason(t *testing.T) {
 		{"a kind named like one, another group", ofKind(liveObj(owned, helmLabel, revAt.Add(time.Second)), "example.com/v1", "Namespace"), rendered, revAt, ""},
 	}
 	for _, c := range cases {
-		got := keepReason(c.live, c.rendered, "web", "shop", c.created)
+		got := keepReason(c.live, c.rendered, "web", "shop", c.created, false)
 		switch {
 		case c.want == "" && got != "":
 			t.Errorf("%s: kept (%s), want deleted", c.name, got)
 		case c.want != "" && !strings.Contains(got, c.want):
 			t.Errorf("%s: reason %q, want it to contain %q", c.name, got, c.want)
+		}
+	}
+
+	// --recover-delete-data lifts the data-holder protection, and nothing
+	// else: keep, ownership and creation time still decide.
+	pvc := func(ann map[string]string, created time.Time) *unstructured.Unstructured {
+		return ofKind(liveObj(ann, helmLabel, created), "v1", "PersistentVolumeClaim")
+	}
+	for _, c := range []struct {
+		name string
+		live *unstructured.Unstructured
+		want string
+	}{
+		{"a PersistentVolumeClaim the revision created", pvc(owned, revAt.Add(time.Second)), ""},
+		{"kept", pvc(with(owned, AnnotationResourcePolicy, "keep"), revAt.Add(time.Second)), "keep"},
+		{"existed before", pvc(owned, revAt.Add(-time.Second)), "existed before"},
+		{"another release's", pvc(with(owned, AnnotationReleaseName, "shop"), revAt.Add(time.Second)), "not owned"},
+	} {
+		got := keepReason(c.live, rendered, "web", "shop", revAt, true)
+		if (c.want == "" && got != "") || (c.want != "" && !strings.Contains(got, c.want)) {
+			t.Errorf("with deleteData, %s: reason %q, want %q", c.name, got, c.want)
 		}
 	}
 }

@@ -30,6 +30,10 @@ const (
 	ActionInSync ConvergeAction = "in-sync"
 	// Kept: the object was left alone on purpose; Reason says why.
 	ActionKept ConvergeAction = "kept"
+	// Deferred: an object only the abandoned revision rendered, left in
+	// place until the operation recovery precedes has written its revision
+	// (ConvergeOptions.DeferRemovals, RemoveDeferred).
+	ActionDeferred ConvergeAction = "deferred"
 	// Failed: the object could not be converged; Reason has the error.
 	ActionFailed ConvergeAction = "failed"
 )
@@ -51,6 +55,12 @@ type ConvergeReport struct {
 	// Skipped, when set, says why nothing was compared at all.
 	Skipped string
 	Objects []ObjectResult
+	// Deferred are the objects left for RemoveDeferred (ActionDeferred);
+	// nil when none are.
+	Deferred *Deferred
+	// After is set on RemoveDeferred's report: the revision whose manifest
+	// decided what was removed.
+	After int
 }
 
 // Changed reports whether Converge wrote anything.
@@ -81,14 +91,14 @@ func (r ConvergeReport) Summary() string {
 		return fmt.Sprintf("%s: revision %d left as it is: %s", subject, r.Abandoned, r.Skipped)
 	}
 	var parts []string
-	for _, a := range []ConvergeAction{ActionReverted, ActionDeleted, ActionKept, ActionFailed} {
+	for _, a := range []ConvergeAction{ActionReverted, ActionDeleted, ActionDeferred, ActionKept, ActionFailed} {
 		var items []string
 		for _, o := range r.Objects {
 			if o.Action != a {
 				continue
 			}
 			s := o.Object.String()
-			if o.Reason != "" && a != ActionReverted && a != ActionDeleted {
+			if o.Reason != "" && a != ActionReverted && a != ActionDeleted && a != ActionDeferred {
 				s += " (" + o.Reason + ")"
 			}
 			items = append(items, s)
@@ -97,8 +107,18 @@ func (r ConvergeReport) Summary() string {
 			parts = append(parts, string(a)+" "+strings.Join(items, ", "))
 		}
 	}
+	if r.After > 0 {
+		if len(parts) == 0 {
+			parts = append(parts, "nothing to remove")
+		}
+		return fmt.Sprintf("%s: what only abandoned revision %d rendered, settled against revision %d: %s",
+			subject, r.Abandoned, r.After, strings.Join(parts, "; "))
+	}
 	if len(parts) == 0 {
 		parts = append(parts, "nothing to undo")
+	}
+	if r.Deferred != nil {
+		parts = append(parts, "the deferred objects are removed once helm's operation has written its revision, unless it renders them again")
 	}
 	return fmt.Sprintf("%s: undid what abandoned revision %d applied, back to deployed revision %d (%s apply): %s",
 		subject, r.Abandoned, r.Base, methodName(r.Method), strings.Join(parts, "; "))

@@ -39,3 +39,29 @@ func TestConvergeReportSummary(t *testing.T) {
 		t.Error("a kept object: want Notable and not Changed")
 	}
 }
+
+func TestConvergeReportSummaryDeferred(t *testing.T) {
+	cm := func(name string) ObjectRef { return ObjectRef{Kind: "ConfigMap", Namespace: "shop", Name: name} }
+	before := ConvergeReport{
+		Release: "web", Namespace: "shop", Abandoned: 2, Base: 1,
+		Objects:  []ObjectResult{{Object: cm("web-extra"), Action: ActionDeferred, Reason: "later"}},
+		Deferred: &Deferred{Objects: nil, Refs: []ObjectRef{cm("web-extra")}},
+	}
+	if got := before.Summary(); !strings.Contains(got, "deferred ConfigMap shop/web-extra;") || !strings.Contains(got, "once helm's operation has written its revision") || before.Changed() || !before.Notable() {
+		t.Errorf("summary before the operation: %s", got)
+	}
+	after := ConvergeReport{
+		Release: "web", Namespace: "shop", Abandoned: 2, After: 3,
+		Objects: []ObjectResult{
+			{Object: cm("web-extra"), Action: ActionDeleted},
+			{Object: cm("web-again"), Action: ActionKept, Reason: "revision 3 renders it again"},
+		},
+	}
+	want := `release "web" in namespace "shop": what only abandoned revision 2 rendered, settled against revision 3: deleted ConfigMap shop/web-extra; kept ConfigMap shop/web-again (revision 3 renders it again)`
+	if got := after.Summary(); got != want {
+		t.Errorf("summary after the operation\n got %s\nwant %s", got, want)
+	}
+	if got := before.Deferred.Names(); got != "ConfigMap shop/web-extra" {
+		t.Errorf("Names() = %q", got)
+	}
+}

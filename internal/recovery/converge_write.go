@@ -76,7 +76,7 @@ func (c *converger) revert(ctx context.Context, ab, base resolved) error {
 					return nil
 				case err != nil:
 					c.record(ref, ActionFailed, err.Error())
-					return fmt.Errorf("%s: reverting it to revision %d (dry run): %w", ref, c.rep.Base, err)
+					return fmt.Errorf("%s: reverting it to revision %d (dry run): %w", ref, c.target(), err)
 				}
 			}
 		} else {
@@ -113,7 +113,7 @@ func (c *converger) revert(ctx context.Context, ab, base resolved) error {
 			return nil
 		default:
 			c.record(ref, ActionFailed, err.Error())
-			return fmt.Errorf("%s: reverting it to revision %d: %w", ref, c.rep.Base, err)
+			return fmt.Errorf("%s: reverting it to revision %d: %w", ref, c.target(), err)
 		}
 	}
 	c.record(ref, ActionFailed, "other writers kept changing it")
@@ -176,7 +176,7 @@ func (c *converger) remove(ctx context.Context, ab resolved) error {
 			c.record(ref, ActionFailed, err.Error())
 			return fmt.Errorf("%s: reading it: %w", ref, err)
 		}
-		if why := keepReason(live, ab.obj, c.release, c.ns, c.in.AbandonedCreated); why != "" {
+		if why := keepReason(live, ab.obj, c.release, c.ns, c.in.AbandonedCreated, c.opts.DeleteData); why != "" {
 			c.record(ref, ActionKept, why)
 			return nil
 		}

@@ -54,7 +54,13 @@
 //     fall in the same second, no field manager but helm's wrote it (status
 //     writes aside). An object that existed before (adopted with
 //     --take-ownership, or kept from an older revision) is left alone,
-//     because its earlier state is unknown.
+//     because its earlier state is unknown. Before an upgrade or install
+//     (ConvergeOptions.DeferRemovals) it is not deleted yet: RemoveDeferred
+//     deletes it by the same rules once that operation has written its
+//     revision, only if that revision does not render it again, so nothing
+//     is deleted and created again. PersistentVolumeClaims,
+//     CustomResourceDefinitions and Namespaces are never deleted unless
+//     ConvergeOptions.DeleteData.
 //   - An object that is not owned by this release is never written, whether
 //     it is in one manifest or both.
 //   - An object only in the last deployed revision (the abandoned revision

@@ -416,6 +416,8 @@ type Lock struct {
 	op                 Operation
 	release, namespace string
 	fence              *helmx.WriteFence
+	// after holds what Recover left for after the operation (recover.go).
+	after afterRecovery
 }
 
 // ReleaseName is the name of the locked release.
@@ -473,7 +475,12 @@ func (l *Lock) SetRevision(ctx context.Context, rev int) error {
 // recovered (Recover failed, was blocked, or was not called), the record
 // left names that holder, so the next client recovers its revision at once
 // rather than taking it for stock helm's.
+//
+// When Recover left objects for after the operation (those only the
+// abandoned revision rendered), Release first removes the ones the revision
+// written since does not render; see Lock.Recover.
 func (l *Lock) Release(ctx context.Context) error {
+	_ = l.finishRecovery(ctx) // (a lost lock: Release has nothing to give back either)
 	err := l.held.Release(ctx)
 	if errors.Is(err, ErrLost) {
 		// Someone else holds it now or deleted it: nothing is left to give back.

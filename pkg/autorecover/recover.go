@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/helm-autorecover/helm-autorecover/internal/lock"
@@ -39,6 +42,12 @@ type Policy struct {
 	LegacyAfter time.Duration
 	// Strategy is StrategyFail when empty.
 	Strategy Strategy
+	// DeleteData lets recovery delete PersistentVolumeClaims,
+	// CustomResourceDefinitions and Namespaces that only the abandoned
+	// revision created (the CLI's --recover-delete-data). The zero value
+	// keeps them: deleting one destroys a volume's data, every custom
+	// resource of the kind, or everything in the namespace.
+	DeleteData bool
 }
 
 func (p Policy) internal() recovery.Policy {
@@ -204,6 +213,16 @@ func (c *Client) Recover(ctx context.Context, req RecoverRequest) (Decision, err
 // recover), what the abandoned revision applied is undone first, since
 // helm diffs against the last deployed revision; rollback and uninstall
 // diff against the abandoned revision themselves.
+//
+// Before an install or upgrade, the objects only the abandoned revision
+// rendered are not deleted yet: the operation may render them again (a
+// PersistentVolumeClaim, a LoadBalancer Service) and then adopts them.
+// Release removes, once the operation has written its revision, those
+// that revision does not render (as helm removes what an upgrade drops:
+// never one annotated helm.sh/resource-policy: keep, never a
+// PersistentVolumeClaim, CustomResourceDefinition or Namespace unless
+// Policy.DeleteData). If the operation wrote no revision, they are left
+// and a warning naming them is logged (log/slog).
 func (l *Lock) Recover(ctx context.Context, p Policy) (Decision, error) {
 	out, err := l.recover(ctx, p, nil)
 	return decisionOf(out), err
@@ -211,14 +230,65 @@ func (l *Lock) Recover(ctx context.Context, p Policy) (Decision, error) {
 
 func (l *Lock) recover(ctx context.Context, p Policy, rollback func(string, int) error) (protocol.Outcome, error) {
 	out, err := l.held.Recover(ctx, protocol.Procedure{
-		Policy:   p.internal(),
-		Next:     lock.Operation(l.op),
-		Rollback: rollback,
+		Policy:     p.internal(),
+		Next:       lock.Operation(l.op),
+		Rollback:   rollback,
+		DeleteData: p.DeleteData,
 	})
 	if err != nil {
-		err = fmt.Errorf("autorecover: %w", err)
+		return out, fmt.Errorf("autorecover: %w", err)
 	}
-	return out, err
+	l.after.set(out.Converged.Deferred, p.DeleteData)
+	return out, nil
+}
+
+// afterRecovery holds the objects a recovery left for after the operation
+// it precedes (protocol.Outcome.Converged.Deferred).
+type afterRecovery struct {
+	mu         sync.Mutex
+	deferred   *recovery.Deferred
+	deleteData bool
+}
+
+func (a *afterRecovery) set(d *recovery.Deferred, deleteData bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.deferred, a.deleteData = d, deleteData
+}
+
+// take returns what is left to do, once.
+func (a *afterRecovery) take() (*recovery.Deferred, bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	d := a.deferred
+	a.deferred = nil
+	return d, a.deleteData
+}
+
+// finishRecovery removes the objects Recover left for after the operation
+// that its revision does not render (protocol.Conn.RemoveDeferred), under
+// this lock; nothing on the happy path. It returns the error: ErrLost
+// (wrapped) when the lock was lost first; a failure to remove, or no
+// revision written after the abandoned one, is logged with log/slog (the
+// operation and its revision stand).
+func (l *Lock) finishRecovery(ctx context.Context) error {
+	d, deleteData := l.after.take()
+	if d.Empty() {
+		return nil
+	}
+	var log strings.Builder
+	_, err := l.c.conn.RemoveDeferred(ctx, l.held, d, deleteData, &log)
+	switch {
+	case err == nil:
+		if log.Len() > 0 {
+			slog.Info(strings.TrimSpace(log.String()), slog.String("release", d.Release), slog.String("namespace", d.Namespace))
+		}
+		return nil
+	case errors.Is(err, ErrLost):
+		return fmt.Errorf("autorecover: %w", err)
+	}
+	slog.Warn("autorecover: objects only the abandoned revision rendered were left in place", slog.String("release", d.Release), slog.String("namespace", d.Namespace), slog.Any("error", err))
+	return nil
 }
 
 func decisionOf(out protocol.Outcome) Decision {

@@ -97,7 +97,13 @@ func (c *Client) Run(ctx context.Context, rc RunConfig, op func(ctx context.Cont
 	if err := l.SetRevision(opCtx, rev); err != nil {
 		return lostCause(opCtx, fmt.Errorf("autorecover: release %q in namespace %q: %w", l.release, l.namespace, err))
 	}
-	return lostCause(opCtx, op(opCtx, cfg))
+	err = op(opCtx, cfg)
+	// What only the abandoned revision rendered goes once op's revision
+	// says it is not wanted (see Lock.Recover); nothing on the happy path.
+	if ferr := l.finishRecovery(context.WithoutCancel(opCtx)); ferr != nil && err == nil {
+		err = ferr
+	}
+	return lostCause(opCtx, err)
 }
 
 // lostCause adds the lost-lock cause to err when the lock was lost.
