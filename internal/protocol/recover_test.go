@@ -132,7 +132,11 @@ func TestRecoverProcedure(t *testing.T) {
 	// Revision 1 never deployed (no converge target): only marking is
 	// exercised here; converge has its own tests on a real API server.
 	objs := func() []runtime.Object {
-		return []runtime.Object{revision(t, 1, common.StatusFailed, t0.Add(-time.Hour)), revision(t, 2, common.StatusPendingUpgrade, t0)}
+		// Revision 2's record carries the dead holder's lock, as its fenced
+		// create wrote it.
+		r2 := revision(t, 2, common.StatusPendingUpgrade, t0)
+		r2.Annotations = map[string]string{lock.AnnotationRecord: `{"schema":1,"session":"dead","release":"web","namespace":"shop","revision":2}`}
+		return []runtime.Object{revision(t, 1, common.StatusFailed, t0.Add(-time.Hour)), r2}
 	}
 
 	t.Run("no writer decides and writes nothing", func(t *testing.T) {
