@@ -307,7 +307,10 @@ func (b *Backend) attempt(ctx context.Context, req *Request, w *waitState, maybe
 			return attemptResult{}, fmt.Errorf("lock release %q in namespace %q: %w", req.Release, req.Namespace, err)
 		}
 		v := b.decode(cur, now)
-		if maybe.any() && holderOf(&cur.Spec) == req.Session {
+		// Our own lock whose take may have committed is adopted while it is
+		// live; once expired it is taken again only in its turn, as any
+		// expired lock is (waiters that queued meanwhile come first).
+		if maybe.any() && holderOf(&cur.Spec) == req.Session && (v.state == Live || waitersAhead(v.live, req.Session) == 0) {
 			h, err := b.adopt(ctx, req, v, now, maybe)
 			if apierrors.IsConflict(err) || retry(err) {
 				continue

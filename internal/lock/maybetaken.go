@@ -111,7 +111,14 @@ func (b *Backend) adopt(ctx context.Context, req *Request, v view, now servertim
 	}
 	h := b.newHeld(req, v.lease, *rec, w.sent, w.prev, w.prevState)
 	if !rec.LockedTill.IsZero() {
-		if d := b.clock.Now().Add(rec.LockedTill.Sub(now.Latest) - b.renewMargin()); d.Before(h.deadline) {
+		// The local instant first, then the bounds read after it (not
+		// those of the attempt): the cap is never late by the time in
+		// between.
+		local := b.clock.Now()
+		if fresh, ok := b.time.Now(); ok {
+			now = fresh
+		}
+		if d := local.Add(rec.LockedTill.Sub(now.Latest) - b.renewMargin()); d.Before(h.deadline) {
 			h.deadline = d
 		}
 	}
