@@ -2,6 +2,7 @@ package helmx
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -14,10 +15,12 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 	_ "unsafe" // go:linkname reaches helm's command settings; see helmSettings.
 
 	helmcli "helm.sh/helm/v4/pkg/cli"
 	helmcmd "helm.sh/helm/v4/pkg/cmd"
+	"helm.sh/helm/v4/pkg/release/common"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -41,11 +44,30 @@ var helmSettings *helmcli.EnvSettings
 var _ = helmcmd.NewRootCmd // the variable above lives in this package
 
 // HelmLock is the lock a guarded operation holds, as the transport needs it.
-// *lock.Joint implements it.
+// *protocol.Lock implements it.
 type HelmLock interface {
 	Valid() error
 	Session() string
 	Record() lock.Record
+	// Deadline is the lock's renew deadline on this process's clock (as
+	// time.Now reads it): unless a renewal succeeds first, the lock counts
+	// as lost from then on. Zero means none.
+	Deadline() time.Time
+}
+
+// OwnRecordReporter is implemented by a HelmLock that wants to know how
+// helm's writes of the holder's own revision records ended: the revision
+// the lock record names, and every revision the fence created under it.
+// helm's actions often only log a failed write of a release's final status
+// and report success, so the operation's error cannot tell that a revision
+// was left pending; the fence sees every such write and its answer.
+type OwnRecordReporter interface {
+	// OwnRecordWrite reports one write of revision rev's record: settled is
+	// true when the server accepted it and it left the record not pending
+	// (deployed, failed, superseded, uninstalled...) or deleted it; false
+	// when it failed (the record stays as it was, or its fate is unknown)
+	// or wrote a pending status. The last report of a revision holds.
+	OwnRecordWrite(rev int, settled bool)
 }
 
 // GuardedWrites describes one guarded operation for the transport.
@@ -63,6 +85,12 @@ type GuardedWrites struct {
 //   - Every write (POST, PUT, PATCH, DELETE) first asks the lock; when it is
 //     no longer valid the request is not sent and fails with an error
 //     wrapping lock.ErrLost. helm cannot write after its lock was lost.
+//   - Every write goes out with a deadline no later than the lock's renew
+//     deadline, on its context and as the API server's own request timeout
+//     (the timeout parameter), so a write held up in the server (API
+//     priority and fairness queues, a slow admission webhook) or on the way
+//     cannot land after another client may have taken over. A write cut
+//     off by it fails with an error wrapping lock.ErrLost.
 //   - helm's create of the release's next revision record carries the lock
 //     record (annotation lock.AnnotationRecord): the pending revision and its
 //     lock are one atomic write.
@@ -70,11 +98,20 @@ type GuardedWrites struct {
 //     which also drops annotations) becomes conditional: the record is read,
 //     refused if another session's live lock is on it, and written with the
 //     resourceVersion read and the lock annotations kept (ours refreshed).
+//   - How each write of the holder's own revision records ended is told to
+//     the lock when it implements OwnRecordReporter.
+//   - The fence's own reads retry throttling (429, and 5xx with
+//     Retry-After) as client-go does, within the write's deadline.
 type WriteFence struct {
 	cur atomic.Pointer[GuardedWrites]
 	// createConflict is set when helm's create of a revision record failed
 	// because another client had created it: the lock was never ours.
 	createConflict atomic.Bool
+
+	// created lists the revisions whose records the fence created (or
+	// tried to) since Guard was called: the holder's own.
+	mu      sync.Mutex
+	created map[int]bool
 }
 
 // DefaultWriteFence is the fence on helm's command tree (InstallOnHelm).
@@ -83,6 +120,9 @@ var DefaultWriteFence = &WriteFence{}
 // Guard makes w fence the writes of g until the returned function is called.
 func (w *WriteFence) Guard(g GuardedWrites) (stop func()) {
 	w.createConflict.Store(false)
+	w.mu.Lock()
+	w.created = map[int]bool{}
+	w.mu.Unlock()
 	w.cur.Store(&g)
 	return func() { w.cur.CompareAndSwap(&g, nil) }
 }
@@ -164,22 +204,148 @@ func (f *fenceRT) RoundTrip(req *http.Request) (*http.Response, error) {
 		closeBody(req)
 		return nil, fmt.Errorf("helm-autorecover: refused helm's %s %s for release %q in namespace %q: %w", req.Method, req.URL.Path, g.Release, g.Namespace, err)
 	}
+	parent := req.Context()
+	deadline := g.Lock.Deadline()
+	if deadline.IsZero() {
+		return f.route(req, g)
+	}
+	if !time.Now().Before(deadline) {
+		closeBody(req)
+		return nil, f.cutOff(req, g, context.DeadlineExceeded)
+	}
+	ctx, cancel := context.WithDeadline(parent, deadline)
+	resp, err := f.route(req.WithContext(ctx), g)
+	if parent.Err() == nil && !time.Now().Before(deadline) && (err != nil || resp.StatusCode == http.StatusGatewayTimeout) {
+		// Our deadline, not the caller's, ended the request: it did not
+		// complete in time, and may not land later (the server's own
+		// timeout was set to the same deadline).
+		if resp != nil {
+			_ = resp.Body.Close()
+		}
+		cancel()
+		if err == nil {
+			err = errors.New(resp.Status)
+		}
+		return nil, f.cutOff(req, g, err)
+	}
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	resp.Body = &cancelOnClose{ReadCloser: resp.Body, cancel: cancel}
+	return resp, nil
+}
+
+// cutOff is the error of helm's write that the lock's renew deadline ended.
+func (f *fenceRT) cutOff(req *http.Request, g *GuardedWrites, cause error) error {
+	return fmt.Errorf("helm-autorecover: helm's %s %s for release %q in namespace %q did not complete before the lock's renew deadline and was cut off (%w), so it cannot land after another client may have taken the release over; the operation stops, and the next one recovers the release: %w",
+		req.Method, req.URL.Path, g.Release, g.Namespace, cause, lock.ErrLost)
+}
+
+// cancelOnClose releases a request's deadline once its response is read.
+type cancelOnClose struct {
+	io.ReadCloser
+	cancel context.CancelFunc
+}
+
+func (c *cancelOnClose) Close() error {
+	err := c.ReadCloser.Close()
+	c.cancel()
+	return err
+}
+
+// route sends helm's write req, fenced as its target requires.
+func (f *fenceRT) route(req *http.Request, g *GuardedWrites) (*http.Response, error) {
 	m := recordPath.FindStringSubmatch(req.URL.Path)
 	if m == nil || m[1] != g.Namespace || m[2] != g.Resource {
-		return f.next.RoundTrip(req)
+		return f.send(req)
 	}
+	rev := revisionOf(m[3], g.Release)
 	switch {
 	case req.Method == http.MethodPost && m[3] == "":
 		return f.create(req, g)
-	case req.Method == http.MethodPut && revisionOf(m[3], g.Release) > 0:
-		return f.update(req, g, m[3])
-	case req.Method == http.MethodDelete && revisionOf(m[3], g.Release) > 0:
+	case req.Method == http.MethodPut && rev > 0:
+		resp, status, err := f.update(req, g, m[3])
+		f.report(g, rev, resp, err, status)
+		return resp, err
+	case req.Method == http.MethodDelete && rev > 0:
 		if err := f.moveLockBeforeDelete(req, g, m[3]); err != nil {
 			closeBody(req)
+			f.report(g, rev, nil, err, "")
 			return nil, err
+		}
+		resp, err := f.send(req)
+		f.report(g, rev, resp, err, "")
+		return resp, err
+	}
+	return f.send(req)
+}
+
+// send sends a write with the API server's own request timeout set to what
+// is left of its context's deadline (the lock's renew deadline, or the
+// caller's when earlier): the server then stops working on it by the same
+// time, even when this process is stopped and cannot cancel it.
+func (f *fenceRT) send(req *http.Request) (*http.Response, error) {
+	if dl, ok := req.Context().Deadline(); ok && isWrite(req.Method) {
+		left := time.Until(dl).Truncate(time.Millisecond)
+		if left <= 0 {
+			closeBody(req)
+			return nil, context.DeadlineExceeded
+		}
+		q := req.URL.Query()
+		if cur, err := time.ParseDuration(q.Get("timeout")); err != nil || cur <= 0 || cur > left {
+			q.Set("timeout", left.String())
+			req = req.WithContext(req.Context())
+			u := *req.URL
+			u.RawQuery = q.Encode()
+			req.URL = &u
 		}
 	}
 	return f.next.RoundTrip(req)
+}
+
+// report tells the lock how a write of revision rev's record ended, when
+// the revision is the holder's own and the lock wants to know (see
+// OwnRecordReporter). status is the status label the write carried ("" for
+// a delete).
+func (f *fenceRT) report(g *GuardedWrites, rev int, resp *http.Response, err error, status string) {
+	r, ok := g.Lock.(OwnRecordReporter)
+	if !ok || !f.own(g, rev) {
+		return
+	}
+	settled := false
+	switch {
+	case err != nil || resp == nil:
+	case status == "": // a delete
+		settled = resp.StatusCode/100 == 2 || resp.StatusCode == http.StatusNotFound
+	default:
+		settled = resp.StatusCode/100 == 2 && !isPendingStatus(status)
+	}
+	r.OwnRecordWrite(rev, settled)
+}
+
+// own reports whether revision rev is the holder's: the one its lock record
+// names, or one the fence created under it.
+func (f *fenceRT) own(g *GuardedWrites, rev int) bool {
+	if rev > 0 && g.Lock.Record().Revision == rev {
+		return true
+	}
+	f.w.mu.Lock()
+	defer f.w.mu.Unlock()
+	return f.w.created[rev]
+}
+
+// isPendingStatus reports whether a record's status label says an operation
+// is in progress (as recovery.IsPending, which this package cannot import).
+func isPendingStatus(s string) bool {
+	switch common.Status(s) {
+	case common.StatusPendingInstall, common.StatusPendingUpgrade, common.StatusPendingRollback, common.StatusUninstalling,
+		common.StatusUnknown: // as good as pending
+		return true
+	case common.StatusDeployed, common.StatusUninstalled, common.StatusSuperseded, common.StatusFailed:
+		return false
+	}
+	return true // no status label, or one this helm does not know
 }
 
 // revisionOf returns N when name is the record of revision N of release.
@@ -278,7 +444,7 @@ func (f *fenceRT) create(req *http.Request, g *GuardedWrites) (*http.Response, e
 		return nil, fmt.Errorf("helm-autorecover: refused helm's create of a record of release %q in namespace %q: cannot read its body to add the lock: %w", g.Release, g.Namespace, err)
 	}
 	if rev == 0 {
-		return f.next.RoundTrip(withRawBody(req, body))
+		return f.send(withRawBody(req, body))
 	}
 	metas, err := f.listRecords(req, g)
 	if err != nil {
@@ -309,10 +475,19 @@ func (f *fenceRT) create(req *http.Request, g *GuardedWrites) (*http.Response, e
 	if err != nil {
 		return nil, fmt.Errorf("helm-autorecover: encoding revision %d of release %q: %w", rev, g.Release, err)
 	}
-	resp, err := f.next.RoundTrip(withBody(req, out))
+	f.w.mu.Lock()
+	f.w.created[rev] = true
+	f.w.mu.Unlock()
+	resp, err := f.send(withBody(req, out))
 	if err == nil && resp.StatusCode == http.StatusConflict {
+		// Another client created it: not ours after all.
 		f.w.createConflict.Store(true)
+		f.w.mu.Lock()
+		delete(f.w.created, rev)
+		f.w.mu.Unlock()
+		return resp, err
 	}
+	f.report(g, rev, resp, err, d.meta.Labels[LabelStatus])
 	return resp, err
 }
 
@@ -324,36 +499,37 @@ func withRawBody(req *http.Request, body []byte) *http.Request {
 }
 
 // update makes helm's overwrite of a release record conditional and keeps
-// the lock on it.
-func (f *fenceRT) update(req *http.Request, g *GuardedWrites, name string) (*http.Response, error) {
+// the lock on it. status is the status label helm's write carries.
+func (f *fenceRT) update(req *http.Request, g *GuardedWrites, name string) (_ *http.Response, status string, _ error) {
 	body, err := readBody(req)
 	if err != nil {
-		return nil, fmt.Errorf("helm-autorecover: reading helm's request body: %w", err)
+		return nil, "", fmt.Errorf("helm-autorecover: reading helm's request body: %w", err)
 	}
 	d, err := decode(body)
 	if err != nil {
-		return nil, fmt.Errorf("helm-autorecover: refused helm's update of %s of release %q in namespace %q: cannot read its body to keep the lock: %w", name, g.Release, g.Namespace, err)
+		return nil, "", fmt.Errorf("helm-autorecover: refused helm's update of %s of release %q in namespace %q: cannot read its body to keep the lock: %w", name, g.Release, g.Namespace, err)
 	}
+	status = d.meta.Labels[LabelStatus]
 	rev := revisionOf(name, g.Release)
 	for attempt := 0; ; attempt++ {
 		metas, err := f.listRecords(req, g)
 		if err != nil {
-			return nil, err
+			return nil, status, err
 		}
 		if err := newestAllows(metas, g); err != nil {
-			return nil, err
+			return nil, status, err
 		}
 		cur, resp, err := f.get(req)
 		if err != nil || resp != nil {
-			return resp, err // the read failed: helm sees why
+			return resp, status, err // the read failed: helm sees why
 		}
 		isNewest := len(metas) > 0 && metas[len(metas)-1].Name == name
 		own, curRec, err := checkLock(cur.meta, g, isNewest)
 		if err != nil {
-			return nil, err
+			return nil, status, err
 		}
 		if err := g.Lock.Valid(); err != nil {
-			return nil, fmt.Errorf("helm-autorecover: refused helm's update of revision %d of release %q in namespace %q: %w", rev, g.Release, g.Namespace, err)
+			return nil, status, fmt.Errorf("helm-autorecover: refused helm's update of revision %d of release %q in namespace %q: %w", rev, g.Release, g.Namespace, err)
 		}
 		d.meta.ResourceVersion = cur.meta.ResourceVersion
 		d.meta.Annotations = map[string]string{}
@@ -365,17 +541,17 @@ func (f *fenceRT) update(req *http.Request, g *GuardedWrites, name string) (*htt
 		if own {
 			s, err := g.ownRecord(rev, curRec)
 			if err != nil {
-				return nil, err
+				return nil, status, err
 			}
 			d.meta.Annotations[lock.AnnotationRecord] = s
 		}
 		out, err := encodeJSON(d)
 		if err != nil {
-			return nil, fmt.Errorf("helm-autorecover: encoding revision %d of release %q: %w", rev, g.Release, err)
+			return nil, status, fmt.Errorf("helm-autorecover: encoding revision %d of release %q: %w", rev, g.Release, err)
 		}
-		resp, err = f.next.RoundTrip(withBody(req, out))
+		resp, err = f.send(withBody(req, out))
 		if err != nil || resp.StatusCode != http.StatusConflict || attempt >= maxPutRetries {
-			return resp, err
+			return resp, status, err
 		}
 		// Our own renewal (or a waiter queueing) changed the record since
 		// it was read: read it and check the lock again.
@@ -461,7 +637,7 @@ func (f *fenceRT) listRecords(req *http.Request, g *GuardedWrites) ([]metav1.Obj
 	u.RawPath = ""
 	u.RawQuery = url.Values{"labelSelector": {HistorySelector(g.Release)}}.Encode()
 	r.URL = &u
-	resp, err := f.next.RoundTrip(r)
+	resp, err := f.read(r)
 	if err != nil {
 		return nil, fmt.Errorf("helm-autorecover: listing the records of release %q in namespace %q: %w", g.Release, g.Namespace, err)
 	}
@@ -547,7 +723,7 @@ func (f *fenceRT) moveLockBeforeDelete(req *http.Request, g *GuardedWrites, name
 		}
 		put := withBody(getReq, body)
 		put.Method = http.MethodPut
-		resp, err = f.next.RoundTrip(put)
+		resp, err = f.send(put)
 		if err != nil {
 			return err
 		}
@@ -582,7 +758,7 @@ func (f *fenceRT) get(req *http.Request) (decoded, *http.Response, error) {
 	r.ContentLength = 0
 	r.Header.Del("Content-Type")
 	r.Header.Set("Accept", "application/json")
-	resp, err := f.next.RoundTrip(r)
+	resp, err := f.read(r)
 	if err != nil {
 		return decoded{}, nil, err
 	}
@@ -605,4 +781,62 @@ func (f *fenceRT) get(req *http.Request) (decoded, *http.Response, error) {
 // InstallOnHelm fenced; use it for helm actions run on the guard's behalf.
 func HelmRESTClientGetter() genericclioptions.RESTClientGetter {
 	return helmSettings.RESTClientGetter()
+}
+
+// maxReadRetries bounds how often the fence's own reads are sent again
+// after a throttling answer, as client-go's default (rest.Config has 10).
+const maxReadRetries = 10
+
+// maxRetryWait bounds one wait between the fence's reads, whatever
+// Retry-After asks.
+const maxRetryWait = 10 * time.Second
+
+// read sends the fence's own read req (no body), retrying throttling as
+// client-go does: a 429, or a 5xx with Retry-After, is sent again after the
+// time Retry-After asks (a second when a 429 names none), up to
+// maxReadRetries times. When that wait would pass req's deadline (the lock's
+// renew deadline), or its context ends, the last answer is returned as it
+// is: helm's write then fails instead of waiting past the lock.
+func (f *fenceRT) read(req *http.Request) (*http.Response, error) {
+	ctx := req.Context()
+	for attempt := 0; ; attempt++ {
+		resp, err := f.next.RoundTrip(req.Clone(ctx))
+		if err != nil {
+			return nil, err
+		}
+		wait, retry := retryAfter(resp)
+		if !retry || attempt >= maxReadRetries {
+			return resp, nil
+		}
+		if dl, ok := ctx.Deadline(); ok && !time.Now().Add(wait).Before(dl) {
+			return resp, nil
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		_ = resp.Body.Close()
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, fmt.Errorf("throttled by the API server (%s) and stopped waiting to retry: %w", resp.Status, ctx.Err())
+		case <-t.C:
+		}
+	}
+}
+
+// retryAfter says whether and after how long client-go would send a request
+// again that got resp: a 429 always (client-go needs Retry-After; the fence
+// waits a second without it), a 5xx when it carries Retry-After.
+func retryAfter(resp *http.Response) (time.Duration, bool) {
+	code := resp.StatusCode
+	if code != http.StatusTooManyRequests && code < 500 {
+		return 0, false
+	}
+	secs, err := strconv.Atoi(strings.TrimSpace(resp.Header.Get("Retry-After")))
+	switch {
+	case err == nil && secs >= 0:
+		return min(time.Duration(secs)*time.Second, maxRetryWait), true
+	case code == http.StatusTooManyRequests:
+		return time.Second, true
+	}
+	return 0, false
 }

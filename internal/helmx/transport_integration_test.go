@@ -3,6 +3,7 @@ package helmx
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
@@ -28,11 +29,20 @@ func TestMain(m *testing.M) { testenv.Main(m) }
 type heldLock struct {
 	rec   lock.Record
 	valid error
+	// deadline is the renew deadline (zero: none); Valid fails once it
+	// has passed, as lock.Held's does.
+	deadline time.Time
 }
 
-func (h *heldLock) Valid() error        { return h.valid }
+func (h *heldLock) Valid() error {
+	if !h.deadline.IsZero() && !time.Now().Before(h.deadline) {
+		return fmt.Errorf("lock of session %s was not renewed before its renew deadline: %w", h.rec.Session, lock.ErrLost)
+	}
+	return h.valid
+}
 func (h *heldLock) Session() string     { return h.rec.Session }
 func (h *heldLock) Record() lock.Record { return h.rec }
+func (h *heldLock) Deadline() time.Time { return h.deadline }
 
 func newHeld(session string, at time.Time) *heldLock {
 	return &heldLock{rec: lock.Record{

@@ -3,9 +3,14 @@ package protocol
 import (
 	"context"
 	"errors"
+	"fmt"
+	"slices"
 	"sync"
 	"time"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+
+	"github.com/helm-autorecover/helm-autorecover/internal/helmx"
 	"github.com/helm-autorecover/helm-autorecover/internal/lock"
 	"github.com/helm-autorecover/helm-autorecover/internal/recovery"
 )
@@ -41,7 +46,21 @@ type Lock struct {
 	// whose revision has not been recovered: Release then leaves a record
 	// that names that holder, so the next client recovers it at once.
 	handOn bool
+	// unsettled lists the holder's own revisions whose last write through
+	// the fence failed or left them pending (OwnRecordWrite): Release
+	// resolves them first.
+	unsettled map[int]bool
 }
+
+// DescriptionOwnUnsettled is written into a revision its own holder marks
+// failed on release, because helm's operation ended without recording its
+// outcome there (its last write of the revision failed). Verbs: the pending
+// status, the session, the server time.
+const DescriptionOwnUnsettled = "Failed %s: the operation ended without recording its outcome (helm's last write of this revision did not succeed); marked failed by its own holder, helm-autorecover session %s, at %s"
+
+// maxSettleAttempts bounds how often the holder reads its own revision
+// again after a conflict while marking it failed.
+const maxSettleAttempts = 3
 
 // Joint is the underlying set of locks.
 func (l *Lock) Joint() *lock.Joint { return l.joint }
@@ -54,6 +73,38 @@ func (l *Lock) Record() lock.Record { return l.joint.Record() }
 
 // Valid is nil while it is still safe to write under the lock.
 func (l *Lock) Valid() error { return l.joint.Valid() }
+
+// Deadline is the lock's renew deadline (lock.Joint.Deadline) on this
+// process's clock as time.Now reads it, whatever clock the lock was given:
+// the write fence puts it on every write as its deadline. Zero means none.
+func (l *Lock) Deadline() time.Time {
+	d := l.joint.Deadline()
+	if d.IsZero() || l.conn == nil || l.conn.clock == nil {
+		return d
+	}
+	// time.Now is read first: the time left, read after it, is never
+	// overstated.
+	now := time.Now()
+	return now.Add(d.Sub(l.conn.clock.Now()))
+}
+
+// OwnRecordWrite is how the write fence (helmx.OwnRecordReporter) tells the
+// lock that a write of revision rev, one of the holder's own, failed or
+// left it pending (settled false), or resolved it (settled true). Release
+// resolves every revision left unsettled before it gives the lock back;
+// when every write succeeded it costs no request.
+func (l *Lock) OwnRecordWrite(rev int, settled bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if settled {
+		delete(l.unsettled, rev)
+		return
+	}
+	if l.unsettled == nil {
+		l.unsettled = map[int]bool{}
+	}
+	l.unsettled[rev] = true
+}
 
 // Previous maps what the lock was taken from onto recovery's input.
 func (l *Lock) Previous() recovery.LockInfo { return recovery.PreviousLock(l.joint.Previous()) }
@@ -103,11 +154,23 @@ func (l *Lock) Keep(ctx context.Context, onLost func(error)) { l.joint.Keep(ctx,
 // or released it) is not written at all: the holder stops writing, as the
 // CLI's fail-stop does, and its lock runs out by itself, after which the
 // next client takes it over and recovers what it left.
+//
+// A revision of the holder's own that helm's operation may have left
+// pending (the fence saw its last write fail: a 5xx on the final status
+// write, conflicts retried to the end; see OwnRecordWrite) is resolved
+// first: read, and when still pending and carrying this lock, marked
+// failed (recovery.MarkFailed, conditional on the resourceVersion read).
+// When that fails too, the record left names this holder as abandoned
+// (lock.Record.Abandoned, with its tenure ending now), so the next client
+// recovers the revision at once instead of taking it for stock helm's.
 func (l *Lock) Release(ctx context.Context) error {
 	l.mu.Lock()
 	handOn := l.handOn
 	l.mu.Unlock()
 	if err := l.joint.Valid(); err != nil {
+		return err
+	}
+	if done, err := l.settleOwn(ctx); done {
 		return err
 	}
 	if handOn {
@@ -117,9 +180,108 @@ func (l *Lock) Release(ctx context.Context) error {
 }
 
 // ReleaseAndDelete gives the lock back and removes what is left of it,
-// after an uninstall that kept no history.
+// after an uninstall that kept no history. A revision of its own left
+// unsettled is resolved first, as Release does; when it cannot be, the
+// lock is released naming this holder as abandoned instead of deleted.
 func (l *Lock) ReleaseAndDelete(ctx context.Context) error {
+	if l.joint.Valid() == nil {
+		if done, err := l.settleOwn(ctx); done {
+			return err
+		}
+	}
 	return l.joint.ReleaseAndDelete(ctx)
+}
+
+// settleOwn resolves the holder's own revisions left unsettled (see
+// Release). done reports that it released the lock itself (naming this
+// holder as abandoned), or must not release it (the lock was lost), with
+// err saying how that went; otherwise the caller releases as usual.
+func (l *Lock) settleOwn(ctx context.Context) (done bool, err error) {
+	l.mu.Lock()
+	revs := make([]int, 0, len(l.unsettled))
+	for rev := range l.unsettled {
+		revs = append(revs, rev)
+	}
+	l.mu.Unlock()
+	if len(revs) == 0 {
+		return false, nil
+	}
+	recs, rerr := l.conn.Records()
+	if rerr != nil {
+		return false, nil // a driver that keeps no record here: nothing to resolve
+	}
+	slices.Sort(revs)
+	var failed []error
+	left := 0
+	for _, rev := range revs {
+		if err := l.settleRevision(ctx, recs, rev); err != nil {
+			if errors.Is(err, lock.ErrLost) {
+				return true, err // write nothing more; the lock runs out
+			}
+			failed = append(failed, err)
+			left = rev
+			continue
+		}
+		l.OwnRecordWrite(rev, true)
+	}
+	if left == 0 {
+		return false, nil
+	}
+	cause := errors.Join(failed...)
+	a := l.joint.Record()
+	a.Revision = left
+	if now, err := l.conn.ServerNow(ctx); err == nil && now.Latest.Before(a.LockedTill) {
+		// Its tenure ends now: every write of helm's was answered before,
+		// and nothing is written under this lock after its release. The
+		// next client need not wait for the LOCKED TILL it would have
+		// renewed to.
+		a.LockedTill = now.Latest
+	}
+	if err := l.joint.ReleaseAbandoning(ctx, &a); err != nil {
+		return true, fmt.Errorf("release %q in namespace %q: revision %d, which this operation wrote, may still be pending: %w; and releasing the lock naming this session as its abandoned holder failed too (%w): the next operation recovers it once the lock has expired",
+			l.release, l.namespace, left, cause, err)
+	}
+	return true, nil
+}
+
+// settleRevision marks the holder's own revision rev failed when it is
+// still pending and carries this lock; nil when it is not pending (any
+// more), gone, or not this holder's.
+func (l *Lock) settleRevision(ctx context.Context, recs helmx.Records, rev int) error {
+	name := helmx.ReleaseSecretName(l.release, rev)
+	subject := fmt.Sprintf("revision %d of release %q in namespace %q", rev, l.release, l.namespace)
+	for range maxSettleAttempts {
+		if err := l.joint.Valid(); err != nil {
+			return fmt.Errorf("%s: stopped before resolving it: %w", subject, err)
+		}
+		cur, err := recs.Get(ctx, l.namespace, name)
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("%s: reading %s %q to resolve it: %w", subject, recs.Kind(), name, err)
+		}
+		s, err := helmx.SummarizeRecord(cur)
+		if err != nil {
+			return fmt.Errorf("%s: %w", subject, err)
+		}
+		if !recovery.IsPending(s.Status) || s.LockSession != l.Session() {
+			return nil
+		}
+		var at time.Time
+		if now, err := l.conn.ServerNow(ctx); err == nil {
+			at = now.Latest
+		}
+		desc := fmt.Sprintf(DescriptionOwnUnsettled, s.Status, l.Session(), at.UTC().Format(time.RFC3339))
+		_, err = recovery.MarkFailed(ctx, recs, l.namespace, s, desc, at)
+		switch {
+		case err == nil, errors.Is(err, recovery.ErrNotPending):
+			return nil
+		case !errors.Is(err, recovery.ErrConflict):
+			return err
+		}
+	}
+	return fmt.Errorf("%s: it kept changing while its own holder marked it failed", subject)
 }
 
 // Recover runs the recovery procedure (Conn.Recover) under this lock, for

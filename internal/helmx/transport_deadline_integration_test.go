@@ -1,0 +1,196 @@
+package helmx
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"log"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"helm.sh/helm/v4/pkg/release/common"
+	"helm.sh/helm/v4/pkg/storage/driver"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+
+	"github.com/helm-autorecover/helm-autorecover/internal/lock"
+	"github.com/helm-autorecover/helm-autorecover/internal/testenv"
+)
+
+// holdingProxy sits in front of the real API server and holds the requests
+// hold selects until the test releases them, as the API server's priority
+// and fairness queues or a slow admission webhook do: after the server has
+// read the request and set its deadline from the timeout parameter (the
+// request deadline filter, which runs before both). A held request is then
+// forwarded under that deadline and its client's connection: what a client
+// gave up on, or what outlived its timeout, is not written.
+type holdingProxy struct {
+	cfg *rest.Config
+	// arrived receives the query of each held request as it arrives.
+	arrived chan url.Values
+	release chan struct{}
+	once    sync.Once
+	// inFlight counts held requests not yet forwarded (or refused).
+	inFlight sync.WaitGroup
+}
+
+func newHoldingProxy(t *testing.T, env *testenv.Env, hold func(*http.Request) bool) *holdingProxy {
+	t.Helper()
+	target, err := url.Parse(env.Config.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rp := httputil.NewSingleHostReverseProxy(target)
+	if rp.Transport, err = rest.TransportFor(env.Config); err != nil {
+		t.Fatal(err)
+	}
+	rp.ErrorLog = log.New(io.Discard, "", 0)
+	p := &holdingProxy{arrived: make(chan url.Values, 16), release: make(chan struct{})}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if hold(r) {
+			p.inFlight.Add(1)
+			defer p.inFlight.Done()
+			body, err := io.ReadAll(r.Body)
+			if err != nil {
+				http.Error(w, err.Error(), http.StatusBadRequest)
+				return
+			}
+			r.Body = io.NopCloser(bytes.NewReader(body))
+			ctx := r.Context()
+			if d, err := time.ParseDuration(r.URL.Query().Get("timeout")); err == nil && d > 0 {
+				var cancel context.CancelFunc
+				ctx, cancel = context.WithTimeout(ctx, d)
+				defer cancel()
+			}
+			p.arrived <- r.URL.Query()
+			<-p.release
+			r = r.WithContext(ctx)
+		}
+		rp.ServeHTTP(w, r)
+	}))
+	t.Cleanup(func() {
+		p.Release()
+		srv.Close()
+	})
+	p.cfg = &rest.Config{Host: srv.URL}
+	return p
+}
+
+// Release lets every held request (and every later one) through.
+func (p *holdingProxy) Release() { p.once.Do(func() { close(p.release) }) }
+
+// fencedClient is a clientset on cfg whose writes go through a fence
+// guarding release "web" in ns under l.
+func fencedClient(t *testing.T, cfg *rest.Config, ns string, l HelmLock) kubernetes.Interface {
+	t.Helper()
+	w := &WriteFence{}
+	t.Cleanup(w.Guard(GuardedWrites{Namespace: ns, Release: "web", Resource: "secrets", Lock: l}))
+	cs, err := kubernetes.NewForConfig(w.Wrap(cfg))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cs
+}
+
+// awaitCutOff waits for the result of a fenced write the proxy holds. The
+// fence must end it by itself at the lock's deadline; a write still in
+// flight well past that is let through, so that a fence without deadlines
+// fails the test (the write then lands) instead of hanging it.
+func awaitCutOff(t *testing.T, p *holdingProxy, deadline time.Time, errc <-chan error) error {
+	t.Helper()
+	grace := time.NewTimer(time.Until(deadline) + 20*time.Second)
+	defer grace.Stop()
+	select {
+	case err := <-errc:
+		return err
+	case <-grace.C:
+		t.Errorf("the write was still in flight 20s after the lock's renew deadline; letting it through")
+		p.Release()
+		return <-errc
+	}
+}
+
+// checkServerTimeout: the held write carried the API server's own request
+// timeout, no longer than the lock had left when it was sent.
+func checkServerTimeout(t *testing.T, q url.Values, lease time.Duration) {
+	t.Helper()
+	d, err := time.ParseDuration(q.Get("timeout"))
+	if err != nil || d <= 0 || d > lease {
+		t.Errorf("the write's timeout parameter is %q; want a duration in (0, %s]", q.Get("timeout"), lease)
+	}
+}
+
+// TestIntegrationFenceCutsChartWriteAtDeadline: a write of a chart object
+// held up on its way (API priority and fairness, a slow webhook; here a
+// proxy) past the lock's renew deadline fails with ErrLost, and the object
+// is not written when the held request is let through afterwards.
+func TestIntegrationFenceCutsChartWriteAtDeadline(t *testing.T) {
+	env := testenv.Get(t)
+	ns := env.Namespace(t)
+	p := newHoldingProxy(t, env, func(r *http.Request) bool {
+		return r.Method == http.MethodPost && strings.HasSuffix(r.URL.Path, "/namespaces/"+ns+"/configmaps")
+	})
+	const lease = 2 * time.Second
+	held := newHeld("slow-session", time.Now())
+	held.deadline = time.Now().Add(lease)
+	cs := fencedClient(t, p.cfg, ns, held)
+
+	errc := make(chan error, 1)
+	go func() {
+		cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "chart-object"}, Data: map[string]string{"k": "v"}}
+		_, err := cs.CoreV1().ConfigMaps(ns).Create(context.Background(), cm, metav1.CreateOptions{})
+		errc <- err
+	}()
+	checkServerTimeout(t, <-p.arrived, lease)
+	err := awaitCutOff(t, p, held.deadline, errc)
+	if !errors.Is(err, lock.ErrLost) {
+		t.Fatalf("a chart write held past the lock's renew deadline: %v; want an error wrapping ErrLost", err)
+	}
+	p.Release()
+	p.inFlight.Wait()
+	if _, err := env.Client.CoreV1().ConfigMaps(ns).Get(context.Background(), "chart-object", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Fatalf("the chart object after its cut-off write was let through: %v; want NotFound (written after the lock's deadline)", err)
+	}
+}
+
+// TestIntegrationFenceCutsRecordWriteAtDeadline: helm's update of a release
+// record held up past the lock's renew deadline fails with ErrLost and
+// leaves the record as it was.
+func TestIntegrationFenceCutsRecordWriteAtDeadline(t *testing.T) {
+	env := testenv.Get(t)
+	ns := env.Namespace(t)
+	plain := driver.NewSecrets(env.Client.CoreV1().Secrets(ns))
+	if err := store(t, plain, 1, common.StatusPendingInstall); err != nil {
+		t.Fatal(err)
+	}
+	p := newHoldingProxy(t, env, func(r *http.Request) bool {
+		return r.Method == http.MethodPut && strings.HasSuffix(r.URL.Path, "/secrets/"+ReleaseSecretName("web", 1))
+	})
+	const lease = 2 * time.Second
+	held := newHeld("slow-session", time.Now())
+	held.deadline = time.Now().Add(lease)
+	d := driver.NewSecrets(fencedClient(t, p.cfg, ns, held).CoreV1().Secrets(ns))
+
+	errc := make(chan error, 1)
+	go func() { errc <- d.Update(ReleaseSecretName("web", 1), webRelease(1, common.StatusDeployed)) }()
+	checkServerTimeout(t, <-p.arrived, lease)
+	err := awaitCutOff(t, p, held.deadline, errc)
+	if !errors.Is(err, lock.ErrLost) {
+		t.Fatalf("helm's update held past the lock's renew deadline: %v; want an error wrapping ErrLost", err)
+	}
+	p.Release()
+	p.inFlight.Wait()
+	if st := env.History(t, ns, "web")[0].Status; st != string(common.StatusPendingInstall) {
+		t.Fatalf("revision 1 after the cut-off update was let through is %s; want it untouched (pending-install)", st)
+	}
+}
