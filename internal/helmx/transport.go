@@ -49,6 +49,10 @@ type HelmLock interface {
 	Valid() error
 	Session() string
 	Record() lock.Record
+	// Carry runs write, which copies the lock's record onto another
+	// release record, with that record while no renewal of the lock is in
+	// flight, and fails without calling it when the lock is not valid.
+	Carry(write func(lock.Record) error) error
 	// Deadline is the lock's renew deadline on this process's clock (as
 	// time.Now reads it): unless a renewal succeeds first, the lock counts
 	// as lost from then on. Zero means none.
@@ -421,8 +425,8 @@ func withBody(req *http.Request, body []byte) *http.Request {
 	return r
 }
 
-func (g *GuardedWrites) recordFor(rev int) (string, error) {
-	rec := g.Lock.Record()
+// recordFor is rec, the lock's record, for revision rev's record.
+func recordFor(rec lock.Record, rev int) (string, error) {
 	rec.Revision = rev
 	return rec.Encode()
 }
@@ -463,22 +467,36 @@ func (f *fenceRT) create(req *http.Request, g *GuardedWrites) (*http.Response, e
 		f.w.createConflict.Store(true) // another session holds the release
 		return nil, err
 	}
-	s, err := g.recordFor(rev)
-	if err != nil {
-		return nil, err
+	// The lock's record goes into the new revision while no renewal is in
+	// flight (HelmLock.Carry): the copy must not be older than the renewal
+	// the holder's deadline counts from.
+	var resp *http.Response
+	sent := false
+	err = g.Lock.Carry(func(rec lock.Record) error {
+		s, err := recordFor(rec, rev)
+		if err != nil {
+			return err
+		}
+		if d.meta.Annotations == nil {
+			d.meta.Annotations = map[string]string{}
+		}
+		d.meta.Annotations[lock.AnnotationRecord] = s
+		out, err := encodeJSON(d)
+		if err != nil {
+			return fmt.Errorf("helm-autorecover: encoding revision %d of release %q: %w", rev, g.Release, err)
+		}
+		f.w.mu.Lock()
+		f.w.created[rev] = true
+		f.w.mu.Unlock()
+		sent = true
+		resp, err = f.send(withBody(req, out))
+		return err
+	})
+	if !sent {
+		// Refused before it was sent (the lock is no longer valid):
+		// nothing of the revision was written.
+		return nil, fmt.Errorf("helm-autorecover: refused helm's create of revision %d of release %q in namespace %q: %w", rev, g.Release, g.Namespace, err)
 	}
-	if d.meta.Annotations == nil {
-		d.meta.Annotations = map[string]string{}
-	}
-	d.meta.Annotations[lock.AnnotationRecord] = s
-	out, err := encodeJSON(d)
-	if err != nil {
-		return nil, fmt.Errorf("helm-autorecover: encoding revision %d of release %q: %w", rev, g.Release, err)
-	}
-	f.w.mu.Lock()
-	f.w.created[rev] = true
-	f.w.mu.Unlock()
-	resp, err := f.send(withBody(req, out))
 	if err == nil && resp.StatusCode == http.StatusConflict {
 		// Another client created it: not ours after all.
 		f.w.createConflict.Store(true)
@@ -712,18 +730,22 @@ func (f *fenceRT) moveLockBeforeDelete(req *http.Request, g *GuardedWrites, name
 				delete(cur.meta.Annotations, k)
 			}
 		}
-		s, err := g.recordFor(revisionOf(next, g.Release))
-		if err != nil {
+		// As in create: the copy is made while no renewal is in flight.
+		err = g.Lock.Carry(func(rec lock.Record) error {
+			s, err := recordFor(rec, revisionOf(next, g.Release))
+			if err != nil {
+				return err
+			}
+			cur.meta.Annotations[lock.AnnotationRecord] = s
+			body, err := encodeJSON(cur)
+			if err != nil {
+				return err
+			}
+			put := withBody(getReq, body)
+			put.Method = http.MethodPut
+			resp, err = f.send(put)
 			return err
-		}
-		cur.meta.Annotations[lock.AnnotationRecord] = s
-		body, err := encodeJSON(cur)
-		if err != nil {
-			return err
-		}
-		put := withBody(getReq, body)
-		put.Method = http.MethodPut
-		resp, err = f.send(put)
+		})
 		if err != nil {
 			return err
 		}

@@ -44,6 +44,13 @@ func (h *heldLock) Session() string     { return h.rec.Session }
 func (h *heldLock) Record() lock.Record { return h.rec }
 func (h *heldLock) Deadline() time.Time { return h.deadline }
 
+func (h *heldLock) Carry(write func(lock.Record) error) error {
+	if err := h.Valid(); err != nil {
+		return err
+	}
+	return write(h.Record())
+}
+
 func newHeld(session string, at time.Time) *heldLock {
 	return &heldLock{rec: lock.Record{
 		Schema: lock.SchemaVersion, Session: session, Operation: lock.OpUpgrade, Release: "web",

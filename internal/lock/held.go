@@ -67,6 +67,23 @@ func (b *Backend) newHeld(req *Request, l *coordinationv1.Lease, rec Record, sen
 	return h
 }
 
+// Carry runs write, a write that copies this lock's record onto another
+// release record (the fence's create of the next revision, or its move of
+// the lock before helm prunes the newest record), with the record as it
+// stands and while no renewal or other write of this lock is in flight. A
+// renewal committing in between would extend the lock on the old record
+// only: the copy everyone else judges would show an earlier LOCKED TILL
+// than the deadline the holder goes by, and a client could take the lock
+// over while the holder still writes.
+func (h *Held) Carry(write func(Record) error) error {
+	h.writeMu.Lock()
+	defer h.writeMu.Unlock()
+	if err := h.Valid(); err != nil {
+		return err
+	}
+	return write(h.Record())
+}
+
 // Session is the holder's session ID.
 func (h *Held) Session() string { return h.req.Session }
 

@@ -127,6 +127,10 @@ func (j *Joint) Session() string { return j.parts[0].Session() }
 // the one written into new revisions.
 func (j *Joint) Record() Record { return j.parts[0].Record() }
 
+// Carry runs write with the record of the first part (the one written into
+// new revisions) while no write of that part is in flight (Held.Carry).
+func (j *Joint) Carry(write func(Record) error) error { return j.parts[0].Carry(write) }
+
 // Valid is nil while every part may still be written under.
 func (j *Joint) Valid() error {
 	for _, h := range j.parts {

@@ -71,6 +71,10 @@ func (l *Lock) Session() string { return l.joint.Session() }
 // Record is the lock's record as last written (the release record's part).
 func (l *Lock) Record() lock.Record { return l.joint.Record() }
 
+// Carry runs write with the lock's record while no renewal of it is in
+// flight (lock.Held.Carry), for writes that copy it onto another record.
+func (l *Lock) Carry(write func(lock.Record) error) error { return l.joint.Carry(write) }
+
 // Valid is nil while it is still safe to write under the lock.
 func (l *Lock) Valid() error { return l.joint.Valid() }
 
