@@ -588,12 +588,19 @@ func (f *fenceRT) update(req *http.Request, g *GuardedWrites, name string) (_ *h
 // and our own record marked released means a person released it
 // (unlock --force). No clock is compared. An older record's lock record is
 // stale (the lock moved on) and decides nothing. A newest record with no
-// lock record at all was written by a client that takes no lock (stock
-// helm) and does not stop the write.
+// lock record at all was rewritten or written after we took the lock by a
+// client that takes none (stock helm's rollback, uninstall or upgrade): our
+// lock vanished with it, so the write is refused too, and the lock is never
+// carried back onto the release (the holder stops at its next renewal as
+// well, lock.Held).
 func checkLock(m *metav1.ObjectMeta, g *GuardedWrites, newest bool) (own bool, cur *lock.Record, err error) {
 	s, ok := m.Annotations[lock.AnnotationRecord]
 	if !ok {
-		return false, nil, nil
+		if !newest {
+			return false, nil, nil
+		}
+		return false, nil, fmt.Errorf("helm-autorecover: refused helm's write of release %q in namespace %q: its newest record %s no longer carries our lock: a client that takes no lock (stock helm) wrote it after we took ours: %w",
+			g.Release, g.Namespace, m.Name, lock.ErrLost)
 	}
 	rec, _ := lock.DecodeRecord(s)
 	switch {

@@ -169,15 +169,15 @@ func TestIntegrationFenceCutsChartWriteAtDeadline(t *testing.T) {
 func TestIntegrationFenceCutsRecordWriteAtDeadline(t *testing.T) {
 	env := testenv.Get(t)
 	ns := env.Namespace(t)
-	plain := driver.NewSecrets(env.Client.CoreV1().Secrets(ns))
-	if err := store(t, plain, 1, common.StatusPendingInstall); err != nil {
+	held := newHeld("slow-session", time.Now())
+	// Our own create of revision 1: it carries our lock.
+	if err := store(t, fencedDriver(t, env.Config, ns, held), 1, common.StatusPendingInstall); err != nil {
 		t.Fatal(err)
 	}
 	p := newHoldingProxy(t, env, func(r *http.Request) bool {
 		return r.Method == http.MethodPut && strings.HasSuffix(r.URL.Path, "/secrets/"+ReleaseSecretName("web", 1))
 	})
 	const lease = 2 * time.Second
-	held := newHeld("slow-session", time.Now())
 	held.deadline = time.Now().Add(lease)
 	d := driver.NewSecrets(fencedClient(t, p.cfg, ns, held).CoreV1().Secrets(ns))
 

@@ -152,6 +152,7 @@ func TestIntegrationFencePrunedRecordKeepsLock(t *testing.T) {
 	if err := store(t, plain, 1, common.StatusDeployed); err != nil {
 		t.Fatal(err)
 	}
+	taken(t, env, ns, 1, held)
 	if err := store(t, d, 2, common.StatusFailed); err != nil {
 		t.Fatal(err)
 	}
@@ -189,6 +190,7 @@ func TestIntegrationFenceRefusesWhenAnotherHoldsTheNewest(t *testing.T) {
 	if err := store(t, plain, 1, common.StatusDeployed); err != nil {
 		t.Fatal(err)
 	}
+	taken(t, env, ns, 1, theirs)
 	if err := store(t, fencedDriver(t, env.Config, ns, theirs), 2, common.StatusPendingUpgrade); err != nil {
 		t.Fatal(err)
 	}
@@ -305,6 +307,18 @@ func TestIntegrationFenceIgnoresStaleLockOnOlderRecord(t *testing.T) {
 }
 
 // annotate puts the lock record s on revision rev of release "web".
+// taken writes l's record onto revision rev, as taking the lock on the
+// release's newest record does.
+func taken(t *testing.T, env *testenv.Env, ns string, rev int, l HelmLock) {
+	t.Helper()
+	rec := l.Record()
+	s, err := rec.Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	annotate(t, env, ns, rev, s)
+}
+
 func annotate(t *testing.T, env *testenv.Env, ns string, rev int, s string) {
 	t.Helper()
 	ctx := context.Background()
@@ -354,5 +368,43 @@ func TestIntegrationFenceForcedOutHolderStops(t *testing.T) {
 	}
 	if st := env.History(t, ns, "web")[0].Status; st != "pending-install" {
 		t.Errorf("revision 1 is %s; want it untouched (pending-install)", st)
+	}
+}
+
+// TestIntegrationFenceStopsWhenStockHelmDroppedTheLock (issue 11 item 9):
+// while we hold the lock, stock helm (which takes none) writes the next
+// revision, so the newest record no longer carries our lock. Our helm's
+// writes are refused (ErrLost), and none carries our lock back onto the
+// release: neither the update of an older record nor the create of a newer
+// one.
+func TestIntegrationFenceStopsWhenStockHelmDroppedTheLock(t *testing.T) {
+	env := testenv.Get(t)
+	ns := env.Namespace(t)
+	ours := newHeld("dropped-session", time.Now())
+	d := fencedDriver(t, env.Config, ns, ours)
+	if err := store(t, d, 1, common.StatusDeployed); err != nil {
+		t.Fatalf("our create: %v", err)
+	}
+	stock := driver.NewSecrets(env.Client.CoreV1().Secrets(ns))
+	if err := store(t, stock, 2, common.StatusPendingRollback); err != nil {
+		t.Fatalf("stock helm's create: %v", err)
+	}
+	if _, err := d.Get(ReleaseSecretName("web", 1)); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Update(ReleaseSecretName("web", 1), webRelease(1, common.StatusSuperseded)); !errors.Is(err, lock.ErrLost) {
+		t.Fatalf("our update of revision 1 after stock helm wrote revision 2: %v; want ErrLost", err)
+	}
+	if err := store(t, d, 3, common.StatusPendingUpgrade); !errors.Is(err, lock.ErrLost) {
+		t.Fatalf("our create of revision 3 after stock helm wrote revision 2: %v; want ErrLost", err)
+	}
+	if got := len(env.History(t, ns, "web")); got != 2 {
+		t.Errorf("%d revisions; want revision 3 never written", got)
+	}
+	if st := env.History(t, ns, "web")[0].Status; st != "deployed" {
+		t.Errorf("revision 1 is %s; want it untouched (deployed)", st)
+	}
+	if rec := lockOn(t, env, ns, 2); rec != nil {
+		t.Errorf("stock helm's revision 2 carries lock %+v; want none carried back", rec)
 	}
 }

@@ -104,6 +104,7 @@ func TestIntegrationFenceListRetriesThrottling(t *testing.T) {
 	}, http.StatusTooManyRequests, "0")
 	held := newHeld("throttled-session", time.Now())
 	held.deadline = time.Now().Add(time.Minute)
+	taken(t, env, ns, 1, held)
 	d := driver.NewSecrets(fencedClient(t, faultProxy(t, env, fault), ns, held).CoreV1().Secrets(ns))
 	if err := d.Update(ReleaseSecretName("web", 1), webRelease(1, common.StatusDeployed)); err != nil {
 		t.Fatalf("helm's update after the fence's list was throttled once: %v", err)
@@ -132,6 +133,7 @@ func TestIntegrationFenceReportsOwnRecordWrites(t *testing.T) {
 		return r.Method == http.MethodPut && strings.HasSuffix(r.URL.Path, "/secrets/"+ReleaseSecretName("web", 2))
 	}, http.StatusInternalServerError, "")
 	held := &reportingLock{heldLock: newHeld("reporting-session", time.Now())}
+	taken(t, env, ns, 1, held)
 	held.rec.Revision = 2
 	d := driver.NewSecrets(fencedClient(t, faultProxy(t, env, fault), ns, held).CoreV1().Secrets(ns))
 	if err := store(t, d, 2, common.StatusPendingUpgrade); err != nil {
