@@ -273,12 +273,7 @@ func (f *fenceRT) route(req *http.Request, g *GuardedWrites) (*http.Response, er
 		f.report(g, rev, resp, err, status)
 		return resp, err
 	case req.Method == http.MethodDelete && rev > 0:
-		if err := f.moveLockBeforeDelete(req, g, m[3]); err != nil {
-			closeBody(req)
-			f.report(g, rev, nil, err, "")
-			return nil, err
-		}
-		resp, err := f.send(req)
+		resp, err := f.deleteRecord(req, g, m[3])
 		f.report(g, rev, resp, err, "")
 		return resp, err
 	}
@@ -682,7 +677,9 @@ func (f *fenceRT) listRecords(req *http.Request, g *GuardedWrites) ([]metav1.Obj
 	for _, it := range l.Items {
 		out = append(out, it.Metadata)
 	}
-	slices.SortFunc(out, func(a, b metav1.ObjectMeta) int { return revisionOf(a.Name, g.Release) - revisionOf(b.Name, g.Release) })
+	// The lock's store orders them the same way (records.Compare), so both
+	// take the same record for the newest.
+	slices.SortFunc(out, func(a, b metav1.ObjectMeta) int { return records.Compare(a.Name, a.Labels, b.Name, b.Labels) })
 	return out, nil
 }
 
@@ -697,35 +694,46 @@ func newestAllows(metas []metav1.ObjectMeta, g *GuardedWrites) error {
 	return err
 }
 
-// moveLockBeforeDelete keeps the lock when helm deletes the record it is on
-// (helm prunes history beyond --history-max, and may prune the newest
-// record when it is not the last deployed one): the lock annotations are
-// first written onto the next newest record, conditional on its
-// resourceVersion, so that nobody finds the release unlocked in between.
-func (f *fenceRT) moveLockBeforeDelete(req *http.Request, g *GuardedWrites, name string) error {
+// deleteRecord sends helm's delete of record name of the guarded release,
+// refused as any write is when the lock on the newest record is no longer
+// ours. When name is the newest record (helm prunes history beyond
+// --history-max, and may prune the newest record when it is not the last
+// deployed one), the lock is kept: its annotations are first written onto
+// the next newest record, conditional on that record's resourceVersion, so
+// that nobody finds the release unlocked in between. The move and the
+// delete are sent under one HelmLock.Carry: a renewal landing between them
+// would extend the lock only on the record being deleted, leaving the copy
+// that then counts older than the deadline the holder goes by.
+func (f *fenceRT) deleteRecord(req *http.Request, g *GuardedWrites, name string) (*http.Response, error) {
 	metas, err := f.listRecords(req, g)
 	if err != nil {
-		return err
+		closeBody(req)
+		return nil, err
+	}
+	if err := newestAllows(metas, g); err != nil {
+		closeBody(req)
+		return nil, err
 	}
 	n := len(metas)
 	if n < 2 || metas[n-1].Name != name {
-		return nil // not the newest, or the last one (uninstall): nothing to move
-	}
-	own, _, err := checkLock(&metas[n-1], g, true)
-	if err != nil || !own {
-		return err
+		return f.send(req) // not the newest, or the last one (uninstall): nothing to move
 	}
 	next := metas[n-2].Name
+	failed := func(what string) error {
+		return fmt.Errorf("helm-autorecover: moving the lock of release %q in namespace %q to %s before helm deletes %s: %s", g.Release, g.Namespace, next, name, what)
+	}
 	getReq := req.Clone(req.Context())
 	getReq.URL = withLastSegment(req.URL, next)
 	for attempt := 0; attempt < maxPutRetries; attempt++ {
 		cur, resp, err := f.get(getReq)
 		if err != nil {
-			return err
+			closeBody(req)
+			return nil, err
 		}
 		if resp != nil {
 			_ = resp.Body.Close()
-			return fmt.Errorf("helm-autorecover: moving the lock of release %q in namespace %q to %s before helm deletes %s: %s", g.Release, g.Namespace, next, name, resp.Status)
+			closeBody(req)
+			return nil, failed(resp.Status)
 		}
 		if cur.meta.Annotations == nil {
 			cur.meta.Annotations = map[string]string{}
@@ -737,7 +745,8 @@ func (f *fenceRT) moveLockBeforeDelete(req *http.Request, g *GuardedWrites, name
 				delete(cur.meta.Annotations, k)
 			}
 		}
-		// As in create: the copy is made while no renewal is in flight.
+		var del *http.Response
+		moved := false
 		err = g.Lock.Carry(func(rec lock.Record) error {
 			s, err := recordFor(rec, revisionOf(next, g.Release))
 			if err != nil {
@@ -750,22 +759,32 @@ func (f *fenceRT) moveLockBeforeDelete(req *http.Request, g *GuardedWrites, name
 			}
 			put := withBody(getReq, body)
 			put.Method = http.MethodPut
-			resp, err = f.send(put)
+			resp, err := f.send(put)
+			if err != nil {
+				return err
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			_ = resp.Body.Close()
+			switch {
+			case resp.StatusCode == http.StatusConflict:
+				return nil // read next again and retry
+			case resp.StatusCode/100 != 2:
+				return failed(resp.Status)
+			}
+			moved = true
+			del, err = f.send(req)
 			return err
 		})
-		if err != nil {
-			return err
-		}
-		_, _ = io.Copy(io.Discard, resp.Body)
-		_ = resp.Body.Close()
 		switch {
-		case resp.StatusCode/100 == 2:
-			return nil
-		case resp.StatusCode != http.StatusConflict:
-			return fmt.Errorf("helm-autorecover: moving the lock of release %q in namespace %q to %s before helm deletes %s: %s", g.Release, g.Namespace, next, name, resp.Status)
+		case moved:
+			return del, err
+		case err != nil:
+			closeBody(req)
+			return nil, err
 		}
 	}
-	return fmt.Errorf("helm-autorecover: moving the lock of release %q in namespace %q to %s before helm deletes %s: it kept changing", g.Release, g.Namespace, next, name)
+	closeBody(req)
+	return nil, failed("it kept changing")
 }
 
 // withLastSegment returns u with its last path segment replaced by name.

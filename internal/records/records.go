@@ -8,12 +8,14 @@
 package records
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -288,13 +290,24 @@ func RevisionOf(labels map[string]string) int {
 // Revision is the record's revision number (see RevisionOf).
 func (r Record) Revision() int { return RevisionOf(r.Meta.Labels) }
 
-// NewestOf returns the record of the highest revision, and false when rs is
-// empty.
+// Compare orders two records of a release oldest first: by the revision of
+// their labels, then by name, so that every reader (the lock's store, the
+// write fence) takes the same record for the newest even when a stray copy
+// carries the same revision label.
+func Compare(aName string, aLabels map[string]string, bName string, bLabels map[string]string) int {
+	if c := cmp.Compare(RevisionOf(aLabels), RevisionOf(bLabels)); c != 0 {
+		return c
+	}
+	return strings.Compare(aName, bName)
+}
+
+// NewestOf returns the record of the highest revision (see Compare), and
+// false when rs is empty.
 func NewestOf(rs []Record) (Record, bool) {
 	if len(rs) == 0 {
 		return Record{}, false
 	}
-	return slices.MaxFunc(rs, func(a, b Record) int { return a.Revision() - b.Revision() }), true
+	return slices.MaxFunc(rs, func(a, b Record) int { return Compare(a.Meta.Name, a.Meta.Labels, b.Meta.Name, b.Meta.Labels) }), true
 }
 
 // maxNewestAttempts bounds how often Newest lists again because the newest
@@ -331,7 +344,7 @@ func (s Store) Newest(ctx context.Context, ns, selector string) (Record, bool, s
 			return Record{}, false, l.Metadata.ResourceVersion, nil
 		}
 		best := slices.MaxFunc(l.Items, func(a, b MetadataItem) int {
-			return RevisionOf(a.Metadata.Labels) - RevisionOf(b.Metadata.Labels)
+			return Compare(a.Metadata.Name, a.Metadata.Labels, b.Metadata.Name, b.Metadata.Labels)
 		})
 		r, err := s.Get(ctx, ns, best.Metadata.Name)
 		switch {
