@@ -98,7 +98,9 @@ func (cn *conn) latestRevisions(ctx context.Context, ns, release string) (map[re
 	if release != "" {
 		selector = helmx.HistorySelector(release)
 	}
-	list, _, err := recs.List(ctx, ns, selector)
+	// Metadata only: the answer needs labels, annotations and server-set
+	// times, and a release's records can be near 1 MiB each.
+	list, _, err := recs.ListMeta(ctx, ns, selector)
 	if err != nil {
 		if release != "" {
 			return nil, fmt.Errorf("release %q in namespace %q: reading its history: %w", release, ns, err)
@@ -111,14 +113,24 @@ func (cn *conn) latestRevisions(ctx context.Context, ns, release string) (map[re
 		if k.name == "" {
 			continue
 		}
-		if cur, ok := latest[k]; !ok || s.Revision() > cur.Revision() {
+		if cur, ok := latest[k]; !ok || records.Compare(s.Meta.Name, s.Meta.Labels, cur.Meta.Name, cur.Meta.Labels) > 0 {
 			latest[k] = s
 		}
 	}
 	out := make(map[releaseKey]inspect.Release, len(latest))
 	for k, s := range latest {
 		r := inspect.Release{Name: k.name, Namespace: k.namespace}
-		sum, err := helmx.SummarizeRecord(s)
+		sum, ok := helmx.SummarizeMeta(s)
+		if ok {
+			r.Latest = &sum
+			out[k] = r
+			continue
+		}
+		// Labels that do not say: read the whole record.
+		full, err := recs.Get(ctx, s.Meta.Namespace, s.Meta.Name)
+		if err == nil {
+			sum, err = helmx.SummarizeRecord(full)
+		}
 		if err != nil {
 			r.Err = err
 		} else {

@@ -2,6 +2,7 @@ package helmx
 
 import (
 	"bytes"
+	"cmp"
 	"compress/gzip"
 	"context"
 	"crypto/sha256"
@@ -261,26 +262,12 @@ func SummarizeRecord(r Record) (Summary, error) {
 		return Summary{}, fmt.Errorf("reading %s: the release JSON does not match Helm's layout: %w", where, err)
 	}
 
-	s := Summary{
-		RecordKind:        r.Kind,
-		RecordName:        r.Meta.Name,
-		RecordNamespace:   r.Meta.Namespace,
-		Name:              h.Name,
-		Namespace:         h.Namespace,
-		Revision:          h.Version,
-		CreationTimestamp: r.Meta.CreationTimestamp.Time,
-		ResourceVersion:   r.Meta.ResourceVersion,
-		ContentHash:       contentHash(r),
-	}
-	if s.Name == "" {
-		s.Name = r.Meta.Labels[LabelName]
-	}
-	if s.Namespace == "" {
-		s.Namespace = r.Meta.Namespace
-	}
-	if s.Revision == 0 {
-		// Unparseable labels leave the revision 0, which callers treat as unknown.
-		s.Revision, _ = strconv.Atoi(r.Meta.Labels[LabelVersion])
+	s := summarizeMeta(r)
+	s.ContentHash = contentHash(r)
+	s.Name = cmp.Or(h.Name, s.Name)
+	s.Namespace = cmp.Or(h.Namespace, s.Namespace)
+	if h.Version != 0 {
+		s.Revision = h.Version
 	}
 	if h.Info != nil {
 		s.Status = h.Info.Status
@@ -296,6 +283,24 @@ func SummarizeRecord(r Record) (Summary, error) {
 		s.ChartName = h.Chart.Metadata.Name
 		s.ChartVersion = h.Chart.Metadata.Version
 	}
+	return s, nil
+}
+
+// summarizeMeta is what a record's metadata tells of its revision: where it
+// is, the release and revision its labels name (unparseable labels leave
+// the revision 0, which callers treat as unknown), the server-set times, and
+// the lock it carries.
+func summarizeMeta(r Record) Summary {
+	s := Summary{
+		RecordKind:        r.Kind,
+		RecordName:        r.Meta.Name,
+		RecordNamespace:   r.Meta.Namespace,
+		Name:              r.Meta.Labels[LabelName],
+		Namespace:         r.Meta.Namespace,
+		CreationTimestamp: r.Meta.CreationTimestamp.Time,
+		ResourceVersion:   r.Meta.ResourceVersion,
+	}
+	s.Revision, _ = strconv.Atoi(r.Meta.Labels[LabelVersion])
 	s.LockSession, s.LockAbandoned = lockSessions(r.Meta.Annotations[lock.AnnotationRecord])
 	for _, mf := range r.Meta.ManagedFields {
 		if mf.Manager == lock.FieldManager {
@@ -305,7 +310,18 @@ func SummarizeRecord(r Record) (Summary, error) {
 			s.LastWriteTime = mf.Time.Time
 		}
 	}
-	return s, nil
+	return s
+}
+
+// SummarizeMeta reads the summary of a revision from its record's metadata
+// alone (records.Store.ListMeta): the status and revision from the labels
+// helm's storage drivers keep in step with the release, and no description,
+// chart or content hash. ok is false when the labels do not name a status
+// and a revision; read the whole record then.
+func SummarizeMeta(r Record) (s Summary, ok bool) {
+	s = summarizeMeta(r)
+	s.Status = common.Status(r.Meta.Labels[LabelStatus])
+	return s, s.Revision > 0 && s.Status != "" && s.Status != common.StatusUnknown
 }
 
 // lockSessions reads the sessions a record's lock annotation names (its

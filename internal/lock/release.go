@@ -251,7 +251,9 @@ func (s *releaseStore) Delete(ctx context.Context, name string, opts metav1.Dele
 // carries a lock record. The label selector in opts is ignored: every such
 // lock is this tool's.
 func (s *releaseStore) List(ctx context.Context, _ metav1.ListOptions) (*coordinationv1.LeaseList, error) {
-	rs, listRV, err := s.records.List(ctx, s.ns, recordLabelOwner+"="+recordOwnerHelm)
+	// The lock lives in the records' metadata: their payloads (helm's
+	// release data, up to 1 MiB each) are not read.
+	rs, listRV, err := s.records.ListMeta(ctx, s.ns, recordLabelOwner+"="+recordOwnerHelm)
 	if err != nil {
 		return nil, fmt.Errorf("reading helm's release records in namespace %q: %w", s.ns, err)
 	}

@@ -314,6 +314,50 @@ func NewestOf(rs []Record) (Record, bool) {
 // record was deleted between the list and the read.
 const maxNewestAttempts = 3
 
+// ListMeta returns the metadata of the records in namespace ns ("" for all)
+// that match the label selector (Records with Meta and Kind only: no
+// payload, and they cannot be updated), and the list's resourceVersion.
+// Readers that need only labels, annotations and server-set timestamps (the
+// lock commands) use it: release records can be near 1 MiB each.
+func (s Store) ListMeta(ctx context.Context, ns, selector string) ([]Record, string, error) {
+	rc := s.client.CoreV1().RESTClient()
+	if c, ok := rc.(*rest.RESTClient); !ok || c == nil {
+		// A client without REST access (a fake clientset): read it all.
+		rs, listRV, err := s.List(ctx, ns, selector)
+		for i := range rs {
+			rs[i] = Record{Kind: rs[i].Kind, Meta: rs[i].Meta}
+		}
+		return rs, listRV, err
+	}
+	l, err := s.listMeta(ctx, rc, ns, selector)
+	if err != nil {
+		return nil, "", err
+	}
+	out := make([]Record, 0, len(l.Items))
+	for _, it := range l.Items {
+		out = append(out, Record{Kind: s.kind, Meta: it.Metadata})
+	}
+	return out, l.Metadata.ResourceVersion, nil
+}
+
+func (s Store) listMeta(ctx context.Context, rc rest.Interface, ns, selector string) (MetadataList, error) {
+	req := rc.Get().Resource(s.Resource()).
+		VersionedParams(&metav1.ListOptions{LabelSelector: selector}, scheme.ParameterCodec).
+		SetHeader("Accept", MetadataAccept)
+	if ns != "" {
+		req = req.Namespace(ns)
+	}
+	raw, err := req.DoRaw(ctx)
+	if err != nil {
+		return MetadataList{}, err
+	}
+	var l MetadataList
+	if err := json.Unmarshal(raw, &l); err != nil {
+		return MetadataList{}, fmt.Errorf("reading the list of %ss: %w", s.kind, err)
+	}
+	return l, nil
+}
+
 // Newest returns the record of the highest revision among those in ns that
 // match selector (false when there is none), and the resourceVersion of the
 // list. Only the metadata of the others is read: release records can be
@@ -330,15 +374,9 @@ func (s Store) Newest(ctx context.Context, ns, selector string) (Record, bool, s
 		return r, ok, listRV, nil
 	}
 	for attempt := 0; ; attempt++ {
-		raw, err := rc.Get().Namespace(ns).Resource(s.Resource()).
-			VersionedParams(&metav1.ListOptions{LabelSelector: selector}, scheme.ParameterCodec).
-			SetHeader("Accept", MetadataAccept).DoRaw(ctx)
+		l, err := s.listMeta(ctx, rc, ns, selector)
 		if err != nil {
 			return Record{}, false, "", err
-		}
-		var l MetadataList
-		if err := json.Unmarshal(raw, &l); err != nil {
-			return Record{}, false, "", fmt.Errorf("reading the list of %ss: %w", s.kind, err)
 		}
 		if len(l.Items) == 0 {
 			return Record{}, false, l.Metadata.ResourceVersion, nil
