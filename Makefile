@@ -14,7 +14,7 @@ GOLANGCI_LINT := $(shell $(GO) env GOPATH)/bin/golangci-lint
 # Integration tests start processes and wait on them: generous, not infinite.
 TEST_TIMEOUT ?= 40m
 
-.PHONY: build test test-unit test-integration lint fmt vet demo cluster-up cluster-down cluster-bins tools clean
+.PHONY: build test test-unit test-integration lint fmt vet demo bench cluster-up cluster-down cluster-bins tools clean
 
 build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/helm-autorecover
@@ -38,6 +38,12 @@ cluster-down:
 
 demo: build
 	hack/demo.sh
+
+## bench: figures for docs/benchmarks.md, on the local control plane.
+## BENCH_BASELINE=path/to/older/helm-autorecover adds its rows.
+bench: build cluster-up
+	KUBECONFIG=$(CURDIR)/.local-cluster/kubeconfig $(GO) run ./hack/benchlocks --bin $(BIN) \
+		--helm $${HELM4:-$$HOME/.cache/helm-autorecover/bin/helm-v4} $(if $(BENCH_BASELINE),--baseline $(BENCH_BASELINE))
 
 fmt:
 	gofmt -w $$(git ls-files '*.go')

@@ -16,6 +16,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/helm-autorecover/helm-autorecover/internal/lock"
 )
 
 // storeWithHelm writes rel through Helm's own Secret driver and returns the
@@ -262,5 +264,33 @@ func TestNames(t *testing.T) {
 	}
 	if got := HistorySelector("my-app"); got != "owner=helm,name=my-app" {
 		t.Errorf("HistorySelector = %q", got)
+	}
+}
+
+// TestSummarizeMeta: the metadata alone names the revision, its status,
+// its server-set times and the lock it carries; labels that do not name a
+// status and a revision say so, and the caller reads the whole record.
+func TestSummarizeMeta(t *testing.T) {
+	created := time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)
+	meta := func(labels map[string]string) Record {
+		return Record{Kind: KindSecret, Meta: metav1.ObjectMeta{
+			Name: ReleaseSecretName("web", 4), Namespace: "shop", ResourceVersion: "42",
+			CreationTimestamp: metav1.NewTime(created), Labels: labels,
+			Annotations: map[string]string{lock.AnnotationRecord: `{"schema":1,"session":"s-1","abandoned":{"schema":1,"session":"s-0"}}`},
+		}}
+	}
+	s, ok := SummarizeMeta(meta(map[string]string{LabelOwner: OwnerHelm, LabelName: "web", LabelVersion: "4", LabelStatus: "pending-upgrade"}))
+	if !ok || s.Name != "web" || s.Namespace != "shop" || s.Revision != 4 || s.Status != "pending-upgrade" ||
+		!s.CreationTimestamp.Equal(created) || s.ResourceVersion != "42" || !s.CarriesLockOf("s-1") || !s.CarriesLockOf("s-0") || s.CarriesLockOf("s-2") {
+		t.Errorf("SummarizeMeta = %+v, %v", s, ok)
+	}
+	for _, labels := range []map[string]string{
+		{LabelOwner: OwnerHelm, LabelName: "web", LabelVersion: "4"},
+		{LabelOwner: OwnerHelm, LabelName: "web", LabelStatus: "deployed"},
+		{LabelOwner: OwnerHelm, LabelName: "web", LabelVersion: "x", LabelStatus: "deployed"},
+	} {
+		if _, ok := SummarizeMeta(meta(labels)); ok {
+			t.Errorf("SummarizeMeta(labels %v) ok; want the whole record read", labels)
+		}
 	}
 }
