@@ -365,6 +365,9 @@ func (r *run) release(success bool) {
 	} else {
 		err = r.held.Release(ctx)
 	}
+	for _, msg := range r.held.Resolved() {
+		fmt.Fprintf(r.g.Stderr, "helm-autorecover: %s\n", msg)
+	}
 	r.warnRelease(err)
 }
 

@@ -50,6 +50,23 @@ type Lock struct {
 	// the fence failed or left them pending (OwnRecordWrite): Release
 	// resolves them first.
 	unsettled map[int]bool
+	// resolved says, for the user, what Release did about them.
+	resolved []string
+}
+
+// Resolved says what Release did about revisions of this holder's own
+// that helm's operation left pending (its final write failed): one
+// sentence each, naming the release and namespace; none on the happy path.
+func (l *Lock) Resolved() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.resolved)
+}
+
+func (l *Lock) noteResolved(format string, args ...any) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.resolved = append(l.resolved, fmt.Sprintf(format, args...))
 }
 
 // DescriptionOwnUnsettled is written into a revision its own holder marks
@@ -245,6 +262,7 @@ func (l *Lock) settleOwn(ctx context.Context) (done bool, err error) {
 		return true, fmt.Errorf("release %q in namespace %q: revision %d, which this operation wrote, may still be pending: %w; and releasing the lock naming this session as its abandoned holder failed too (%w): the next operation recovers it once the lock has expired",
 			l.release, l.namespace, left, cause, err)
 	}
+	l.noteResolved("release %q in namespace %q: revision %d, which this operation wrote, may still be pending (%v); the lock was released naming this session as its abandoned holder, so the next operation recovers it at once", l.release, l.namespace, left, cause)
 	return true, nil
 }
 
@@ -279,7 +297,10 @@ func (l *Lock) settleRevision(ctx context.Context, recs helmx.Records, rev int) 
 		desc := fmt.Sprintf(DescriptionOwnUnsettled, s.Status, l.Session(), at.UTC().Format(time.RFC3339))
 		_, err = recovery.MarkFailed(ctx, recs, l.namespace, s, desc, at)
 		switch {
-		case err == nil, errors.Is(err, recovery.ErrNotPending):
+		case err == nil:
+			l.noteResolved("release %q in namespace %q: helm's operation left revision %d %s (its final write did not land); it was marked failed, so the next operation proceeds", l.release, l.namespace, rev, s.Status)
+			return nil
+		case errors.Is(err, recovery.ErrNotPending):
 			return nil
 		case !errors.Is(err, recovery.ErrConflict):
 			return err

@@ -337,6 +337,9 @@ func TestIntegrationGuardedUpgradeResolvesOwnFailedFinalWrite(t *testing.T) {
 	if !strings.Contains(s.Description, "marked failed by its own holder") {
 		t.Errorf("revision 2's description: %q; want it to say its own holder marked it failed", s.Description)
 	}
+	if want := "helm's operation left revision 2 pending-upgrade (its final write did not land); it was marked failed"; !strings.Contains(res.Stderr, want) {
+		t.Errorf("the upgrade's stderr does not say %q:\n%s", want, res.Stderr)
+	}
 	if res := env.Run(t, bin, "upgrade", "web", chartDir, "-n", ns, "--set", "message=v3"); res.ExitCode != 0 {
 		t.Fatalf("the next upgrade: exit %d (5: taken for stock helm's pending revision)\n%s", res.ExitCode, res.Stderr)
 	}
