@@ -299,8 +299,8 @@ func summarizeMeta(r Record) Summary {
 		Namespace:         r.Meta.Namespace,
 		CreationTimestamp: r.Meta.CreationTimestamp.Time,
 		ResourceVersion:   r.Meta.ResourceVersion,
+		Revision:          records.RevisionOf(r.Meta.Labels),
 	}
-	s.Revision, _ = strconv.Atoi(r.Meta.Labels[LabelVersion])
 	s.LockSession, s.LockAbandoned = lockSessions(r.Meta.Annotations[lock.AnnotationRecord])
 	for _, mf := range r.Meta.ManagedFields {
 		if mf.Manager == lock.FieldManager {

@@ -5,10 +5,7 @@ import (
 	"context"
 	"errors"
 	"io"
-	"log"
 	"net/http"
-	"net/http/httptest"
-	"net/http/httputil"
 	"net/url"
 	"strings"
 	"sync"
@@ -46,17 +43,8 @@ type holdingProxy struct {
 
 func newHoldingProxy(t *testing.T, env *testenv.Env, hold func(*http.Request) bool) *holdingProxy {
 	t.Helper()
-	target, err := url.Parse(env.Config.Host)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rp := httputil.NewSingleHostReverseProxy(target)
-	if rp.Transport, err = rest.TransportFor(env.Config); err != nil {
-		t.Fatal(err)
-	}
-	rp.ErrorLog = log.New(io.Discard, "", 0)
 	p := &holdingProxy{arrived: make(chan url.Values, 16), release: make(chan struct{})}
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	p.cfg = env.Proxy(t, func(w http.ResponseWriter, r *http.Request, forward http.Handler) {
 		if hold(r) {
 			p.inFlight.Add(1)
 			defer p.inFlight.Done()
@@ -76,13 +64,11 @@ func newHoldingProxy(t *testing.T, env *testenv.Env, hold func(*http.Request) bo
 			<-p.release
 			r = r.WithContext(ctx)
 		}
-		rp.ServeHTTP(w, r)
-	}))
-	t.Cleanup(func() {
-		p.Release()
-		srv.Close()
+		forward.ServeHTTP(w, r)
 	})
-	p.cfg = &rest.Config{Host: srv.URL}
+	// Cleanups run last registered first: held requests are let go before
+	// the server closes.
+	t.Cleanup(p.Release)
 	return p
 }
 

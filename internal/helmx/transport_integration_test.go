@@ -5,9 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"net/http/httptest"
-	"net/http/httputil"
-	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -109,26 +106,16 @@ func store(t *testing.T, d *driver.Secrets, rev int, st common.Status) error {
 func TestIntegrationFenceBehindPathPrefix(t *testing.T) {
 	env := testenv.Get(t)
 	ns := env.Namespace(t)
-	target, err := url.Parse(env.Config.Host)
-	if err != nil {
-		t.Fatal(err)
-	}
 	const prefix = "/k8s/clusters/c-m-test"
-	rp := httputil.NewSingleHostReverseProxy(target)
-	rp.Transport, err = rest.TransportFor(env.Config)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	cfg := env.Proxy(t, func(w http.ResponseWriter, r *http.Request, forward http.Handler) {
 		if !strings.HasPrefix(r.URL.Path, prefix+"/") {
 			http.Error(w, "no such cluster", http.StatusNotFound)
 			return
 		}
 		r.URL.Path = strings.TrimPrefix(r.URL.Path, prefix)
-		rp.ServeHTTP(w, r)
-	}))
-	defer srv.Close()
-	cfg := &rest.Config{Host: srv.URL + prefix}
+		forward.ServeHTTP(w, r)
+	})
+	cfg.Host += prefix
 
 	held := newHeld("prefixed-session", time.Now())
 	d := fencedDriver(t, cfg, ns, held)

@@ -2,11 +2,7 @@ package helmx
 
 import (
 	"io"
-	"log"
 	"net/http"
-	"net/http/httptest"
-	"net/http/httputil"
-	"net/url"
 	"slices"
 	"strconv"
 	"strings"
@@ -26,22 +22,11 @@ import (
 // itself when it returns true, otherwise the request goes through.
 func faultProxy(t *testing.T, env *testenv.Env, fault func(http.ResponseWriter, *http.Request) bool) *rest.Config {
 	t.Helper()
-	target, err := url.Parse(env.Config.Host)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rp := httputil.NewSingleHostReverseProxy(target)
-	if rp.Transport, err = rest.TransportFor(env.Config); err != nil {
-		t.Fatal(err)
-	}
-	rp.ErrorLog = log.New(io.Discard, "", 0)
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	return env.Proxy(t, func(w http.ResponseWriter, r *http.Request, forward http.Handler) {
 		if !fault(w, r) {
-			rp.ServeHTTP(w, r)
+			forward.ServeHTTP(w, r)
 		}
-	}))
-	t.Cleanup(srv.Close)
-	return &rest.Config{Host: srv.URL}
+	})
 }
 
 // once makes a fault that answers the first request match selects with

@@ -127,6 +127,20 @@ func (j *Joint) Session() string { return j.parts[0].Session() }
 // the one written into new revisions.
 func (j *Joint) Record() Record { return j.parts[0].Record() }
 
+// Deadline is the earliest renew deadline of the parts (Held.Deadline), on
+// the lock's injected local clock: unless a renewal succeeds first, the lock
+// must be considered lost from then on, so no write made under it may still
+// be in flight then.
+func (j *Joint) Deadline() time.Time {
+	var d time.Time
+	for _, h := range j.parts {
+		if hd := h.Deadline(); d.IsZero() || hd.Before(d) {
+			d = hd
+		}
+	}
+	return d
+}
+
 // Carry runs write with the record of the first part (the one written into
 // new revisions) while no write of that part is in flight (Held.Carry).
 func (j *Joint) Carry(write func(Record) error) error { return j.parts[0].Carry(write) }
@@ -197,9 +211,25 @@ func (j *Joint) SetRevision(ctx context.Context, rev int) error {
 
 // Release gives every part back, the last taken first.
 func (j *Joint) Release(ctx context.Context) error {
+	return j.releaseNaming(ctx, func(*Held) *Record { return nil })
+}
+
+// ReleaseAbandoning gives every part back, the last taken first, with a
+// record naming abandoned (see Held.ReleaseAbandoning): the next client
+// treats abandoned as an expired holder and recovers the revision it names
+// at once. A holder passes its own record when it cannot resolve a revision
+// of its own that helm left pending.
+func (j *Joint) ReleaseAbandoning(ctx context.Context, abandoned *Record) error {
+	return j.releaseNaming(ctx, func(*Held) *Record { return abandoned })
+}
+
+// releaseNaming gives every part back, the last taken first, each with a
+// record naming as abandoned the holder abandoned(part) returns (none when
+// nil; Held.ReleaseAbandoning).
+func (j *Joint) releaseNaming(ctx context.Context, abandoned func(*Held) *Record) error {
 	var errs []error
 	for i := len(j.parts) - 1; i >= 0; i-- {
-		errs = append(errs, j.parts[i].Release(ctx))
+		errs = append(errs, j.parts[i].ReleaseAbandoning(ctx, abandoned(j.parts[i])))
 	}
 	return errors.Join(errs...)
 }
@@ -213,12 +243,7 @@ func (j *Joint) Release(ctx context.Context) error {
 // the Lease would attribute to it a revision stock helm wrote after the
 // holder stamped the number in its Lease and died.
 func (j *Joint) ReleaseAfterFailedRecovery(ctx context.Context) error {
-	var errs []error
-	for i := len(j.parts) - 1; i >= 0; i-- {
-		h := j.parts[i]
-		errs = append(errs, h.ReleaseAbandoning(ctx, expiredOnly(Found(h.Previous, h.PreviousState))))
-	}
-	return errors.Join(errs...)
+	return j.releaseNaming(ctx, func(h *Held) *Record { return expiredOnly(Found(h.Previous, h.PreviousState)) })
 }
 
 // ReleaseAndDelete gives every part back and removes what is left of it

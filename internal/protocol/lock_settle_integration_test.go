@@ -3,11 +3,7 @@ package protocol
 import (
 	"context"
 	"io"
-	"log"
 	"net/http"
-	"net/http/httptest"
-	"net/http/httputil"
-	"net/url"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
@@ -36,25 +32,14 @@ func TestMain(m *testing.M) { testenv.Main(m) }
 // itself when it returns true; every request is counted by seen.
 func settleProxy(t *testing.T, env *testenv.Env, fault func(http.ResponseWriter, *http.Request) bool, seen func(*http.Request)) *rest.Config {
 	t.Helper()
-	target, err := url.Parse(env.Config.Host)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rp := httputil.NewSingleHostReverseProxy(target)
-	if rp.Transport, err = rest.TransportFor(env.Config); err != nil {
-		t.Fatal(err)
-	}
-	rp.ErrorLog = log.New(io.Discard, "", 0)
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	return env.Proxy(t, func(w http.ResponseWriter, r *http.Request, forward http.Handler) {
 		if seen != nil {
 			seen(r)
 		}
 		if fault == nil || !fault(w, r) {
-			rp.ServeHTTP(w, r)
+			forward.ServeHTTP(w, r)
 		}
-	}))
-	t.Cleanup(srv.Close)
-	return &rest.Config{Host: srv.URL, QPS: 100, Burst: 200}
+	})
 }
 
 // failPut answers every PUT of record name that match accepts (nil: all)

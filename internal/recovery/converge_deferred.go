@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	rspb "helm.sh/helm/v4/pkg/release/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -138,28 +139,26 @@ func RemoveDeferred(ctx context.Context, kube func() (*Kube, error), records hel
 		leave("the revision written after it could not be read")
 		return rep, fmt.Errorf("%s: reading the revision written after it: %w; left in place: %s", subject, err, d.Names())
 	}
-	var sum helmx.Summary
+	var next *rspb.Release
 	if ok {
-		if sum, err = helmx.SummarizeRecord(rec); err != nil {
+		if next, err = decodeRelease(rec.Payload); err != nil {
 			leave("the revision written after it is unreadable")
-			return rep, fmt.Errorf("%s: %w; left in place: %s", subject, err, d.Names())
+			return rep, fmt.Errorf("%s: %s: %w; left in place: %s", subject, rec.Describe(), err, d.Names())
+		}
+		if next.Version == 0 {
+			next.Version = rec.Revision()
 		}
 	}
-	if !ok || sum.Revision <= d.Abandoned {
+	if !ok || next.Version <= d.Abandoned {
 		rep.Skipped = "no revision was written after it, so nothing tells which of its objects the next one renders"
 		leave("no revision after the abandoned one says whether it is still wanted")
 		return rep, fmt.Errorf("%s: %w; left in place: %s", subject, ErrNoNewRevision, d.Names())
 	}
-	rep.After = sum.Revision
-	next, err := decodeRelease(rec.Payload)
-	if err != nil {
-		leave("the revision written after it is unreadable")
-		return rep, fmt.Errorf("%s: %s: %w; left in place: %s", subject, rec.Describe(), err, d.Names())
-	}
+	rep.After = next.Version
 	objs, err := parseManifest(next.Manifest)
 	if err != nil {
 		leave("the manifest of the revision written after it is unreadable")
-		return rep, fmt.Errorf("%s: manifest of revision %d: %w; left in place: %s", subject, sum.Revision, err, d.Names())
+		return rep, fmt.Errorf("%s: manifest of revision %d: %w; left in place: %s", subject, next.Version, err, d.Names())
 	}
 	kc, err := kube()
 	if err != nil {
@@ -174,8 +173,8 @@ func RemoveDeferred(ctx context.Context, kube func() (*Kube, error), records hel
 	if len(errs) > 0 {
 		// An object of the new manifest that cannot be matched could be any
 		// of them: keep them all.
-		leave(fmt.Sprintf("revision %d's manifest could not be fully matched against the cluster", sum.Revision))
-		return rep, fmt.Errorf("%s: manifest of revision %d: %w; left in place: %s", subject, sum.Revision, errors.Join(errs...), d.Names())
+		leave(fmt.Sprintf("revision %d's manifest could not be fully matched against the cluster", next.Version))
+		return rep, fmt.Errorf("%s: manifest of revision %d: %w; left in place: %s", subject, next.Version, errors.Join(errs...), d.Names())
 	}
 	again := map[objKey]resolved{}
 	for _, r := range rendered {
@@ -206,7 +205,7 @@ func RemoveDeferred(ctx context.Context, kube func() (*Kube, error), records hel
 		}
 	}
 	if len(errs) > 0 {
-		return rep, fmt.Errorf("%s, after revision %d: %w", subject, sum.Revision, errors.Join(errs...))
+		return rep, fmt.Errorf("%s, after revision %d: %w", subject, next.Version, errors.Join(errs...))
 	}
 	return rep, nil
 }
