@@ -31,8 +31,12 @@ func TestLongHolderKeepsLock(t *testing.T) {
 	ns := env.Namespace(t)
 	const rel = "slow"
 	const (
-		timeout  = 10 * time.Second
-		leaseDur = 3 * time.Second
+		timeout = 10 * time.Second
+		// The upgrade lasts more than three phases of 7.5 s: over four
+		// leases. A 3 s lease (renew deadline 2 s after the last renewal
+		// was sent) lost the lock once on the loaded 2-core CI machine
+		// while e2e ran beside another package's tests.
+		leaseDur = 5 * time.Second
 		// Each phase is released this long after its pod appears. A hook's
 		// Job completes up to about 1.5 s after its pod is bound (the Job
 		// controller batches pod updates), so this leaves a second of margin
