@@ -637,6 +637,7 @@ func (g *GuardedWrites) ownRecord(rev int, cur *lock.Record) (string, error) {
 		rec.RenewedAt, rec.LockedTill = cur.RenewedAt, cur.LockedTill
 	}
 	rec.Revision = rev
+	rec = lock.GateRecord(rec)
 	return rec.Encode()
 }
 

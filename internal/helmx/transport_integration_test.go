@@ -226,8 +226,8 @@ func TestIntegrationFenceKeepsNewerRenewal(t *testing.T) {
 		t.Fatalf("helm's update: %v", err)
 	}
 	rec := lockOn(t, env, ns, 1)
-	if rec == nil || !rec.LockedTill.Equal(renewed.LockedTill) {
-		t.Fatalf("LOCKED TILL after helm's update = %+v; want the newer %s", rec, renewed.LockedTill)
+	if rec == nil || !rec.RenewedAt.Equal(renewed.RenewedAt) {
+		t.Fatalf("the lock after helm's update = %+v; want the newer renewal %s", rec, renewed.RenewedAt)
 	}
 }
 

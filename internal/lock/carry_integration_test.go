@@ -16,9 +16,9 @@ import (
 	"github.com/helm-autorecover/helm-autorecover/internal/testenv"
 )
 
-// beforePut runs hook once, just before the first PUT of the record named
-// name leaves (after the release store has listed the records and decided
-// that name is the newest).
+// beforePut runs hook once, just before the first PUT of the object named
+// name leaves (a renewal's write of the lock's beat, after the release
+// store has read the gate and the beat).
 type beforePut struct {
 	next  http.RoundTripper
 	name  string
@@ -95,7 +95,7 @@ func TestIntegrationCarryWaitsForRenewal(t *testing.T) {
 	}
 	var h *lock.Held
 	created := make(chan error, 1)
-	bp := &beforePut{name: recordName("web", 1)}
+	bp := &beforePut{name: lock.LeaseName("web")}
 	bp.hook = func() {
 		go func() { created <- carryOnto(env, ns, h, 2, "pending-upgrade") }()
 	}
@@ -109,7 +109,7 @@ func TestIntegrationCarryWaitsForRenewal(t *testing.T) {
 	if err := h.Renew(ctx); err != nil {
 		t.Fatalf("renewal: %v", err)
 	}
-	if err := <-created; err != nil {
+	if err := receive(t, created); err != nil {
 		t.Fatalf("fenced create of revision 2: %v", err)
 	}
 	on2, _ := lockOn(t, env, ns, 2)
@@ -117,11 +117,11 @@ func TestIntegrationCarryWaitsForRenewal(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if held := h.Record(); !rec2.LockedTill.Equal(held.LockedTill) || rec2.Session != held.Session {
-		t.Fatalf("revision 2 carries %s LOCKED TILL %s; the holder goes by its renewal, LOCKED TILL %s",
-			rec2.Session, rec2.LockedTill.Format(time.RFC3339Nano), held.LockedTill.Format(time.RFC3339Nano))
+	if held := h.Record(); !rec2.RenewedAt.Equal(held.RenewedAt) || rec2.Session != held.Session {
+		t.Fatalf("revision 2 carries %s renewed %s; the holder goes by its renewal, renewed %s",
+			rec2.Session, rec2.RenewedAt.Format(time.RFC3339Nano), held.RenewedAt.Format(time.RFC3339Nano))
 	}
-	// The lock moved with the create: the next renewal writes it there.
+	// The lock moved with the create: the next renewal goes on from there.
 	if err := h.Renew(ctx); err != nil {
 		t.Fatalf("renewal on revision 2: %v", err)
 	}
@@ -144,7 +144,7 @@ func TestIntegrationCarryBeforePruneIsNoLoss(t *testing.T) {
 	}
 	var h *lock.Held
 	moved := make(chan error, 1)
-	bp := &beforePut{name: recordName("web", 2)}
+	bp := &beforePut{name: lock.LeaseName("web")}
 	bp.hook = func() {
 		go func() { moved <- carryOnto(env, ns, h, 1, "deployed") }()
 	}
@@ -164,7 +164,7 @@ func TestIntegrationCarryBeforePruneIsNoLoss(t *testing.T) {
 	if err := h.Renew(ctx); err != nil { // races the move onto revision 1
 		t.Fatalf("renewal: %v", err)
 	}
-	if err := <-moved; err != nil {
+	if err := receive(t, moved); err != nil {
 		t.Fatalf("moving the lock onto revision 1: %v", err)
 	}
 	// helm's delete of revision 2, after the fence moved the lock.
@@ -177,5 +177,18 @@ func TestIntegrationCarryBeforePruneIsNoLoss(t *testing.T) {
 	on1, _ := lockOn(t, env, ns, 1)
 	if !strings.Contains(on1, fmt.Sprintf("%q", h.Session())) {
 		t.Fatalf("revision 1 carries %s; want our lock", on1)
+	}
+}
+
+// receive waits for the hooked write's result, failing the test when the
+// hook never fired.
+func receive(t *testing.T, c <-chan error) error {
+	t.Helper()
+	select {
+	case err := <-c:
+		return err
+	case <-time.After(time.Minute):
+		t.Fatal("the hooked write never ran: the renewal wrote no beat")
+		return nil
 	}
 }

@@ -39,6 +39,10 @@ type Held struct {
 	deadline  time.Time
 	maxHoldAt time.Time
 	lastSend  time.Time
+	// gateStamp is the renewedAt of the latest copy of the lock this holder
+	// wrote or carried onto a release record (the release store's gate);
+	// renewals go to the beat and leave it.
+	gateStamp time.Time
 	// lost is set once writing under the lock is no longer safe; gone when,
 	// moreover, someone else holds or deleted the Lease (so even a release
 	// is pointless). released once it was given back. done is closed on
@@ -58,6 +62,7 @@ func (b *Backend) newHeld(req *Request, l *coordinationv1.Lease, rec Record, sen
 		lease:         l,
 		rec:           rec,
 		lastSend:      sent,
+		gateStamp:     rec.RenewedAt,
 		deadline:      sent.Add(req.LeaseDuration - b.renewMargin()),
 		done:          make(chan struct{}),
 	}
@@ -81,7 +86,22 @@ func (h *Held) Carry(write func(Record) error) error {
 	if err := h.Valid(); err != nil {
 		return err
 	}
-	return write(h.Record())
+	h.mu.Lock()
+	if h.b.store == StoreRelease && !h.rec.RenewedAt.After(h.gateStamp) {
+		// Every copy of the lock on a release record gets its own stamp
+		// (a millisecond later: others wait that much longer, the
+		// holder's deadline stays), so a copy left behind on an older
+		// record is told from the latest (see vanished).
+		h.rec.RenewedAt = h.gateStamp.Add(time.Millisecond)
+		h.rec.LockedTill = h.rec.RenewedAt.Add(h.rec.LeaseDuration.Duration)
+	}
+	rec := h.rec
+	h.gateStamp = later(h.gateStamp, rec.RenewedAt)
+	h.mu.Unlock()
+	if h.b.store == StoreRelease {
+		rec = gateForm(rec)
+	}
+	return write(rec)
 }
 
 // Session is the holder's session ID.
@@ -315,6 +335,16 @@ func (h *Held) reread(ctx context.Context, cur *coordinationv1.Lease) (*coordina
 		}
 		return nil, h.loseGone(fmt.Errorf("lock on release %q in namespace %q is now held by %s: %w", h.req.Release, h.req.Namespace, by, ErrLost))
 	}
+	if c := claimOf(fresh); c != nil {
+		// The release store's beat (see sidecar.go): a person's release
+		// marks it before the gate, a takeover claims it before the gate.
+		switch {
+		case c.Session == h.req.Session && !c.ReleasedAt.IsZero():
+			return nil, h.loseGone(fmt.Errorf("lock on release %q in namespace %q was released by %s: %w", h.req.Release, h.req.Namespace, firstNonEmpty(c.ReleasedBy, "someone else"), ErrLost))
+		case c.Session != h.req.Session && fresh.Annotations[annotationClaimedFrom] == h.req.Session:
+			return nil, h.loseGone(fmt.Errorf("lock on release %q in namespace %q is being taken over by session %s of %s: %w", h.req.Release, h.req.Namespace, c.Session, firstNonEmpty(c.Who, "unknown"), ErrLost))
+		}
+	}
 	// A write of ours whose answer was lost may have committed a later
 	// renewal than the last one we know of: the next one stamps after it,
 	// so LOCKED TILL never moves back.
@@ -351,11 +381,16 @@ func (h *Held) vanished(cur, fresh *coordinationv1.Lease) error {
 	if err != nil || rec.Session != h.req.Session {
 		return nil // judged by its holder below
 	}
+	// The gate's own stamp, before the beat's renewals are merged in.
+	stamped := rec.RenewedAt
+	if t, err := time.Parse(time.RFC3339Nano, fresh.Annotations[annotationGateRenewed]); err == nil {
+		stamped = t
+	}
 	h.mu.Lock()
-	last := h.rec.RenewedAt
+	last := h.gateStamp
 	h.mu.Unlock()
-	if rec.RenewedAt.Before(last) {
-		return fmt.Errorf("lock on release %q in namespace %q vanished: revision %d, which it was on, was deleted, and %s carries only an older copy of it (renewed %s, last renewal %s): %w", h.req.Release, h.req.Namespace, was, ref, rec.RenewedAt.UTC().Format(time.RFC3339Nano), last.UTC().Format(time.RFC3339Nano), ErrLost)
+	if stamped.Before(last) {
+		return fmt.Errorf("lock on release %q in namespace %q vanished: revision %d, which it was on, was deleted, and %s carries only an older copy of it (written %s, last copy %s): %w", h.req.Release, h.req.Namespace, was, ref, stamped.UTC().Format(time.RFC3339Nano), last.UTC().Format(time.RFC3339Nano), ErrLost)
 	}
 	return nil
 }

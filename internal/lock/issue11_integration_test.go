@@ -235,28 +235,7 @@ func lockOn(t *testing.T, env *testenv.Env, ns string, rev int) (string, string)
 // record does not exist yet, else a conditional update.
 func ourRecordOn(t *testing.T, env *testenv.Env, ns string, h *lock.Held, rev int, status string) {
 	t.Helper()
-	ctx := context.Background()
-	rec := h.Record()
-	rec.Revision = rev
-	s, err := rec.Encode()
-	if err != nil {
-		t.Fatal(err)
-	}
-	secrets := env.Client.CoreV1().Secrets(ns)
-	cur, err := secrets.Get(ctx, recordName("web", rev), metav1.GetOptions{})
-	if err != nil {
-		sec := stockRecord(ns, "web", rev, status)
-		sec.Annotations = map[string]string{lock.AnnotationRecord: s}
-		if _, err := secrets.Create(ctx, sec, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-		return
-	}
-	if cur.Annotations == nil {
-		cur.Annotations = map[string]string{}
-	}
-	cur.Annotations[lock.AnnotationRecord] = s
-	if _, err := secrets.Update(ctx, cur, metav1.UpdateOptions{}); err != nil {
+	if err := carryOnto(env, ns, h, rev, status); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -331,7 +310,7 @@ func TestIntegrationVanishedLockIsLost(t *testing.T) {
 			t.Fatalf("renewal after our own revision 2 took the lock: %v", err)
 		}
 		if a, _ := lockOn(t, env, ns, 2); a == "" {
-			t.Fatal("the renewal did not go to revision 2")
+			t.Fatal("revision 2 does not carry the lock")
 		}
 		// Someone else (stock helm's uninstall purging the history, a
 		// person) deletes revision 2: revision 1 still carries an old copy
@@ -348,7 +327,8 @@ func TestIntegrationVanishedLockIsLost(t *testing.T) {
 
 	t.Run("our own moves stay ours", func(t *testing.T) {
 		ns := env.Namespace(t)
-		_, h := holdRecordLock(t, env, ns)
+		c, h := holdRecordLock(t, env, ns)
+		b := c.release
 		ourRecordOn(t, env, ns, h, 2, "failed")
 		if err := h.Renew(ctx); err != nil {
 			t.Fatalf("renewal after our own revision 2 took the lock: %v", err)
@@ -367,9 +347,12 @@ func TestIntegrationVanishedLockIsLost(t *testing.T) {
 			t.Fatal(err)
 		}
 		a, _ := lockOn(t, env, ns, 1)
-		rec, err := lock.DecodeRecord(a)
-		if err != nil || rec.Session != h.Session() || rec.RenewedAt.Before(before) {
-			t.Errorf("lock on revision 1 = %+v, %v; want our renewal", rec, err)
+		if rec, err := lock.DecodeRecord(a); err != nil || rec.Session != h.Session() {
+			t.Errorf("lock on revision 1 = %+v, %v; want ours", rec, err)
+		}
+		st, err := b.Inspect(ctx, ns, "web")
+		if err != nil || st.Record == nil || st.Record.Session != h.Session() || st.Record.RenewedAt.Before(before) || st.State != lock.Live {
+			t.Errorf("lock as judged = %+v, %v; want our renewal, live", st, err)
 		}
 		if err := h.Release(ctx); err != nil {
 			t.Fatal(err)

@@ -115,7 +115,9 @@ type Waiter struct {
 	// HeartbeatAt is the waiter's last refresh; ExpiresAt = HeartbeatAt +
 	// the waiter's lease duration, after which (plus the margin, judged in
 	// server time) the entry is dead and skipped.
-	HeartbeatAt time.Time `json:"heartbeatAt"`
+	// HeartbeatAt is unknown (zero) for a waiter on a release record's
+	// lock, whose beat object keeps only ExpiresAt.
+	HeartbeatAt time.Time `json:"heartbeatAt,omitzero"`
 	ExpiresAt   time.Time `json:"expiresAt"`
 }
 

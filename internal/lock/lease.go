@@ -236,9 +236,15 @@ type view struct {
 	recErr error
 	state  State
 	live   []Waiter
+	// claim is another session's claim in flight on a release lock's beat
+	// (see sidecar.go): the lock is Live, held by it, until it lands on the
+	// gate or expires.
+	claim *Record
 }
 
-func (b *Backend) decode(l *coordinationv1.Lease, now servertime.Bounds) view {
+// decode judges l for the client of session self ("" for a reader that
+// takes nothing).
+func (b *Backend) decode(l *coordinationv1.Lease, now servertime.Bounds, self string) view {
 	v := view{lease: l}
 	if s, ok := l.Annotations[AnnotationRecord]; ok {
 		v.rec, v.recErr = DecodeRecord(s)
@@ -248,8 +254,26 @@ func (b *Backend) decode(l *coordinationv1.Lease, now servertime.Bounds) view {
 		judged = nil
 	}
 	v.state = Judge(judged, &l.Spec, now, b.margin())
+	if c := claimOf(l); v.state != Live && c != nil && c.Session != self && c.ReleasedAt.IsZero() &&
+		(now.IsZero() || !now.Earliest.After(c.LockedTill.Add(b.margin()))) {
+		v.state, v.claim = Live, c
+	}
 	v.live = liveWaiters(decodeQueue(l.Annotations[AnnotationQueue]), now, b.margin())
 	return v
+}
+
+// claimOf is the beat of a release lock that names another session than
+// the gate's holder, or was marked released (nil when none).
+func claimOf(l *coordinationv1.Lease) *Record {
+	s, ok := l.Annotations[annotationClaim]
+	if !ok {
+		return nil
+	}
+	rec, err := DecodeRecord(s)
+	if err != nil {
+		return nil
+	}
+	return rec
 }
 
 // waitState is a waiter's memory between attempts.
@@ -306,7 +330,7 @@ func (b *Backend) attempt(ctx context.Context, req *Request, w *waitState, maybe
 		if err != nil {
 			return attemptResult{}, fmt.Errorf("lock release %q in namespace %q: %w", req.Release, req.Namespace, err)
 		}
-		v := b.decode(cur, now)
+		v := b.decode(cur, now, req.Session)
 		// Our own lock whose take may have committed is adopted while it is
 		// live; once expired it is taken again only in its turn, as any
 		// expired lock is (waiters that queued meanwhile come first).
@@ -356,6 +380,11 @@ func (b *Backend) lockedError(req *Request, v view, now servertime.Bounds, ahead
 		Ahead:          ahead,
 	}
 	if v.state != Live {
+		return e
+	}
+	if c := v.claim; c != nil {
+		e.HolderIdentity, e.Holder, e.LockedTill = c.Session, c, c.LockedTill
+		e.Left = max(0, c.LockedTill.Add(b.margin()).Sub(now.Earliest))
 		return e
 	}
 	if v.recErr == nil && v.rec != nil && v.rec.Session == e.HolderIdentity {
@@ -680,7 +709,7 @@ func (b *Backend) List(ctx context.Context, namespace string) ([]Status, error) 
 }
 
 func (b *Backend) status(l *coordinationv1.Lease, now servertime.Bounds) *Status {
-	v := b.decode(l, now)
+	v := b.decode(l, now, "")
 	st := &Status{
 		Release:        l.Labels[LabelRelease],
 		Namespace:      l.Namespace,
@@ -700,7 +729,12 @@ func (b *Backend) status(l *coordinationv1.Lease, now servertime.Bounds) *Status
 	if b.store == StoreRelease {
 		st.Object = l.Annotations[annotationAnchorRef]
 	}
-	if st.HolderIdentity != "" {
+	switch {
+	case v.claim != nil:
+		// Another session is taking the lock over (its claim is on the
+		// beat, its gate write not yet): it is the one to wait for.
+		st.HolderIdentity, st.Record, st.RecordErr, st.LockedTill = v.claim.Session, v.claim, nil, v.claim.LockedTill
+	case st.HolderIdentity != "":
 		judged := v.rec
 		if v.recErr != nil {
 			judged = nil

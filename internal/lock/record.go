@@ -97,6 +97,12 @@ type Record struct {
 	// a revision pending under a released lock for stock helm's (legacy).
 	// It never nests: it is the record of the holder that wrote the revision.
 	Abandoned *Record `json:"abandoned,omitempty"`
+	// Liveness, on a release record's lock (the gate), names the small
+	// object of the same kind in the same namespace where the holder renews
+	// the lock and waiters queue (the beat). LockedTill on such a gate is a
+	// bound for clients that do not know the beat; those that do judge it by
+	// RenewedAt + LeaseDuration and the beat (see sidecar.go).
+	Liveness string `json:"liveness,omitempty"`
 }
 
 // Found returns what a lock taken from a holder with this record as found

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -75,16 +76,21 @@ const unreadableHolder = "unreadable-lock-record"
 // record (see Held.reread); it never writes its lock back.
 func NewReleaseBackend(client kubernetes.Interface, est *servertime.Estimator, clk clock.Clock, driver records.Driver) *Backend {
 	store := records.New(client, driver)
+	bt := beats{client: client, kind: store.Kind()}
 	return &Backend{
 		client: client, time: est, clock: clk, Margin: TakeoverMargin, RenewMargin: RenewMargin, store: StoreRelease,
-		api: func(ns string) leaseAPI { return &releaseStore{records: store, ns: ns} },
+		api: func(ns string) leaseAPI { return &releaseStore{records: store, beats: bt, ns: ns} },
 	}
 }
 
-// releaseStore shows each release's newest record to the protocol as a
-// virtual Lease named LeaseName(release).
+// releaseStore shows each release's lock to the protocol as a virtual Lease
+// named LeaseName(release): the gate on the newest record and the beat
+// object together (see sidecar.go). The virtual Lease's resourceVersion is
+// the gate's and the beat's joined by a slash; a write conditional on it
+// fails with Conflict when either changed.
 type releaseStore struct {
 	records records.Store
+	beats   beats
 	ns      string
 }
 
@@ -94,12 +100,84 @@ func historySelector(release string) string {
 
 func releaseOf(leaseName string) string { return strings.TrimPrefix(leaseName, LeasePrefix) }
 
-func (s *releaseStore) latest(ctx context.Context, release string) (records.Record, bool, string, error) {
-	r, ok, listRV, err := s.records.Newest(ctx, s.ns, historySelector(release))
+func joinRV(gate, beat string) string { return gate + "/" + beat }
+
+func splitRV(rv string) (gate, beat string) {
+	gate, beat, _ = strings.Cut(rv, "/")
+	return gate, beat
+}
+
+// read returns the metadata of the release's newest record (false when it
+// has none), the list's resourceVersion, and the beat object. The gate is
+// read first: a claim lands on the beat before its gate, so a gate read
+// first is never newer than the beat read after it.
+func (s *releaseStore) read(ctx context.Context, release string) (records.Record, bool, string, beatObj, error) {
+	rs, listRV, err := s.records.ListMeta(ctx, s.ns, historySelector(release))
 	if err != nil {
-		return records.Record{}, false, "", fmt.Errorf("reading the stored revisions of release %q in namespace %q: %w", release, s.ns, err)
+		return records.Record{}, false, "", beatObj{}, fmt.Errorf("reading the stored revisions of release %q in namespace %q: %w", release, s.ns, err)
 	}
-	return r, ok, listRV, nil
+	gate, ok := records.NewestOf(rs)
+	beat, err := s.beats.get(ctx, s.ns, LeaseName(release))
+	if err != nil {
+		return records.Record{}, false, "", beatObj{}, fmt.Errorf("reading the lock's beat %s of release %q in namespace %q: %w", LeaseName(release), release, s.ns, err)
+	}
+	return gate, ok, listRV, beat, nil
+}
+
+// virtual renders the lock of release, gate record r and beat object beat,
+// as the Lease the protocol reads: the gate's record with the beat's
+// renewal merged in when the beat names the gate's holder, the beat's
+// queue, and, when the beat names someone else or was marked released, the
+// beat as annotationClaim.
+func (s *releaseStore) virtual(release string, r records.Record, beat beatObj) *coordinationv1.Lease {
+	l := virtualLease(release, r)
+	l.ResourceVersion = joinRV(r.Meta.ResourceVersion, beat.rv())
+	delete(l.Annotations, AnnotationQueue) // a queue of an earlier version: ours is on the beat
+	bt := beatRecord(beat)
+	raw, hasGate := r.Meta.Annotations[AnnotationRecord]
+	g, gErr := DecodeRecord(raw)
+	switch {
+	case hasGate && gErr == nil:
+		l.Annotations[annotationGateRenewed] = g.RenewedAt.UTC().Format(time.RFC3339Nano)
+		gateEffective(g)
+		if bt != nil && bt.Session == g.Session && bt.ReleasedAt.IsZero() {
+			if bt.RenewedAt.After(g.RenewedAt) {
+				g.RenewedAt, g.Revision = bt.RenewedAt, bt.Revision
+				if bt.Revision > 0 {
+					g.Abandoned = nil
+				}
+			}
+			g.LockedTill = later(g.LockedTill, bt.LockedTill)
+			bt = nil
+		}
+		if enc, err := g.Encode(); err == nil {
+			l.Annotations[AnnotationRecord] = enc
+			l.Spec = specOf(enc)
+		}
+	case hasGate && bt != nil && bt.Session == sessionOfRaw(g):
+		bt = nil
+	}
+	if bt != nil {
+		if enc, err := bt.Encode(); err == nil {
+			l.Annotations[annotationClaim] = enc
+			l.Annotations[annotationClaimedFrom] = beat.meta.Annotations[annotationClaimedFrom]
+		}
+	}
+	if ws := decodeWaiters(beat.meta.Annotations[annotationWaiters]); len(ws) > 0 {
+		if enc, err := encodeQueue(ws); err == nil {
+			l.Annotations[AnnotationQueue] = enc
+		}
+	}
+	return l
+}
+
+// sessionOfRaw is the session of a gate record read as far as it could be
+// (a newer schema's), "" when none.
+func sessionOfRaw(rec *Record) string {
+	if rec == nil {
+		return ""
+	}
+	return rec.Session
 }
 
 // virtualLease renders record r of release as the Lease the protocol reads:
@@ -157,21 +235,22 @@ var leaseResource = coordinationv1.Resource("leases")
 
 func (s *releaseStore) Get(ctx context.Context, name string, _ metav1.GetOptions) (*coordinationv1.Lease, error) {
 	rel := releaseOf(name)
-	r, ok, _, err := s.latest(ctx, rel)
+	r, ok, _, beat, err := s.read(ctx, rel)
 	if err != nil {
 		return nil, err
 	}
 	if !ok {
 		return nil, apierrors.NewNotFound(leaseResource, name)
 	}
-	return virtualLease(rel, r), nil
+	return s.virtual(rel, r, beat), nil
 }
 
 // Create takes the lock of a release that has no stored revision: nothing is
-// written (there is no record yet). The virtual Lease returned carries the
-// list's resourceVersion, so a watch from it misses nothing, and no anchor.
+// written (there is no record yet, and so no gate). The virtual Lease
+// returned carries the list's resourceVersion, so a watch from it misses
+// nothing, and no anchor.
 func (s *releaseStore) Create(ctx context.Context, l *coordinationv1.Lease, _ metav1.CreateOptions) (*coordinationv1.Lease, error) {
-	_, ok, listRV, err := s.latest(ctx, releaseOf(l.Name))
+	_, ok, listRV, _, err := s.read(ctx, releaseOf(l.Name))
 	if err != nil {
 		return nil, err
 	}
@@ -179,19 +258,29 @@ func (s *releaseStore) Create(ctx context.Context, l *coordinationv1.Lease, _ me
 		return nil, apierrors.NewAlreadyExists(leaseResource, l.Name)
 	}
 	out := l.DeepCopy()
-	out.ResourceVersion = listRV
+	out.ResourceVersion = joinRV(listRV, "")
 	delete(out.Annotations, annotationAnchor)
 	delete(out.Annotations, annotationAnchorRevision)
 	return out, nil
 }
 
-// Update writes the lock annotations of l to its anchor record, conditional
-// on the resourceVersion l was read at. A newer revision than the anchor
-// means the lock moved: Conflict, so the caller reads it again.
+// Update writes the lock l, read at its resourceVersion, as the protocol
+// changed it: conditional on both the gate and the beat being as they were
+// read (a newer revision than the anchor means the lock moved: Conflict, so
+// the caller reads it again). What is written depends on what changed:
+//
+//   - a take (another session than the gate's): the beat is claimed, then
+//     the gate written;
+//   - a person's release of another session (ReleasedBy): the beat is
+//     marked released, then the gate written;
+//   - the holder's own release: the gate only;
+//   - a renewal or a revision named: the beat only;
+//   - the queue: the beat only.
 func (s *releaseStore) Update(ctx context.Context, l *coordinationv1.Lease, _ metav1.UpdateOptions) (*coordinationv1.Lease, error) {
 	rel := releaseOf(l.Name)
 	anchor := l.Annotations[annotationAnchor]
-	r, ok, _, err := s.latest(ctx, rel)
+	gateRV, beatRV := splitRV(l.ResourceVersion)
+	r, ok, _, beat, err := s.read(ctx, rel)
 	switch {
 	case err != nil:
 		return nil, err
@@ -200,50 +289,156 @@ func (s *releaseStore) Update(ctx context.Context, l *coordinationv1.Lease, _ me
 		return l.DeepCopy(), nil
 	case !ok:
 		return nil, apierrors.NewNotFound(leaseResource, l.Name)
-	case anchor == "" || r.Meta.Name != anchor || r.Meta.ResourceVersion != l.ResourceVersion:
-		return nil, apierrors.NewConflict(leaseResource, l.Name, fmt.Errorf("the newest record of release %q is %s at resourceVersion %s, not %s at %s", rel, r.Meta.Name, r.Meta.ResourceVersion, anchor, l.ResourceVersion))
+	case anchor == "" || r.Meta.Name != anchor || r.Meta.ResourceVersion != gateRV || beat.rv() != beatRV:
+		return nil, apierrors.NewConflict(leaseResource, l.Name, fmt.Errorf("the lock of release %q is now on %s at resourceVersion %s with beat at %q, not on %s at %s with beat at %q", rel, r.Meta.Name, r.Meta.ResourceVersion, beat.rv(), anchor, gateRV, beatRV))
 	}
-	setLockAnnotations(&r.Meta, l.Annotations)
-	u, err := s.records.Update(ctx, r, FieldManager)
-	if err != nil {
-		return nil, err
+	cur := s.virtual(rel, r, beat)
+	want, _ := DecodeRecord(l.Annotations[AnnotationRecord])
+	if _, ok := l.Annotations[AnnotationRecord]; !ok {
+		want = nil
 	}
-	return virtualLease(rel, u), nil
-}
+	have, _ := DecodeRecord(r.Meta.Annotations[AnnotationRecord])
+	if _, ok := r.Meta.Annotations[AnnotationRecord]; !ok {
+		have = nil
+	}
+	take := want != nil && (have == nil || want.Session != have.Session)
+	gateChange := take || (want != nil && (!want.ReleasedAt.Equal(have.ReleasedAt) || want.ReleasedBy != have.ReleasedBy))
 
-// setLockAnnotations copies the lock annotations of from onto m, removing
-// those from lacks.
-func setLockAnnotations(m *metav1.ObjectMeta, from map[string]string) {
-	for _, k := range []string{AnnotationRecord, AnnotationQueue} {
-		v, ok := from[k]
-		switch {
-		case ok:
-			if m.Annotations == nil {
-				m.Annotations = map[string]string{}
+	meta := beat.meta.DeepCopy()
+	if !beat.exists {
+		meta = &metav1.ObjectMeta{Name: LeaseName(rel), Namespace: s.ns}
+	}
+	if meta.Labels == nil {
+		meta.Labels = map[string]string{}
+	}
+	for k, v := range leaseLabels(rel) {
+		meta.Labels[k] = v
+	}
+	if meta.Annotations == nil {
+		meta.Annotations = map[string]string{}
+	}
+	writeBeat := false
+	setBeat := func(rec Record, from *string) error {
+		enc, err := encodeBeat(rec)
+		if err != nil {
+			return err
+		}
+		meta.Annotations[AnnotationBeat] = enc
+		if from == nil {
+			delete(meta.Annotations, annotationClaimedFrom)
+		} else {
+			meta.Annotations[annotationClaimedFrom] = *from
+		}
+		writeBeat = true
+		return nil
+	}
+	switch {
+	case take:
+		from := sessionOfRaw(have)
+		if err := setBeat(*want, &from); err != nil {
+			return nil, err
+		}
+	case gateChange && want.ReleasedBy != "":
+		if err := setBeat(*want, nil); err != nil {
+			return nil, err
+		}
+	case !gateChange && want != nil && l.Annotations[AnnotationRecord] != cur.Annotations[AnnotationRecord]:
+		// A renewal or a revision named: the gate's holder's beat. A
+		// claim of another session found there was made from a stale view
+		// of the gate (a takeover of this holder names it in
+		// claimed-from, and Held stops on it before writing).
+		var from *string
+		if b := beatRecord(beat); b != nil && b.Session == want.Session {
+			if f, ok := beat.meta.Annotations[annotationClaimedFrom]; ok {
+				from = &f
 			}
-			m.Annotations[k] = v
-		default:
-			delete(m.Annotations, k)
+		}
+		if err := setBeat(*want, from); err != nil {
+			return nil, err
 		}
 	}
+	if q := l.Annotations[AnnotationQueue]; q != cur.Annotations[AnnotationQueue] {
+		ws := decodeQueue(q)
+		if len(ws) == 0 {
+			delete(meta.Annotations, annotationWaiters)
+		} else {
+			enc, err := encodeWaiters(ws)
+			if err != nil {
+				return nil, err
+			}
+			meta.Annotations[annotationWaiters] = enc
+		}
+		writeBeat = true
+	}
+	if writeBeat {
+		if beat, err = s.beats.put(ctx, beat, *meta); err != nil {
+			return nil, err
+		}
+	}
+	if gateChange {
+		full, err := s.records.Get(ctx, s.ns, r.Meta.Name)
+		switch {
+		case apierrors.IsNotFound(err):
+			return nil, apierrors.NewConflict(leaseResource, l.Name, fmt.Errorf("the newest record %s of release %q was deleted", r.Meta.Name, rel))
+		case err != nil:
+			return nil, err
+		case full.Meta.ResourceVersion != gateRV:
+			return nil, apierrors.NewConflict(leaseResource, l.Name, fmt.Errorf("the newest record %s of release %q changed", r.Meta.Name, rel))
+		}
+		g := gateForm(*want)
+		enc, err := g.Encode()
+		if err != nil {
+			return nil, err
+		}
+		if full.Meta.Annotations == nil {
+			full.Meta.Annotations = map[string]string{}
+		}
+		full.Meta.Annotations[AnnotationRecord] = enc
+		delete(full.Meta.Annotations, AnnotationQueue)
+		if r, err = s.records.Update(ctx, full, FieldManager); err != nil {
+			return nil, err
+		}
+	}
+	return s.virtual(rel, r, beat), nil
 }
 
-// Delete removes the lock annotations from the newest record, conditional on
-// the resourceVersion in opts.
+// Delete removes the lock of a release whose records helm deleted
+// (uninstall) or is about to keep without one: the beat object, then the
+// gate's annotations, each conditional on the resourceVersion in opts.
 func (s *releaseStore) Delete(ctx context.Context, name string, opts metav1.DeleteOptions) error {
 	rel := releaseOf(name)
-	r, ok, _, err := s.latest(ctx, rel)
+	r, ok, _, beat, err := s.read(ctx, rel)
 	if err != nil {
+		return err
+	}
+	gateRV, beatRV := "", ""
+	if p := opts.Preconditions; p != nil && p.ResourceVersion != nil {
+		gateRV, beatRV = splitRV(*p.ResourceVersion)
+		if beat.rv() != beatRV || (ok && r.Meta.ResourceVersion != gateRV) {
+			return apierrors.NewConflict(leaseResource, name, fmt.Errorf("the lock of release %q changed", rel))
+		}
+	}
+	if err := s.beats.remove(ctx, beat); err != nil {
+		if apierrors.IsConflict(err) {
+			return apierrors.NewConflict(leaseResource, name, err)
+		}
 		return err
 	}
 	if !ok {
 		return apierrors.NewNotFound(leaseResource, name)
 	}
-	if p := opts.Preconditions; p != nil && p.ResourceVersion != nil && *p.ResourceVersion != r.Meta.ResourceVersion {
+	full, err := s.records.Get(ctx, s.ns, r.Meta.Name)
+	switch {
+	case apierrors.IsNotFound(err):
+		return apierrors.NewNotFound(leaseResource, name)
+	case err != nil:
+		return err
+	case gateRV != "" && full.Meta.ResourceVersion != gateRV:
 		return apierrors.NewConflict(leaseResource, name, fmt.Errorf("the newest record of release %q changed", rel))
 	}
-	setLockAnnotations(&r.Meta, nil)
-	_, err = s.records.Update(ctx, r, FieldManager)
+	delete(full.Meta.Annotations, AnnotationRecord)
+	delete(full.Meta.Annotations, AnnotationQueue)
+	_, err = s.records.Update(ctx, full, FieldManager)
 	return err
 }
 
@@ -251,11 +446,20 @@ func (s *releaseStore) Delete(ctx context.Context, name string, opts metav1.Dele
 // carries a lock record. The label selector in opts is ignored: every such
 // lock is this tool's.
 func (s *releaseStore) List(ctx context.Context, _ metav1.ListOptions) (*coordinationv1.LeaseList, error) {
-	// The lock lives in the records' metadata: their payloads (helm's
-	// release data, up to 1 MiB each) are not read.
+	// The lock lives in the records' metadata and the beat objects: the
+	// records' payloads (helm's release data, up to 1 MiB each) are not
+	// read.
 	rs, listRV, err := s.records.ListMeta(ctx, s.ns, recordLabelOwner+"="+recordOwnerHelm)
 	if err != nil {
 		return nil, fmt.Errorf("reading helm's release records in namespace %q: %w", s.ns, err)
+	}
+	bs, err := s.beats.list(ctx, s.ns)
+	if err != nil {
+		return nil, fmt.Errorf("reading the locks' beats in namespace %q: %w", s.ns, err)
+	}
+	beatOf := map[string]beatObj{}
+	for _, b := range bs {
+		beatOf[b.meta.Namespace+"/"+b.meta.Labels[LabelRelease]] = b
 	}
 	byRelease := map[string][]records.Record{}
 	for _, r := range rs {
@@ -263,12 +467,12 @@ func (s *releaseStore) List(ctx context.Context, _ metav1.ListOptions) (*coordin
 		byRelease[k] = append(byRelease[k], r)
 	}
 	out := &coordinationv1.LeaseList{ListMeta: metav1.ListMeta{ResourceVersion: listRV}}
-	for _, group := range byRelease {
+	for k, group := range byRelease {
 		r, _ := records.NewestOf(group)
 		if _, ok := r.Meta.Annotations[AnnotationRecord]; !ok {
 			continue
 		}
-		out.Items = append(out.Items, *virtualLease(r.Meta.Labels[recordLabelName], r))
+		out.Items = append(out.Items, *s.virtual(r.Meta.Labels[recordLabelName], r, beatOf[k]))
 	}
 	slices.SortFunc(out.Items, func(a, b coordinationv1.Lease) int {
 		return strings.Compare(a.Namespace+"/"+a.Name, b.Namespace+"/"+b.Name)
@@ -277,8 +481,9 @@ func (s *releaseStore) List(ctx context.Context, _ metav1.ListOptions) (*coordin
 }
 
 // Watch watches every stored revision of the release named by the field
-// selector metadata.name=LeaseName(release). Waiters only need to know that
-// something changed; they read the lock again on every event.
+// selector metadata.name=LeaseName(release), and its beat object. Waiters
+// only need to know that something changed; they read the lock again on
+// every event.
 func (s *releaseStore) Watch(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
 	sel, err := fields.ParseSelector(opts.FieldSelector)
 	if err != nil {
@@ -288,5 +493,18 @@ func (s *releaseStore) Watch(ctx context.Context, opts metav1.ListOptions) (watc
 	if !ok {
 		return nil, fmt.Errorf("watching a release lock needs the field selector metadata.name=%sRELEASE", LeasePrefix)
 	}
-	return s.records.Watch(ctx, s.ns, historySelector(releaseOf(name)), opts.ResourceVersion)
+	gateRV, beatRV := splitRV(opts.ResourceVersion)
+	if beatRV == "" {
+		beatRV = gateRV
+	}
+	gw, err := s.records.Watch(ctx, s.ns, historySelector(releaseOf(name)), gateRV)
+	if err != nil {
+		return nil, err
+	}
+	bw, err := s.beats.watch(ctx, s.ns, name, beatRV)
+	if err != nil {
+		gw.Stop()
+		return nil, err
+	}
+	return mergeWatches(gw, bw), nil
 }

@@ -97,10 +97,16 @@ func TestIntegrationPruneMovesLockAndDeletesUnderOneCarry(t *testing.T) {
 		t.Fatalf("the renewal that started with the delete: %v", err)
 	}
 	held := l.Record()
-	on1 := lockOnRevision(t, env, ns, 1)
-	if on1.Session != held.Session || !on1.LockedTill.Equal(held.LockedTill) {
-		t.Fatalf("revision 1 (the record that counts) carries session %s LOCKED TILL %s; the holder goes by %s",
-			on1.Session, on1.LockedTill, held.LockedTill)
+	if on1 := lockOnRevision(t, env, ns, 1); on1.Session != held.Session {
+		t.Fatalf("revision 1 (the record that counts) carries session %s; the holder is %s", on1.Session, held.Session)
+	}
+	_, stores, err := c.Stores(ctx, ns, BackendRelease)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := c.Inspect(ctx, ns, "web", stores)
+	if err != nil || st.State != lock.Live || st.Record == nil || !st.Record.LockedTill.Equal(held.LockedTill) {
+		t.Fatalf("the lock as judged = %+v, %v; the holder goes by LOCKED TILL %s", st, err, held.LockedTill)
 	}
 	if err := l.Renew(ctx); err != nil {
 		t.Fatalf("the next renewal: %v (nobody else touched the lock)", err)
