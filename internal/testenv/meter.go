@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math/rand/v2"
 	"sync"
 	"time"
 
@@ -149,4 +150,17 @@ func (m *Meter) WaitFor(ctx context.Context, resource, name string, n int) error
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
+}
+
+// Incompressible is n bytes of seeded random text (every call alike): set
+// as a release's value (helm --set-file), it makes the release's record
+// about that large, however helm compresses it.
+func Incompressible(n int) []byte {
+	const alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+	r := rand.New(rand.NewPCG(18, 1))
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = alphabet[r.IntN(len(alphabet))]
+	}
+	return b
 }

@@ -3,7 +3,6 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"strings"
@@ -194,19 +193,12 @@ func recordName(rel string, rev int) string {
 	return fmt.Sprintf("sh.helm.release.v1.%s.v%d", rel, rev)
 }
 
-// bigValue writes n bytes of incompressible text (a seeded stream, so
-// every run is alike) for --set-file: helm stores it in the release's
-// record, which then is about as large.
+// bigValue writes n bytes of incompressible text for --set-file: helm
+// stores it in the release's record, which then is about as large.
 func bigValue(t *testing.T, n int) string {
 	t.Helper()
-	const alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
-	r := rand.New(rand.NewPCG(18, 1))
-	b := make([]byte, n)
-	for i := range b {
-		b[i] = alphabet[r.IntN(len(alphabet))]
-	}
 	p := filepath.Join(t.TempDir(), "blob.txt")
-	if err := os.WriteFile(p, b, 0o600); err != nil {
+	if err := os.WriteFile(p, testenv.Incompressible(n), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	return p
