@@ -97,8 +97,18 @@ func (h *Held) Carry(write func(Record) error) error {
 	}
 	rec := h.rec
 	h.gateStamp = later(h.gateStamp, rec.RenewedAt)
+	virtual := h.lease.Annotations[annotationAnchor] == ""
 	h.mu.Unlock()
 	if h.b.store == StoreRelease {
+		if e, ok := h.b.leases(h.req.Namespace).(*releaseStore); ok && virtual {
+			// Taken while the release had no record: the beat names us
+			// before the first gate appears. Best effort: without it the
+			// gate is judged by its long bound until the first renewal,
+			// which only delays a takeover.
+			ctx, cancel := context.WithDeadline(context.Background(), h.Deadline())
+			_ = e.ensureBeat(ctx, rec)
+			cancel()
+		}
 		rec = gateForm(rec)
 	}
 	return write(rec)

@@ -516,3 +516,59 @@ func TestIntegrationLostAnswerTakeIsAdopted(t *testing.T) {
 		}
 	}
 }
+
+// TestIntegrationBeatDeletedKeepsLiveHolder: a live holder renews on the
+// lock's beat, not on the gate it wrote at the take. When the beat is
+// deleted (by hand, a cleanup job, a restore) or unreadable, the gate says
+// nothing of the holder's renewals, and judging it by its take stamp would
+// hand a live holder's release to another client (found by review). The
+// gate is then judged by the bound it was written with: the second client
+// is refused, and the holder keeps its lock.
+func TestIntegrationBeatDeletedKeepsLiveHolder(t *testing.T) {
+	env := testenv.Get(t)
+	ns := env.Namespace(t)
+	ctx := context.Background()
+	if _, err := env.Client.CoreV1().Secrets(ns).Create(ctx, stockRecord(ns, "web", 1, "deployed"), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	const lease = 3 * time.Second
+	h, _, err := newClient(t, env, nil).release.TryAcquire(ctx, request(ns, "web", lease))
+	if err != nil {
+		t.Fatal(err)
+	}
+	taken := h.Record().RenewedAt
+	kctx, stop := context.WithCancel(ctx)
+	defer stop()
+	lost := make(chan error, 1)
+	go h.Keep(kctx, func(err error) { lost <- err })
+	b := newClient(t, env, nil)
+	// Until the holder's renewals are past its take's LOCKED TILL (and
+	// the margin), the take stamp alone would still say Live.
+	deadline := time.Now().Add(time.Minute)
+	for !h.Record().RenewedAt.After(taken.Add(lease + time.Second)) {
+		if time.Now().After(deadline) {
+			t.Fatal("the holder's renewals never passed its take's LOCKED TILL")
+		}
+		select {
+		case err := <-lost:
+			t.Fatalf("holder lost its lock: %v", err)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	if _, _, err := b.release.TryAcquire(ctx, request(ns, "web", lease)); !errors.Is(err, lock.ErrLocked) {
+		t.Fatalf("a second client while the holder renews: %v, want ErrLocked", err)
+	}
+	if err := env.Client.CoreV1().Secrets(ns).Delete(ctx, lock.LeaseName("web"), metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if hb, _, err := b.release.TryAcquire(ctx, request(ns, "web", lease)); !errors.Is(err, lock.ErrLocked) {
+		t.Fatalf("with the beat deleted, a second client got %v (held: %v); want ErrLocked: the holder is alive", err, hb != nil)
+	}
+	if err := h.Valid(); err != nil {
+		t.Fatalf("holder: %v", err)
+	}
+	stop()
+	if err := h.Renew(ctx); err != nil {
+		t.Fatalf("the holder's next renewal (writes the beat anew): %v", err)
+	}
+}

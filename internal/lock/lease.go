@@ -254,7 +254,15 @@ func (b *Backend) decode(l *coordinationv1.Lease, now servertime.Bounds, self st
 		judged = nil
 	}
 	v.state = Judge(judged, &l.Spec, now, b.margin())
+	gateSession := ""
+	if v.rec != nil {
+		gateSession = v.rec.Session
+	}
+	// A claim counts only while it is against the gate as it stands: a beat
+	// left by an earlier holder, or by a claim that lost, names another
+	// gate than the current one.
 	if c := claimOf(l); v.state != Live && c != nil && c.Session != self && c.ReleasedAt.IsZero() &&
+		l.Annotations[annotationClaimedFrom] == gateSession &&
 		(now.IsZero() || !now.Earliest.After(c.LockedTill.Add(b.margin()))) {
 		v.state, v.claim = Live, c
 	}

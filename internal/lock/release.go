@@ -2,6 +2,7 @@ package lock
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -100,11 +101,16 @@ func historySelector(release string) string {
 
 func releaseOf(leaseName string) string { return strings.TrimPrefix(leaseName, LeasePrefix) }
 
-func joinRV(gate, beat string) string { return gate + "/" + beat }
+// joinRV is the resourceVersion of a virtual Lease: the gate's and the
+// beat's, which a write is conditional on, and the list's, from which a
+// watch starts (the gate's own can be as old as the take, older than the
+// API server's watch window).
+func joinRV(gate, beat, list string) string { return gate + "/" + beat + "/" + list }
 
-func splitRV(rv string) (gate, beat string) {
-	gate, beat, _ = strings.Cut(rv, "/")
-	return gate, beat
+func splitRV(rv string) (gate, beat, list string) {
+	gate, rest, _ := strings.Cut(rv, "/")
+	beat, list, _ = strings.Cut(rest, "/")
+	return gate, beat, list
 }
 
 // read returns the metadata of the release's newest record (false when it
@@ -128,19 +134,31 @@ func (s *releaseStore) read(ctx context.Context, release string) (records.Record
 // as the Lease the protocol reads: the gate's record with the beat's
 // renewal merged in when the beat names the gate's holder, the beat's
 // queue, and, when the beat names someone else or was marked released, the
-// beat as annotationClaim.
-func (s *releaseStore) virtual(release string, r records.Record, beat beatObj) *coordinationv1.Lease {
+// beat as annotationClaim. listRV is where a watch starts.
+//
+// The gate's own LOCKED TILL (renewedAt + lease, gateEffective) is used
+// only when the beat says the holder's state: it names the holder (its
+// renewals), or it is a claim judged from the holder's beat (claimed-from
+// names the holder, so the claimant saw it expire). A beat that is missing,
+// unreadable, or a claim from a stale view says nothing of the holder: the
+// gate is then judged by the bound it was written with (gateForm), however
+// long, rather than taken from a holder that may be renewing a beat someone
+// deleted.
+func (s *releaseStore) virtual(release string, r records.Record, beat beatObj, listRV string) *coordinationv1.Lease {
 	l := virtualLease(release, r)
-	l.ResourceVersion = joinRV(r.Meta.ResourceVersion, beat.rv())
+	l.ResourceVersion = joinRV(r.Meta.ResourceVersion, beat.rv(), listRV)
 	delete(l.Annotations, AnnotationQueue) // a queue of an earlier version: ours is on the beat
 	bt := beatRecord(beat)
+	from := beat.meta.Annotations[annotationClaimedFrom]
 	raw, hasGate := r.Meta.Annotations[AnnotationRecord]
 	g, gErr := DecodeRecord(raw)
-	switch {
-	case hasGate && gErr == nil:
+	newer := errors.Is(gErr, ErrUnsupportedSchema)
+	if hasGate && g != nil && g.Session != "" && (gErr == nil || newer) {
 		l.Annotations[annotationGateRenewed] = g.RenewedAt.UTC().Format(time.RFC3339Nano)
-		gateEffective(g)
-		if bt != nil && bt.Session == g.Session && bt.ReleasedAt.IsZero() {
+		own := bt != nil && bt.Session == g.Session
+		switch {
+		case own && bt.ReleasedAt.IsZero():
+			gateEffective(g)
 			if bt.RenewedAt.After(g.RenewedAt) {
 				g.RenewedAt, g.Revision = bt.RenewedAt, bt.Revision
 				if bt.Revision > 0 {
@@ -149,21 +167,28 @@ func (s *releaseStore) virtual(release string, r records.Record, beat beatObj) *
 			}
 			g.LockedTill = later(g.LockedTill, bt.LockedTill)
 			bt = nil
+		case !own && bt != nil && from == g.Session:
+			gateEffective(g)
 		}
-		if enc, err := g.Encode(); err == nil {
-			l.Annotations[AnnotationRecord] = enc
-			l.Spec = specOf(enc)
+		if !newer {
+			if enc, err := g.Encode(); err == nil {
+				l.Annotations[AnnotationRecord] = enc
+				l.Spec = specOf(enc)
+			}
+		} else if h := holderOf(&l.Spec); h != "" && l.Spec.LeaseDurationSeconds != nil {
+			// Judged by the spec alone (its schema is unknown): the spec
+			// says LOCKED TILL as worked out above.
+			secs := time.Duration(*l.Spec.LeaseDurationSeconds) * time.Second
+			l.Spec.RenewTime = &metav1.MicroTime{Time: later(g.LockedTill, g.RenewedAt.Add(secs)).Add(-secs)}
 		}
-	case hasGate && bt != nil && bt.Session == sessionOfRaw(g):
-		bt = nil
 	}
 	if bt != nil {
 		if enc, err := bt.Encode(); err == nil {
 			l.Annotations[annotationClaim] = enc
-			l.Annotations[annotationClaimedFrom] = beat.meta.Annotations[annotationClaimedFrom]
+			l.Annotations[annotationClaimedFrom] = from
 		}
 	}
-	if ws := decodeWaiters(beat.meta.Annotations[annotationWaiters]); len(ws) > 0 {
+	if ws := decodeWaiters(beat.meta.Annotations[AnnotationWaiters]); len(ws) > 0 {
 		if enc, err := encodeQueue(ws); err == nil {
 			l.Annotations[AnnotationQueue] = enc
 		}
@@ -235,14 +260,14 @@ var leaseResource = coordinationv1.Resource("leases")
 
 func (s *releaseStore) Get(ctx context.Context, name string, _ metav1.GetOptions) (*coordinationv1.Lease, error) {
 	rel := releaseOf(name)
-	r, ok, _, beat, err := s.read(ctx, rel)
+	r, ok, listRV, beat, err := s.read(ctx, rel)
 	if err != nil {
 		return nil, err
 	}
 	if !ok {
 		return nil, apierrors.NewNotFound(leaseResource, name)
 	}
-	return s.virtual(rel, r, beat), nil
+	return s.virtual(rel, r, beat, listRV), nil
 }
 
 // Create takes the lock of a release that has no stored revision: nothing is
@@ -258,7 +283,7 @@ func (s *releaseStore) Create(ctx context.Context, l *coordinationv1.Lease, _ me
 		return nil, apierrors.NewAlreadyExists(leaseResource, l.Name)
 	}
 	out := l.DeepCopy()
-	out.ResourceVersion = joinRV(listRV, "")
+	out.ResourceVersion = joinRV(listRV, "", listRV)
 	delete(out.Annotations, annotationAnchor)
 	delete(out.Annotations, annotationAnchorRevision)
 	return out, nil
@@ -279,8 +304,8 @@ func (s *releaseStore) Create(ctx context.Context, l *coordinationv1.Lease, _ me
 func (s *releaseStore) Update(ctx context.Context, l *coordinationv1.Lease, _ metav1.UpdateOptions) (*coordinationv1.Lease, error) {
 	rel := releaseOf(l.Name)
 	anchor := l.Annotations[annotationAnchor]
-	gateRV, beatRV := splitRV(l.ResourceVersion)
-	r, ok, _, beat, err := s.read(ctx, rel)
+	gateRV, beatRV, _ := splitRV(l.ResourceVersion)
+	r, ok, listRV, beat, err := s.read(ctx, rel)
 	switch {
 	case err != nil:
 		return nil, err
@@ -292,7 +317,7 @@ func (s *releaseStore) Update(ctx context.Context, l *coordinationv1.Lease, _ me
 	case anchor == "" || r.Meta.Name != anchor || r.Meta.ResourceVersion != gateRV || beat.rv() != beatRV:
 		return nil, apierrors.NewConflict(leaseResource, l.Name, fmt.Errorf("the lock of release %q is now on %s at resourceVersion %s with beat at %q, not on %s at %s with beat at %q", rel, r.Meta.Name, r.Meta.ResourceVersion, beat.rv(), anchor, gateRV, beatRV))
 	}
-	cur := s.virtual(rel, r, beat)
+	cur := s.virtual(rel, r, beat, listRV)
 	want, _ := DecodeRecord(l.Annotations[AnnotationRecord])
 	if _, ok := l.Annotations[AnnotationRecord]; !ok {
 		want = nil
@@ -301,8 +326,12 @@ func (s *releaseStore) Update(ctx context.Context, l *coordinationv1.Lease, _ me
 	if _, ok := r.Meta.Annotations[AnnotationRecord]; !ok {
 		have = nil
 	}
-	take := want != nil && (have == nil || want.Session != have.Session)
-	gateChange := take || (want != nil && (!want.ReleasedAt.Equal(have.ReleasedAt) || want.ReleasedBy != have.ReleasedBy))
+	gateChange := want != nil && (have == nil || want.Session != have.Session ||
+		!want.ReleasedAt.Equal(have.ReleasedAt) || want.ReleasedBy != have.ReleasedBy)
+	// Any write of an unreleased record to the gate is a take (of another
+	// session's lock, or again of our own released one): the beat is
+	// claimed first, so no beat left from before stands for it.
+	take := gateChange && want.ReleasedAt.IsZero()
 
 	meta := beat.meta.DeepCopy()
 	if !beat.exists {
@@ -343,30 +372,26 @@ func (s *releaseStore) Update(ctx context.Context, l *coordinationv1.Lease, _ me
 			return nil, err
 		}
 	case !gateChange && want != nil && l.Annotations[AnnotationRecord] != cur.Annotations[AnnotationRecord]:
-		// A renewal or a revision named: the gate's holder's beat. A
-		// claim of another session found there was made from a stale view
-		// of the gate (a takeover of this holder names it in
-		// claimed-from, and Held stops on it before writing).
-		var from *string
-		if b := beatRecord(beat); b != nil && b.Session == want.Session {
-			if f, ok := beat.meta.Annotations[annotationClaimedFrom]; ok {
-				from = &f
-			}
-		}
-		if err := setBeat(*want, from); err != nil {
+		// A renewal or a revision named: the gate's holder's beat, which
+		// claims from the holder itself (holding). A claim of another
+		// session found there was made from a stale view of the gate (a
+		// takeover of this holder names it in claimed-from, and Held stops
+		// on it before writing).
+		from := want.Session
+		if err := setBeat(*want, &from); err != nil {
 			return nil, err
 		}
 	}
 	if q := l.Annotations[AnnotationQueue]; q != cur.Annotations[AnnotationQueue] {
 		ws := decodeQueue(q)
 		if len(ws) == 0 {
-			delete(meta.Annotations, annotationWaiters)
+			delete(meta.Annotations, AnnotationWaiters)
 		} else {
 			enc, err := encodeWaiters(ws)
 			if err != nil {
 				return nil, err
 			}
-			meta.Annotations[annotationWaiters] = enc
+			meta.Annotations[AnnotationWaiters] = enc
 		}
 		writeBeat = true
 	}
@@ -399,7 +424,50 @@ func (s *releaseStore) Update(ctx context.Context, l *coordinationv1.Lease, _ me
 			return nil, err
 		}
 	}
-	return s.virtual(rel, r, beat), nil
+	return s.virtual(rel, r, beat, listRV), nil
+}
+
+// ensureBeat makes the beat name rec's holder, for a lock taken while the
+// release had no record (virtual: the take wrote nothing) just before the
+// holder's first revision, carrying the gate, is created. Without it the
+// new gate would be judged by its long bound until the first renewal (see
+// virtual). A beat naming another session is overwritten: whichever
+// create of the first revision wins holds the lock, and a beat naming the
+// loser is a claim from a stale view its holder overwrites.
+func (s *releaseStore) ensureBeat(ctx context.Context, rec Record) error {
+	for range 3 {
+		beat, err := s.beats.get(ctx, s.ns, LeaseName(rec.Release))
+		if err != nil {
+			return err
+		}
+		if b := beatRecord(beat); b != nil && b.Session == rec.Session && b.ReleasedAt.IsZero() {
+			return nil
+		}
+		meta := beat.meta.DeepCopy()
+		if !beat.exists {
+			meta = &metav1.ObjectMeta{Name: LeaseName(rec.Release), Namespace: s.ns}
+		}
+		if meta.Labels == nil {
+			meta.Labels = map[string]string{}
+		}
+		for k, v := range leaseLabels(rec.Release) {
+			meta.Labels[k] = v
+		}
+		if meta.Annotations == nil {
+			meta.Annotations = map[string]string{}
+		}
+		enc, err := encodeBeat(rec)
+		if err != nil {
+			return err
+		}
+		meta.Annotations[AnnotationBeat] = enc
+		meta.Annotations[annotationClaimedFrom] = rec.Session // holding (see Update)
+		_, err = s.beats.put(ctx, beat, *meta)
+		if !apierrors.IsConflict(err) {
+			return err
+		}
+	}
+	return fmt.Errorf("the lock's beat %s of release %q in namespace %q kept changing", LeaseName(rec.Release), rec.Release, s.ns)
 }
 
 // Delete removes the lock of a release whose records helm deleted
@@ -413,7 +481,7 @@ func (s *releaseStore) Delete(ctx context.Context, name string, opts metav1.Dele
 	}
 	gateRV, beatRV := "", ""
 	if p := opts.Preconditions; p != nil && p.ResourceVersion != nil {
-		gateRV, beatRV = splitRV(*p.ResourceVersion)
+		gateRV, beatRV, _ = splitRV(*p.ResourceVersion)
 		if beat.rv() != beatRV || (ok && r.Meta.ResourceVersion != gateRV) {
 			return apierrors.NewConflict(leaseResource, name, fmt.Errorf("the lock of release %q changed", rel))
 		}
@@ -472,7 +540,7 @@ func (s *releaseStore) List(ctx context.Context, _ metav1.ListOptions) (*coordin
 		if _, ok := r.Meta.Annotations[AnnotationRecord]; !ok {
 			continue
 		}
-		out.Items = append(out.Items, *s.virtual(r.Meta.Labels[recordLabelName], r, beatOf[k]))
+		out.Items = append(out.Items, *s.virtual(r.Meta.Labels[recordLabelName], r, beatOf[k], listRV))
 	}
 	slices.SortFunc(out.Items, func(a, b coordinationv1.Lease) int {
 		return strings.Compare(a.Namespace+"/"+a.Name, b.Namespace+"/"+b.Name)
@@ -493,15 +561,15 @@ func (s *releaseStore) Watch(ctx context.Context, opts metav1.ListOptions) (watc
 	if !ok {
 		return nil, fmt.Errorf("watching a release lock needs the field selector metadata.name=%sRELEASE", LeasePrefix)
 	}
-	gateRV, beatRV := splitRV(opts.ResourceVersion)
-	if beatRV == "" {
-		beatRV = gateRV
+	gateRV, _, from := splitRV(opts.ResourceVersion)
+	if from == "" {
+		from = gateRV
 	}
-	gw, err := s.records.Watch(ctx, s.ns, historySelector(releaseOf(name)), gateRV)
+	gw, err := s.records.Watch(ctx, s.ns, historySelector(releaseOf(name)), from)
 	if err != nil {
 		return nil, err
 	}
-	bw, err := s.beats.watch(ctx, s.ns, name, beatRV)
+	bw, err := s.beats.watch(ctx, s.ns, name, from)
 	if err != nil {
 		gw.Stop()
 		return nil, err

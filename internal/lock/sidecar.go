@@ -24,7 +24,7 @@ import (
 // beat is a small object of the driver's kind (a Secret or ConfigMap named
 // LeaseName(release), no payload) that holds what changes while the lock is
 // held or waited for: the holder's renewals (its heartbeat, AnnotationBeat)
-// and the waiters' queue (annotationWaiters). Waiting and renewing thus never
+// and the waiters' queue (AnnotationWaiters). Waiting and renewing thus never
 // rewrite a record that carries helm's release data, which can be near 1 MiB.
 //
 // The rules that keep the two objects one lock:
@@ -41,8 +41,12 @@ import (
 //     beat (the holder it names has passed its renew deadline), or after the
 //     beat's own LOCKED TILL passed when it names someone the gate does not
 //     (a claimant that died before it wrote the gate).
-//   - A fresh beat naming a session the gate does not name is a claim in
-//     flight: everybody else judges the lock Live until it lands or expires.
+//   - A fresh beat naming a session the gate does not name, claimed from the
+//     session the gate names (or from none, when the newest record carries
+//     no lock), is a claim in flight: everybody else judges the lock Live
+//     until it lands or expires. A holder's renewals claim from itself, so
+//     the beat it leaves behind is never taken for a claim against a later
+//     gate (a stock helm revision that carries none, say).
 //   - The lock's LOCKED TILL is the later of the gate's own (taken at the
 //     take, renewedAt + leaseDuration) and the beat's, when the beat names the
 //     gate's holder and is not released.
@@ -55,9 +59,9 @@ const (
 	// annotationClaimedFrom names, on the beat object, the gate's session
 	// its claimant judged Free or Expired ("" when the gate had none).
 	annotationClaimedFrom = "helm-autorecover.io/claimed-from"
-	// annotationWaiters holds, on the beat object, the waiters' queue in a
+	// AnnotationWaiters holds, on the beat object, the waiters' queue in a
 	// compact form (see compactWaiter).
-	annotationWaiters = "helm-autorecover.io/waiters"
+	AnnotationWaiters = "helm-autorecover.io/waiters"
 	// annotationClaim carries, on a virtual Lease only, a beat naming
 	// another session than the gate's holder, or marked released: a claim
 	// in flight, a forced release, or a stale claim (judged by its expiry).

@@ -154,7 +154,14 @@ func (b *Backend) waitForChange(ctx context.Context, req *Request, w *waitState,
 			return b.gaveUp(ctx, res.locked)
 		case ev, ok := <-events:
 			if !ok || ev.Type == watch.Error {
-				return nil
+				// The watch ended (a resourceVersion too old, the
+				// server's timeout): decide again within progressEvery,
+				// not at once, so a watch that keeps failing never
+				// turns into a loop of requests.
+				events = nil
+				timer.Stop()
+				timer.Reset(decideIn())
+				continue
 			}
 			if ev.Type == watch.Bookmark {
 				continue

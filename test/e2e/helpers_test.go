@@ -145,12 +145,21 @@ func queues(t *testing.T, env *testenv.Env, ns, rel string) string {
 		}
 	}
 	if newest != nil {
-		out = newest.Annotations[lock.AnnotationQueue]
+		out = newest.Annotations[lock.AnnotationQueue] // an earlier version's queue
+	}
+	if b, err := env.Client.CoreV1().Secrets(ns).Get(ctx, lock.LeaseName(rel), metav1.GetOptions{}); err == nil {
+		out += b.Annotations[lock.AnnotationWaiters] // the beat's
 	}
 	if l, _ := lease(t, env, ns, rel); l != nil {
 		out += l.Annotations[lock.AnnotationQueue]
 	}
 	return out
+}
+
+// queued reports whether queues found a waiter: an entry names its
+// session ("session" on a Lease, "s" on the beat).
+func queued(q string) bool {
+	return strings.Contains(q, `"session"`) || strings.Contains(q, `"s":`)
 }
 
 func revOf(s *corev1.Secret) int {

@@ -28,7 +28,7 @@ func TestSignalWhileWaiting(t *testing.T) {
 
 	waiter := env.Start(t, bin, "upgrade", rel, chart, "-n", ns, "--set", "message=waiter", "--lock-timeout", "2m")
 	deadline := time.Now().Add(30 * time.Second)
-	for !strings.Contains(queues(t, env, ns, rel), "session") {
+	for !queued(queues(t, env, ns, rel)) {
 		if time.Now().After(deadline) {
 			t.Fatalf("the waiter never queued (on the release record or the Lease); stderr:\n%s", waiter.Stderr.String())
 		}
@@ -42,7 +42,7 @@ func TestSignalWhileWaiting(t *testing.T) {
 	}
 	figure(t, "interrupted waiter exit: %s", time.Since(sent).Round(time.Millisecond))
 	l, now := lease(t, env, ns, rel)
-	if q := queues(t, env, ns, rel); strings.Contains(q, "session") {
+	if q := queues(t, env, ns, rel); queued(q) {
 		t.Fatalf("the interrupted waiter is still queued: %s", q)
 	}
 	if holderOf(l) != rec.Session {

@@ -1,0 +1,217 @@
+package lock
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
+	"k8s.io/utils/clock"
+
+	"github.com/helm-autorecover/helm-autorecover/internal/records"
+	"github.com/helm-autorecover/helm-autorecover/internal/servertime"
+)
+
+// TestVirtualGateAndBeat is the table of the release store's judgement of
+// a gate and a beat together (see sidecar.go): which session holds the
+// lock, until when, and what is a claim in flight.
+func TestVirtualGateAndBeat(t *testing.T) {
+	t0 := time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)
+	lease := 15 * time.Second
+	gate := func(session string, renewed time.Time, mut ...func(*Record)) string {
+		r := Record{
+			Schema: SchemaVersion, Session: session, Operation: OpUpgrade, Release: "web", Namespace: "shop",
+			LeaseDuration: metav1.Duration{Duration: lease}, AcquiredAt: renewed, RenewedAt: renewed,
+			LockedTill: renewed.Add(lease), MaxHoldUntil: renewed.Add(time.Hour),
+		}
+		for _, m := range mut {
+			m(&r)
+		}
+		r = gateForm(r)
+		s, err := r.Encode()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	oldVersion := func(session string, renewed time.Time) string {
+		r := Record{Schema: SchemaVersion, Session: session, Release: "web", Namespace: "shop", LeaseDuration: metav1.Duration{Duration: lease}, RenewedAt: renewed, LockedTill: renewed.Add(lease)}
+		s, _ := r.Encode()
+		return s
+	}
+	beatOf := func(session string, renewed time.Time, from *string, mut ...func(*Record)) beatObj {
+		r := Record{Session: session, Operation: OpUpgrade, Release: "web", Namespace: "shop", LeaseDuration: metav1.Duration{Duration: lease}, AcquiredAt: t0, RenewedAt: renewed, LockedTill: renewed.Add(lease)}
+		for _, m := range mut {
+			m(&r)
+		}
+		s, err := encodeBeat(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		o := beatObj{exists: true, meta: metav1.ObjectMeta{Name: LeaseName("web"), Namespace: "shop", ResourceVersion: "7", Labels: leaseLabels("web"), Annotations: map[string]string{AnnotationBeat: s}}}
+		if from != nil {
+			o.meta.Annotations[annotationClaimedFrom] = *from
+		}
+		return o
+	}
+	str := func(s string) *string { return &s }
+	released := func(r *Record) { r.ReleasedAt = t0.Add(2 * time.Second) }
+	for _, tc := range []struct {
+		name       string
+		gate       string // "" for a record without a lock
+		beat       beatObj
+		holder     string
+		lockedTill time.Time
+		claim      string // session of annotationClaim, "" for none
+		revision   int
+	}{
+		{name: "gate alone (its beat deleted): the bound it was written with, never its take stamp", gate: gate("A", t0), holder: "A", lockedTill: t0.Add(time.Hour + lease)},
+		{name: "gate and an unreadable beat: its bound", gate: gate("A", t0), beat: beatObj{exists: true, meta: metav1.ObjectMeta{ResourceVersion: "7", Annotations: map[string]string{AnnotationBeat: "{"}}}, holder: "A", lockedTill: t0.Add(time.Hour + lease)},
+		{name: "gate and its holder's later beat", gate: gate("A", t0), beat: beatOf("A", t0.Add(10*time.Second), str("Z")), holder: "A", lockedTill: t0.Add(25 * time.Second)},
+		{name: "the beat names the revision", gate: gate("A", t0), beat: beatOf("A", t0.Add(5*time.Second), nil, func(r *Record) { r.Revision = 4 }), holder: "A", lockedTill: t0.Add(20 * time.Second), revision: 4},
+		{name: "an older beat of the holder never shortens the gate", gate: gate("A", t0.Add(8*time.Second)), beat: beatOf("A", t0, nil), holder: "A", lockedTill: t0.Add(23 * time.Second)},
+		{name: "a claim in flight from the gate's holder", gate: gate("A", t0), beat: beatOf("B", t0.Add(16*time.Second), str("A")), holder: "A", lockedTill: t0.Add(lease), claim: "B"},
+		{name: "a stale claim from another session says nothing of the holder", gate: gate("A", t0), beat: beatOf("B", t0, str("X")), holder: "A", lockedTill: t0.Add(time.Hour + lease), claim: "B"},
+		{name: "the holder's beat marked released by a person, its gate not yet", gate: gate("A", t0), beat: beatOf("A", t0.Add(time.Second), nil, released), holder: "A", lockedTill: t0.Add(time.Hour + lease), claim: "A"},
+		{name: "released gate, the holder's last beat", gate: gate("A", t0, released), beat: beatOf("A", t0.Add(time.Second), nil), holder: ""},
+		{name: "released gate, a claim", gate: gate("A", t0, released), beat: beatOf("B", t0.Add(3*time.Second), str("A")), holder: "", claim: "B"},
+		{name: "no lock on the record, a claim", gate: "", beat: beatOf("B", t0, str("")), holder: "", claim: "B"},
+		{name: "an earlier version's gate is judged as written", gate: oldVersion("A", t0), beat: beatOf("A", t0.Add(30*time.Second), nil), holder: "A", lockedTill: t0.Add(30*time.Second + lease)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := records.Record{Kind: records.KindSecret, Meta: metav1.ObjectMeta{
+				Name: "sh.helm.release.v1.web.v3", Namespace: "shop", ResourceVersion: "5",
+				Labels: map[string]string{"owner": "helm", "name": "web", "version": "3"},
+			}}
+			if tc.gate != "" {
+				r.Meta.Annotations = map[string]string{AnnotationRecord: tc.gate}
+			}
+			l := (&releaseStore{ns: "shop"}).virtual("web", r, tc.beat, "9")
+			if got := holderOf(&l.Spec); got != tc.holder {
+				t.Fatalf("holder %q, want %q", got, tc.holder)
+			}
+			if want := joinRV("5", tc.beat.rv(), "9"); l.ResourceVersion != want {
+				t.Errorf("resourceVersion %q, want %q", l.ResourceVersion, want)
+			}
+			if tc.holder != "" {
+				rec, err := DecodeRecord(l.Annotations[AnnotationRecord])
+				if err != nil {
+					t.Fatal(err)
+				}
+				till, _ := LockedTill(rec, &l.Spec)
+				if !till.Equal(tc.lockedTill) {
+					t.Errorf("LOCKED TILL %s, want %s", till.Format(time.RFC3339Nano), tc.lockedTill.Format(time.RFC3339Nano))
+				}
+				if rec.Revision != tc.revision {
+					t.Errorf("revision %d, want %d", rec.Revision, tc.revision)
+				}
+			}
+			c := claimOf(l)
+			switch {
+			case tc.claim == "" && c != nil:
+				t.Errorf("claim %q, want none", c.Session)
+			case tc.claim != "" && (c == nil || c.Session != tc.claim):
+				t.Errorf("claim %v, want %q", c, tc.claim)
+			}
+		})
+	}
+}
+
+// TestDecodeClaim: a claim in flight makes the lock Live for everybody but
+// its claimant, until its own LOCKED TILL has certainly passed.
+func TestDecodeClaim(t *testing.T) {
+	t0 := time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)
+	rel := Record{Schema: SchemaVersion, Session: "A", Release: "web", Namespace: "shop", LeaseDuration: metav1.Duration{Duration: 15 * time.Second}, RenewedAt: t0, LockedTill: t0.Add(15 * time.Second), ReleasedAt: t0.Add(time.Second)}
+	gateEnc, _ := rel.Encode()
+	claim := Record{Session: "B", Operation: OpUpgrade, LeaseDuration: metav1.Duration{Duration: 15 * time.Second}, AcquiredAt: t0, RenewedAt: t0.Add(2 * time.Second), LockedTill: t0.Add(17 * time.Second)}
+	beatEnc, _ := encodeBeat(claim)
+	r := records.Record{Kind: records.KindSecret, Meta: metav1.ObjectMeta{Name: "sh.helm.release.v1.web.v3", Namespace: "shop", ResourceVersion: "5", Annotations: map[string]string{AnnotationRecord: gateEnc}}}
+	l := (&releaseStore{ns: "shop"}).virtual("web", r, beatObj{exists: true, meta: metav1.ObjectMeta{Name: LeaseName("web"), Namespace: "shop", ResourceVersion: "7", Annotations: map[string]string{AnnotationBeat: beatEnc, annotationClaimedFrom: "A"}}}, "9")
+	b := &Backend{Margin: TakeoverMargin}
+	at := func(d time.Duration) servertime.Bounds {
+		return servertime.Bounds{Earliest: t0.Add(d), Latest: t0.Add(d + 100*time.Millisecond)}
+	}
+	for _, tc := range []struct {
+		name string
+		self string
+		now  servertime.Bounds
+		want State
+	}{
+		{"another client, claim fresh", "C", at(5 * time.Second), Live},
+		{"another client, inside the margin", "C", at(17*time.Second + 200*time.Millisecond), Live},
+		{"another client, claim expired", "C", at(18 * time.Second), Free},
+		{"the claimant itself", "B", at(5 * time.Second), Free},
+		{"a reader", "", at(5 * time.Second), Live},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			v := b.decode(l, tc.now, tc.self)
+			if v.state != tc.want {
+				t.Fatalf("state %s, want %s", v.state, tc.want)
+			}
+			if tc.want == Live && (v.claim == nil || v.claim.Session != "B") {
+				t.Errorf("claim %v, want B's", v.claim)
+			}
+		})
+	}
+}
+
+// TestWaitDoesNotSpinOnFailingWatch: a waiter whose watch keeps ending at
+// once (a resourceVersion older than the API server's watch window answers
+// 410 "too old") decides again within progressEvery, not at once: found by
+// review, where the gate's resourceVersion aged out once renewals stopped
+// rewriting the record, and a waiter opened 484 watches in 3 s.
+func TestWaitDoesNotSpinOnFailingWatch(t *testing.T) {
+	rec := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{
+		Name: "sh.helm.release.v1.web.v1", Namespace: ns,
+		Labels: map[string]string{"owner": "helm", "name": "web", "version": "1", "status": "deployed"},
+	}, Data: map[string][]byte{"release": []byte("x")}}
+	cs := fake.NewClientset(rec)
+	var watches atomic.Int64
+	cs.PrependWatchReactor("*", func(k8stesting.Action) (bool, watch.Interface, error) {
+		watches.Add(1)
+		w := watch.NewRaceFreeFake()
+		w.Error(&metav1.Status{Status: metav1.StatusFailure, Code: 410, Reason: metav1.StatusReasonExpired})
+		return true, w, nil
+	})
+	clk := clock.RealClock{}
+	est := servertime.New(clk)
+	now := clk.Now()
+	est.Observe(now, now, now.Truncate(time.Second))
+	b := NewReleaseBackend(cs, est, clk, records.DriverSecret)
+	ctx := context.Background()
+	if _, _, err := b.TryAcquire(ctx, req(OpUpgrade, 15*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 2500*time.Millisecond)
+	defer cancel()
+	if _, err := b.Wait(wctx, req(OpUpgrade, 15*time.Second), nil); !errors.Is(err, ErrLocked) {
+		t.Fatalf("Wait = %v, want ErrLocked after giving up", err)
+	}
+	// Each decision opens two watches (the records and the beat); about
+	// one decision a second.
+	if n := watches.Load(); n > 10 {
+		t.Errorf("the waiter opened %d watches in 2.5 s; want a few (one decision a second)", n)
+	}
+}
+
+// TestStaleBeatIsNoClaim: the beat a holder leaves behind claims from the
+// holder itself; once a client that takes no lock (stock helm) wrote a
+// newer record without a gate, that beat is no claim against it, and the
+// release is free (the e2e interop tests found it taken for one).
+func TestStaleBeatIsNoClaim(t *testing.T) {
+	t0 := time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)
+	left := Record{Session: "A", Operation: OpUpgrade, LeaseDuration: metav1.Duration{Duration: 15 * time.Second}, AcquiredAt: t0, RenewedAt: t0, LockedTill: t0.Add(15 * time.Second)}
+	enc, _ := encodeBeat(left)
+	r := records.Record{Kind: records.KindSecret, Meta: metav1.ObjectMeta{Name: "sh.helm.release.v1.web.v4", Namespace: "shop", ResourceVersion: "5"}}
+	l := (&releaseStore{ns: "shop"}).virtual("web", r, beatObj{exists: true, meta: metav1.ObjectMeta{Name: LeaseName("web"), Namespace: "shop", ResourceVersion: "7", Annotations: map[string]string{AnnotationBeat: enc, annotationClaimedFrom: "A"}}}, "9")
+	b := &Backend{Margin: TakeoverMargin}
+	if v := b.decode(l, servertime.Bounds{Earliest: t0.Add(time.Second), Latest: t0.Add(2 * time.Second)}, "C"); v.state != Free {
+		t.Fatalf("state %s (claim %v), want free", v.state, v.claim)
+	}
+}
