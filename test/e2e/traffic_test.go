@@ -32,7 +32,7 @@ const (
 
 // TestLockTrafficStaysSmall is issue 18's scenario, counted from the API
 // server's audit log: a release whose record is near 1 MiB, a holder that
-// works for 20 s renewing every 2 s, and five waiters with --lock-timeout
+// works for 20 s renewing every 3 s, and five waiters with --lock-timeout
 // queued behind it. Waiting and renewing must not rewrite the record: at
 // most 3 record writes while the holder works (helm's own), at most 5 per
 // upgrade, and every write of the lock's small objects under 2 KB. Both
@@ -72,12 +72,12 @@ func lockTraffic(t *testing.T, backend string, waiters int) {
 	}
 	defer meter.Stop()
 
-	holder := env.Start(t, ha, args([]string{"upgrade", rel, chart, "--wait", "--timeout", "20s", "--lease-duration", "6s", "--set", "message=holder"},
+	holder := env.Start(t, ha, args([]string{"upgrade", rel, chart, "--wait", "--timeout", "20s", "--lease-duration", "9s", "--set", "message=holder"},
 		common, unschedulable, as("holder"))...)
 	waitForWriterIn(t, env, recordLock, ns, rel, 2, time.Minute)
 	procs := make([]*testenv.Proc, waiters)
 	for i := range procs {
-		procs[i] = env.Start(t, ha, args([]string{"upgrade", rel, chart, "--lock-timeout", "3m", "--lease-duration", "6s", "--set", fmt.Sprintf("message=waiter%d", i)},
+		procs[i] = env.Start(t, ha, args([]string{"upgrade", rel, chart, "--lock-timeout", "3m", "--lease-duration", "9s", "--set", fmt.Sprintf("message=waiter%d", i)},
 			common, as(fmt.Sprintf("waiter-%d", i)))...)
 	}
 	if code := holder.Wait(t, 2*time.Minute); code == 0 {
@@ -167,11 +167,13 @@ func lockTraffic(t *testing.T, backend string, waiters int) {
 			holderRenewals++
 		}
 	}
-	// A 6 s lease renews every 2 s: about ten renewals in 20 s. Without
+	// A 9 s lease renews every 3 s: about six renewals in 20 s. Without
 	// them the holder would not have kept its lock, and this test would
-	// prove nothing about where renewals go.
-	if holderRenewals < 5 {
-		t.Errorf("the holder wrote the lock's small objects %d times in 20 s; want its renewals there (at least 5)", holderRenewals)
+	// prove nothing about where renewals go. (A 6 s lease, a renew
+	// deadline 5 s after the last renewal was sent, lost a waiter's lock
+	// once while the whole suite loaded the 2-core machine.)
+	if holderRenewals < 4 {
+		t.Errorf("the holder wrote the lock's small objects %d times in 20 s; want its renewals there (at least 4)", holderRenewals)
 	}
 	if lockWrites == 0 {
 		t.Error("the meter saw no write of the lock's small objects")
