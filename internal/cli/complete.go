@@ -36,7 +36,7 @@ func (c *lockCmds) completeHeldReleases(_ *cobra.Command, args []string, toCompl
 func (c *lockCmds) releaseChoices(toComplete string, keep func(inspect.Row) bool) ([]string, cobra.ShellCompDirective) {
 	ctx, cancel := context.WithTimeout(context.Background(), completionTimeout)
 	defer cancel()
-	cn, err := c.connect()
+	cn, err := c.open()
 	if err != nil {
 		return nil, cobra.ShellCompDirectiveError
 	}
@@ -74,7 +74,7 @@ func (c *lockCmds) completeSessions(_ *cobra.Command, args []string, _ string) (
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), completionTimeout)
 	defer cancel()
-	cn, err := c.connect()
+	cn, err := c.open()
 	if err != nil {
 		return nil, cobra.ShellCompDirectiveError
 	}

@@ -3,6 +3,8 @@ package cli
 import (
 	"context"
 	"fmt"
+	"log/slog"
+	"sync/atomic"
 
 	"github.com/helm-autorecover/helm-autorecover/internal/exitcode"
 	"github.com/helm-autorecover/helm-autorecover/internal/helmx"
@@ -18,14 +20,22 @@ import (
 // Lease (the Lease alone with a driver that keeps no record).
 type conn struct {
 	*protocol.Conn
+	// backend is --lock-backend: which stores are read (release: the
+	// records alone; lease: the records and the Leases; auto: both, and the
+	// records alone once reading Leases is forbidden) and taken (as the
+	// guarded commands take them: protocol.Conn.Stores).
+	backend string
 	// lease is the Lease store; records the release record store (nil when
 	// the driver keeps no record, as with sql).
 	lease   *lock.Backend
 	records *lock.Backend
+	// leaseDenied is set once the API server refused to show this caller a
+	// Lease under the auto backend.
+	leaseDenied atomic.Bool
 }
 
-func newConn(pc *protocol.Conn) *conn {
-	cn := &conn{Conn: pc, lease: lock.NewLeaseBackend(pc.Client(), pc.Estimator(), pc.Clock())}
+func newConn(pc *protocol.Conn, backend string) *conn {
+	cn := &conn{Conn: pc, backend: backend, lease: lock.NewLeaseBackend(pc.Client(), pc.Estimator(), pc.Clock())}
 	if d, err := records.ParseDriver(pc.Driver()); err == nil {
 		cn.records = lock.NewReleaseBackend(pc.Client(), pc.Estimator(), pc.Clock(), d)
 	}
@@ -40,43 +50,74 @@ func (cn *conn) history(ctx context.Context, ns, rel string) ([]helmx.Summary, e
 	return cn.History(ctx, ns, rel)
 }
 
-// stores are the locks an operation of this process takes, in order.
-func (cn *conn) stores() []*lock.Backend {
-	if cn.records == nil {
+// readStores are the stores the lock commands read, in order.
+func (cn *conn) readStores() []*lock.Backend {
+	switch {
+	case cn.records == nil:
 		return []*lock.Backend{cn.lease}
+	case cn.backend == protocol.BackendRelease || cn.leaseDenied.Load():
+		return []*lock.Backend{cn.records}
 	}
 	return []*lock.Backend{cn.records, cn.lease}
 }
 
+// takeStores are the stores a lock command takes a lock in, chosen as the
+// guarded commands choose them.
+func (cn *conn) takeStores(ctx context.Context, ns, rel string) ([]*lock.Backend, error) {
+	_, stores, err := cn.Stores(ctx, ns, cn.backend)
+	if err != nil {
+		return nil, exitError(exitcode.Usage, "release %q in namespace %q: --lock-backend=%s: %v", rel, ns, cn.backend, err)
+	}
+	return stores, nil
+}
+
+// readLocks calls read with the stores to read. Under the auto backend, a
+// caller the API server does not let read Leases (the release backend's
+// Role, docs/rbac.md) reads the release records alone: every client takes
+// the record's lock first, so it shows every holder.
+func readLocks[T any](cn *conn, read func([]*lock.Backend) (T, error)) (T, error) {
+	v, err := read(cn.readStores())
+	if err != nil && cn.backend == protocol.BackendAuto && cn.records != nil && !cn.leaseDenied.Load() && protocol.LeaseForbidden(err) {
+		slog.Debug("helm-autorecover: reading Leases is forbidden; reading the locks on the release records alone", slog.Any("error", err))
+		cn.leaseDenied.Store(true)
+		return read(cn.readStores())
+	}
+	return v, err
+}
+
 // inspect reads the lock of rel in every store (protocol.Conn.Inspect).
 func (cn *conn) inspect(ctx context.Context, ns, rel string) (*lock.Status, error) {
-	return cn.Inspect(ctx, ns, rel, cn.stores())
+	return readLocks(cn, func(stores []*lock.Backend) (*lock.Status, error) { return cn.Inspect(ctx, ns, rel, stores) })
 }
 
 // list reports the lock of every release in ns (protocol.Conn.List).
 func (cn *conn) list(ctx context.Context, ns string) ([]lock.Status, error) {
-	return cn.List(ctx, ns, cn.stores())
+	return readLocks(cn, func(stores []*lock.Backend) ([]lock.Status, error) { return cn.List(ctx, ns, stores) })
 }
 
-// forceRelease releases session's lock in every store it holds one in.
-func (cn *conn) forceRelease(ctx context.Context, ns, rel, session, by string) (*lock.Record, error) {
-	var rec *lock.Record
+// forceRelease releases session's lock in every store it holds one in. A
+// Lease this caller may read but not write is left to expire by itself
+// (the record's lock, which every client takes first, is released):
+// skipped names it.
+func (cn *conn) forceRelease(ctx context.Context, ns, rel, session, by string) (rec *lock.Record, skipped string, err error) {
 	var firstErr error
-	for _, b := range cn.stores() {
+	for _, b := range cn.readStores() {
 		r, err := b.ForceRelease(ctx, ns, rel, session, by)
 		switch {
 		case err == nil:
 			if rec == nil {
 				rec = r
 			}
+		case b == cn.lease && cn.records != nil && cn.backend == protocol.BackendAuto && protocol.LeaseForbidden(err):
+			skipped = fmt.Sprintf("lease/%s (%v)", lock.LeaseName(rel), err)
 		case firstErr == nil:
 			firstErr = err
 		}
 	}
 	if rec != nil {
-		return rec, nil
+		return rec, skipped, nil
 	}
-	return nil, firstErr
+	return nil, "", firstErr
 }
 
 // serverNow returns bounds on the API server's clock.

@@ -11,6 +11,7 @@ import (
 	release "helm.sh/helm/v4/pkg/release/v1"
 
 	"github.com/helm-autorecover/helm-autorecover/internal/exitcode"
+	"github.com/helm-autorecover/helm-autorecover/internal/guard"
 	"github.com/helm-autorecover/helm-autorecover/internal/helmx"
 	"github.com/helm-autorecover/helm-autorecover/internal/inspect"
 	"github.com/helm-autorecover/helm-autorecover/internal/lock"
@@ -27,6 +28,7 @@ func wrapList(root *cobra.Command, c *lockCmds) {
 	}
 	var withLocks bool
 	cmd.Flags().BoolVar(&withLocks, "locks", false, listLocksUsage)
+	guard.LockBackendFlag(cmd.Flags(), &c.backend)
 	inner := cmd.RunE
 	cmd.RunE = func(cmd *cobra.Command, args []string) error {
 		if short, _ := cmd.Flags().GetBool("short"); !withLocks || short {
@@ -79,7 +81,7 @@ func (c *lockCmds) runListLocks(cmd *cobra.Command) error {
 		return err
 	}
 
-	cn, err := c.connect()
+	cn, err := c.open()
 	if err != nil {
 		return err
 	}

@@ -34,7 +34,9 @@ type lockCmds struct {
 	isTerminal func() bool
 	// connect builds the clients; tests give a fake clientset and a fixed
 	// server clock.
-	connect func() (*conn, error)
+	connect func() (*protocol.Conn, error)
+	// backend is the command's --lock-backend (open checks it).
+	backend string
 	// who names the person running the command (user@host).
 	who func() string
 	// newSession returns the session ID of a lock this process takes.
@@ -58,16 +60,27 @@ func addLockCommands(root *cobra.Command, settings *helmcli.EnvSettings, out, er
 	wrapList(root, c)
 }
 
-func (c *lockCmds) realConnect() (*conn, error) {
+func (c *lockCmds) realConnect() (*protocol.Conn, error) {
 	cfg, err := c.settings.RESTClientGetter().ToRESTConfig()
 	if err != nil {
 		return nil, fmt.Errorf("loading the kubernetes configuration: %w", err)
 	}
-	pc, err := protocol.Connect(cfg, clock.RealClock{}, os.Getenv("HELM_DRIVER"))
+	return protocol.Connect(cfg, clock.RealClock{}, os.Getenv("HELM_DRIVER"))
+}
+
+// open connects to the cluster with the command's --lock-backend.
+func (c *lockCmds) open() (*conn, error) {
+	if c.backend == "" {
+		c.backend = guard.DefaultLockBackend
+	}
+	if err := guard.ValidateLockBackend(c.backend); err != nil {
+		return nil, &exitcode.Error{Code: exitcode.Usage, Err: err}
+	}
+	pc, err := c.connect()
 	if err != nil {
 		return nil, err
 	}
-	return newConn(pc), nil
+	return newConn(pc, c.backend), nil
 }
 
 // exitError gives err a documented exit code.

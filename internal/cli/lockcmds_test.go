@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"flag"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -17,13 +18,16 @@ import (
 	"github.com/spf13/cobra"
 	helmcli "helm.sh/helm/v4/pkg/cli"
 	"helm.sh/helm/v4/pkg/release/common"
+	authorizationv1 "k8s.io/api/authorization/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	dynamicfake "k8s.io/client-go/dynamic/fake"
 	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/helm-autorecover/helm-autorecover/internal/exitcode"
@@ -91,6 +95,13 @@ func (w waitWatcher) Write(p []byte) (int, error) {
 func newFakeEnv(t *testing.T, objs ...runtime.Object) *fakeEnv {
 	t.Helper()
 	client := fake.NewClientset(objs...)
+	// --lock-backend=auto asks for the rights on Leases: granted, unless a
+	// test denies them (denyLeases).
+	client.PrependReactor("create", "selfsubjectaccessreviews", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		r := a.(k8stesting.CreateAction).GetObject().(*authorizationv1.SelfSubjectAccessReview)
+		r.Status.Allowed = true
+		return true, r, nil
+	})
 	clk := clocktesting.NewFakeClock(time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)) // local clock: any
 	est := servertime.New(clk)
 	est.Observe(clk.Now(), clk.Now(), t0)
@@ -124,13 +135,13 @@ func newFakeEnv(t *testing.T, objs ...runtime.Object) *fakeEnv {
 		errOut:     waitWatcher{w: e.errOut, waiting: &e.waiting},
 		in:         e.in,
 		isTerminal: func() bool { return e.tty },
-		connect: func() (*conn, error) {
+		connect: func() (*protocol.Conn, error) {
 			// Converge runs on a fake dynamic client: the fixtures' manifests
 			// are empty, so it finds nothing to undo.
 			kube := func() (*recovery.Kube, error) {
 				return &recovery.Kube{Dynamic: dynamicfake.NewSimpleDynamicClient(runtime.NewScheme()), Mapper: meta.NewDefaultRESTMapper(nil)}, nil
 			}
-			return newConn(protocol.NewConn(client, est, clk, "", kube)), nil
+			return protocol.NewConn(client, est, clk, "", kube), nil
 		},
 		who: func() string { return "bob@laptop" },
 		newSession: func() string {
@@ -170,9 +181,11 @@ func (e *fakeEnv) run(t *testing.T, cmd *cobra.Command, args ...string) (int, er
 func (e *fakeEnv) writes() []string {
 	var out []string
 	for _, a := range e.client.Actions() {
-		switch a.GetVerb() {
-		case "get", "list", "watch":
+		switch {
+		case a.GetVerb() == "get", a.GetVerb() == "list", a.GetVerb() == "watch":
 			continue
+		case a.GetResource().Resource == "selfsubjectaccessreviews":
+			continue // a question, not a write
 		}
 		out = append(out, a.GetVerb()+" "+a.GetResource().Resource)
 	}
@@ -291,4 +304,16 @@ func fixture(t *testing.T) []runtime.Object {
 		revision(t, "db", "prod", 1, common.StatusDeployed, at(-time.Hour)),
 		lease(t, released),
 	}
+}
+
+// denyLeases makes the fake API server refuse every request on Leases, as
+// it does a user bound to the release backend's Role (docs/rbac.md), and
+// deny them in access reviews.
+func (e *fakeEnv) denyLeases() {
+	e.client.PrependReactor("*", "leases", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		return true, nil, apierrors.NewForbidden(coordinationv1.Resource("leases"), "", fmt.Errorf("User \"system:serviceaccount:prod:ci\" cannot %s resource \"leases\" in API group \"coordination.k8s.io\" in the namespace \"%s\"", a.GetVerb(), a.GetNamespace()))
+	})
+	e.client.PrependReactor("create", "selfsubjectaccessreviews", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		return true, a.(k8stesting.CreateAction).GetObject(), nil
+	})
 }

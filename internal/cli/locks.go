@@ -8,6 +8,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/helm-autorecover/helm-autorecover/internal/exitcode"
+	"github.com/helm-autorecover/helm-autorecover/internal/guard"
 	"github.com/helm-autorecover/helm-autorecover/internal/inspect"
 	"github.com/helm-autorecover/helm-autorecover/internal/lock"
 )
@@ -64,6 +65,7 @@ func newLocksCmd(c *lockCmds) *cobra.Command {
 	f.BoolVarP(&o.allNamespaces, "all-namespaces", "A", false, "show locks in all namespaces")
 	f.BoolVarP(&o.all, "all", "a", false, "also show releases whose lock is in state none")
 	f.BoolVar(&o.noHeaders, "no-headers", false, "don't print headers when using the default output format")
+	guard.LockBackendFlag(f, &c.backend)
 	if err := legacyAfterFlag(f, &o.legacyAfter, "when a legacy pending revision counts as abandoned, to say when it becomes recoverable (0: never)"); err != nil {
 		cmd.RunE = func(*cobra.Command, []string) error { return &exitcode.Error{Code: exitcode.Usage, Err: err} }
 	}
@@ -84,7 +86,7 @@ func (c *lockCmds) runLocks(ctx context.Context, o *locksOptions, args []string)
 			return err
 		}
 	}
-	cn, err := c.connect()
+	cn, err := c.open()
 	if err != nil {
 		return err
 	}

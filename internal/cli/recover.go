@@ -83,7 +83,7 @@ func newRecoverCmd(c *lockCmds) *cobra.Command {
 	// ones that mean something here.
 	guardFlags := pflag.NewFlagSet("guard", pflag.ContinueOnError)
 	flagErr := o.opts.AddFlags(guardFlags)
-	for _, name := range []string{"recover-legacy-after", "recover-strategy", "recover-delete-data", "lease-duration", "lock-timeout"} {
+	for _, name := range []string{"lock-backend", "recover-legacy-after", "recover-strategy", "recover-delete-data", "lease-duration", "lock-timeout"} {
 		f.AddFlag(guardFlags.Lookup(name))
 	}
 	_ = cmd.RegisterFlagCompletionFunc("recover-strategy", func(*cobra.Command, []string, string) ([]string, cobra.ShellCompDirective) {
@@ -112,7 +112,8 @@ func (c *lockCmds) runRecover(ctx context.Context, o *recoverOptions, rel string
 	if err := o.opts.Validate(); err != nil {
 		return &exitcode.Error{Code: exitcode.Usage, Err: err}
 	}
-	cn, err := c.connect()
+	c.backend = o.opts.LockBackend
+	cn, err := c.open()
 	if err != nil {
 		return err
 	}
@@ -173,11 +174,15 @@ func (c *lockCmds) runRecover(ctx context.Context, o *recoverOptions, rel string
 		Who:           c.who(),
 		ToolVersion:   version.Version,
 	}
-	held, err := cn.Acquire(ctx, req, cn.stores(), false, nil)
+	stores, err := cn.takeStores(ctx, ns, rel)
+	if err != nil {
+		return err
+	}
+	held, err := cn.Acquire(ctx, req, stores, false, nil)
 	if le, ok := protocol.IsLocked(err); ok && o.opts.LockTimeout > 0 {
 		fmt.Fprintf(c.errOut, "helm-autorecover: %v; waiting up to %s\n", le, o.opts.LockTimeout)
 		wctx, cancel := context.WithTimeout(ctx, o.opts.LockTimeout)
-		held, err = cn.Acquire(wctx, req, cn.stores(), true, nil)
+		held, err = cn.Acquire(wctx, req, stores, true, nil)
 		cancel()
 	}
 	if err != nil {

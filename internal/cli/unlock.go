@@ -95,6 +95,7 @@ func newUnlockCmd(c *lockCmds) *cobra.Command {
 	}
 	dd := guardFlags.Lookup("recover-delete-data")
 	f.BoolVar(&o.deleteData, dd.Name, gopts.RecoverDeleteData, dd.Usage)
+	guard.LockBackendFlag(f, &c.backend)
 	_ = cmd.RegisterFlagCompletionFunc("session", c.completeSessions)
 	return cmd
 }
@@ -107,7 +108,7 @@ func (c *lockCmds) runUnlock(ctx context.Context, o *unlockOptions, rel string) 
 	if strings.TrimSpace(o.session) == "" {
 		return exitError(exitcode.Usage, "release %q in namespace %q: --session is required; find the holder's session with: helm-autorecover locks %s -n %s", rel, ns, rel, ns)
 	}
-	cn, err := c.connect()
+	cn, err := c.open()
 	if err != nil {
 		return err
 	}
@@ -132,7 +133,8 @@ func (c *lockCmds) runUnlock(ctx context.Context, o *unlockOptions, rel string) 
 	}
 
 	by := c.who()
-	if _, err := cn.forceRelease(ctx, ns, rel, o.session, by); err != nil {
+	_, skipped, err := cn.forceRelease(ctx, ns, rel, o.session, by)
+	if err != nil {
 		cur, ierr := cn.inspect(ctx, ns, rel)
 		if ierr == nil && cur.HolderIdentity != o.session {
 			return exitError(exitcode.WrongSession, "release %q in namespace %q: session %s no longer holds the lock (now held by %q); it was released or taken over meanwhile; nothing was written",
@@ -141,6 +143,9 @@ func (c *lockCmds) runUnlock(ctx context.Context, o *unlockOptions, rel string) 
 		return fmt.Errorf("%w; nothing was written", err)
 	}
 	fmt.Fprintf(c.out, "Released the lock of release %q in namespace %q held by session %s (%s).\n", rel, ns, o.session, holderText(rec, o.session))
+	if skipped != "" {
+		fmt.Fprintf(c.errOut, "Warning: release %q in namespace %q: %s was not released: clients of the lease backend wait for it to expire (LOCKED TILL %s); clients of the release backend do not\n", rel, ns, skipped, stamp(st.LockedTill))
+	}
 
 	// Recover what the holder left pending under a lock of our own, as any
 	// client taking the lock next would: the released record hands the
@@ -181,7 +186,11 @@ func (c *lockCmds) recoverUnlocked(ctx context.Context, cn *conn, rel, ns string
 		Session:   c.newSession(),
 		Who:       c.who(),
 	}
-	held, err := cn.Acquire(ctx, req, cn.stores(), false, nil)
+	stores, err := cn.takeStores(ctx, ns, rel)
+	if err != nil {
+		return protocol.Outcome{}, err
+	}
+	held, err := cn.Acquire(ctx, req, stores, false, nil)
 	if err != nil {
 		return protocol.Outcome{}, err
 	}

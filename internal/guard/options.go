@@ -95,8 +95,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) error {
 	}
 	autorecover := boolean(EnvAutorecover, true)
 	deleteData := boolean(EnvRecoverDeleteData, false)
-	fs.StringVar(&o.LockBackend, "lock-backend", str(EnvLockBackend, DefaultLockBackend),
-		"where the release lock lives: release (on the release's newest storage record), lease (there and in a coordination.k8s.io Lease per release), or auto (lease when the caller may get, create and update Leases, release otherwise) ["+EnvLockBackend+"]")
+	LockBackendFlag(fs, &o.LockBackend)
 	fs.DurationVar(&o.LeaseDuration, "lease-duration", dur(EnvLeaseDuration, lock.DefaultLeaseDuration),
 		"how long the lock stays valid without renewal; it is renewed every third of it ["+EnvLeaseDuration+"]")
 	fs.DurationVar(&o.LockTimeout, "lock-timeout", dur(EnvLockTimeout, 0),
@@ -117,12 +116,35 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) error {
 	return nil
 }
 
+// LockBackendFlag registers --lock-backend on fs, defaulting to
+// HELM_AUTORECOVER_LOCK_BACKEND: the guarded commands and the lock commands
+// share it. ValidateLockBackend checks the value when the command runs.
+func LockBackendFlag(fs *pflag.FlagSet, v *string) {
+	def := os.Getenv(EnvLockBackend)
+	if def == "" {
+		def = DefaultLockBackend
+	}
+	fs.StringVar(v, "lock-backend", def,
+		"where the release lock lives: release (on the release's newest storage record), lease (there and in a coordination.k8s.io Lease per release), or auto (lease when the caller may get, create and update Leases, release otherwise) ["+EnvLockBackend+"]")
+}
+
+// ValidateLockBackend checks a --lock-backend value; the error names the
+// flag, or the variable when the value came from it.
+func ValidateLockBackend(v string) error {
+	switch v {
+	case protocol.BackendAuto, protocol.BackendLease, protocol.BackendRelease:
+		return nil
+	}
+	if os.Getenv(EnvLockBackend) == v {
+		return fmt.Errorf("%s=%q: must be auto, lease or release", EnvLockBackend, v)
+	}
+	return fmt.Errorf("--lock-backend=%q: must be auto, lease or release", v)
+}
+
 // Validate checks the options; the error names the flag.
 func (o *Options) Validate() error {
-	switch o.LockBackend {
-	case protocol.BackendAuto, protocol.BackendLease, protocol.BackendRelease:
-	default:
-		return fmt.Errorf("--lock-backend=%q: must be auto, lease or release", o.LockBackend)
+	if err := ValidateLockBackend(o.LockBackend); err != nil {
+		return err
 	}
 	if o.LeaseDuration < 3*time.Second {
 		return fmt.Errorf("--lease-duration=%s: must be at least 3s (renewals happen every third of it, with a 1s safety margin)", o.LeaseDuration)

@@ -8,6 +8,8 @@ import (
 	"strings"
 
 	authorizationv1 "k8s.io/api/authorization/v1"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/helm-autorecover/helm-autorecover/internal/lock"
@@ -112,4 +114,20 @@ func (c *Conn) Stores(ctx context.Context, ns, choice string) (string, []*lock.B
 		return choice, []*lock.Backend{recs, leases}, nil
 	}
 	return choice, []*lock.Backend{recs}, nil
+}
+
+// LeaseForbidden reports whether err is the API server refusing this caller
+// a right on Leases (coordination.k8s.io): a reader of locks with the
+// release backend's rights (docs/rbac.md) then reads the release records
+// alone, whose lock every client takes first.
+func LeaseForbidden(err error) bool {
+	if !apierrors.IsForbidden(err) {
+		return false
+	}
+	var se apierrors.APIStatus
+	if !errors.As(err, &se) || se.Status().Details == nil {
+		return false
+	}
+	d := se.Status().Details
+	return d.Group == coordinationv1.GroupName || d.Kind == "leases"
 }
