@@ -6,6 +6,8 @@ import (
 	"log/slog"
 	"sync/atomic"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+
 	"github.com/helm-autorecover/helm-autorecover/internal/exitcode"
 	"github.com/helm-autorecover/helm-autorecover/internal/helmx"
 	"github.com/helm-autorecover/helm-autorecover/internal/inspect"
@@ -80,7 +82,14 @@ func readLocks[T any](cn *conn, read func([]*lock.Backend) (T, error)) (T, error
 	if err != nil && cn.backend == protocol.BackendAuto && cn.records != nil && !cn.leaseDenied.Load() && protocol.LeaseForbidden(err) {
 		slog.Debug("helm-autorecover: reading Leases is forbidden; reading the locks on the release records alone", slog.Any("error", err))
 		cn.leaseDenied.Store(true)
-		return read(cn.readStores())
+		v, err = read(cn.readStores())
+	}
+	if err != nil && apierrors.IsForbidden(err) {
+		need := "get and list on secrets (configmaps with HELM_DRIVER=configmap)"
+		if protocol.LeaseForbidden(err) {
+			need = "get and list on leases (coordination.k8s.io) with --lock-backend=lease (--lock-backend=release reads the release records alone)"
+		}
+		err = fmt.Errorf("%w; reading locks needs %s: see docs/rbac.md", err, need)
 	}
 	return v, err
 }

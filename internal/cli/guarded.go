@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -17,6 +18,8 @@ import (
 	"github.com/helm-autorecover/helm-autorecover/internal/guard"
 	"github.com/helm-autorecover/helm-autorecover/internal/helmx"
 	"github.com/helm-autorecover/helm-autorecover/internal/lock"
+	"github.com/helm-autorecover/helm-autorecover/internal/protocol"
+	"github.com/helm-autorecover/helm-autorecover/internal/recovery"
 )
 
 // guardedCommands are helm's mutating commands and the lock operation each
@@ -55,9 +58,46 @@ func guardMutating(root *cobra.Command, settings *helmcli.EnvSettings, errOut io
 		if err := opts.AddFlags(cmd.Flags()); err != nil {
 			return err
 		}
+		if err := registerGuardCompletions(cmd); err != nil {
+			return err
+		}
 		inner := cmd.RunE
 		cmd.RunE = func(c *cobra.Command, args []string) error {
 			return runGuarded(c, args, op, opts, settings, errOut, inner)
+		}
+	}
+	return nil
+}
+
+// guardFlagValues are the values of the guard's enumerated flags, with the
+// descriptions shell completion shows.
+var guardFlagValues = map[string][]string{
+	"lock-backend": {
+		protocol.BackendAuto + "\tlease when the caller may use Leases, release otherwise",
+		protocol.BackendLease + "\ton the release's newest record and in a Lease",
+		protocol.BackendRelease + "\ton the release's newest record only",
+	},
+	"recover-strategy": {
+		string(recovery.StrategyFail) + "\tonly mark the abandoned revision failed",
+		string(recovery.StrategyRollback) + "\tthen roll back to the last deployed revision",
+	},
+}
+
+// registerGuardCompletions completes the values of the guard's enumerated
+// flags on cmd.
+func registerGuardCompletions(cmd *cobra.Command) error {
+	for flag, values := range guardFlagValues {
+		err := cmd.RegisterFlagCompletionFunc(flag, func(_ *cobra.Command, _ []string, toComplete string) ([]string, cobra.ShellCompDirective) {
+			var out []string
+			for _, v := range values {
+				if strings.HasPrefix(v, toComplete) {
+					out = append(out, v)
+				}
+			}
+			return out, cobra.ShellCompDirectiveNoFileComp
+		})
+		if err != nil {
+			return fmt.Errorf("completion of --%s on %s: %w", flag, cmd.Name(), err)
 		}
 	}
 	return nil

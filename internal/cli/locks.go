@@ -143,7 +143,10 @@ func (c *lockCmds) releaseRow(ctx context.Context, cn *conn, ns, rel string, leg
 		return inspect.Row{}, err
 	}
 	r, ok := rels[releaseKey{ns, rel}]
-	if !st.Exists && !ok {
+	if !ok && st.HolderIdentity == "" {
+		// No revision and nobody holding the lock: the release does not
+		// exist (a Lease left by an earlier version's failed operation is
+		// not a release).
 		return inspect.Row{}, unknownRelease(ns, rel)
 	}
 	r.Name, r.Namespace = rel, ns
@@ -198,7 +201,10 @@ func (c *lockCmds) namespaceRows(ctx context.Context, cn *conn, ns string, legac
 	}
 	rows := make([]inspect.Row, 0, len(keys))
 	for k := range keys {
-		r := rels[k]
+		r, ok := rels[k]
+		if st := locks[k]; !ok && st != nil && st.HolderIdentity == "" && st.RecordErr == nil {
+			continue // a lock left with no release (see releaseRow)
+		}
 		r.Name, r.Namespace = k.name, k.namespace
 		rowNow := now
 		if st := locks[k]; st != nil && !st.Now.IsZero() {

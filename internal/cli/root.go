@@ -8,11 +8,13 @@ import (
 
 	"github.com/helm-autorecover/helm-autorecover/internal/exitcode"
 	"github.com/helm-autorecover/helm-autorecover/internal/helmx"
+	"github.com/helm-autorecover/helm-autorecover/internal/parentwatch"
 )
 
 // Run builds the command tree for args, runs it and returns the process exit
 // code. It is what main calls and what tests call.
 func Run(out, errOut io.Writer, args []string) int {
+	parentwatch.Start()
 	root, err := helmx.NewHelmRootCmd(out, args)
 	if err != nil {
 		fmt.Fprintf(errOut, "Error: %v\n", err)

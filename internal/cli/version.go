@@ -4,14 +4,17 @@ import (
 	"fmt"
 	"io"
 	"runtime"
+	"runtime/debug"
 
 	"github.com/spf13/cobra"
+	"helm.sh/helm/v4/pkg/chart/common"
 
 	"github.com/helm-autorecover/helm-autorecover/internal/version"
 )
 
 // wrapVersion keeps helm's own `version` command (its flags and output stay
-// as scripts expect) and adds this project's version in front of its default
+// as scripts expect: helm's version and helm's commit of the embedded SDK)
+// and adds this project's version and commit in front of its default
 // output. With --short or --template only helm's output is printed.
 func wrapVersion(root *cobra.Command, out io.Writer) {
 	helmVersion := findCommand(root, "version")
@@ -24,11 +27,50 @@ func wrapVersion(root *cobra.Command, out io.Writer) {
 		short, _ := cmd.Flags().GetBool("short")
 		tmpl, _ := cmd.Flags().GetString("template")
 		if !short && tmpl == "" {
-			fmt.Fprintf(out, "helm-autorecover %s (commit %q, %s, helm SDK %s)\n",
-				version.Version, version.GitCommit, runtime.Version(), version.HelmVersion())
+			fmt.Fprintln(out, versionLine())
 		}
 		return inner(cmd, args)
 	}
+}
+
+// versionLine names this project's version and commit and the embedded
+// helm SDK's version and commit (helm's commit is known only when the
+// build stamped it; the module version names the SDK's source).
+func versionLine() string {
+	return fmt.Sprintf("helm-autorecover %s (commit %q, %s), helm SDK %s (helm commit %q)",
+		version.Version, ownCommit(), runtime.Version(), version.HelmVersion(), common.DefaultCapabilities.HelmVersion.GitCommit)
+}
+
+// ownCommit is the commit this binary was built from: the link-time stamp
+// (make build), else the revision the go command recorded from the
+// checkout (go build, go install from a clone), with "-dirty" when the
+// tree had changes.
+func ownCommit() string {
+	if version.GitCommit != "" {
+		return version.GitCommit
+	}
+	info, ok := debug.ReadBuildInfo()
+	if !ok {
+		return ""
+	}
+	var rev, dirty string
+	for _, s := range info.Settings {
+		switch s.Key {
+		case "vcs.revision":
+			rev = s.Value
+		case "vcs.modified":
+			if s.Value == "true" {
+				dirty = "-dirty"
+			}
+		}
+	}
+	if len(rev) > 7 {
+		rev = rev[:7]
+	}
+	if rev == "" {
+		return ""
+	}
+	return rev + dirty
 }
 
 // findCommand returns root's direct subcommand called name, or nil.

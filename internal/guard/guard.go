@@ -119,7 +119,7 @@ func (g *Guard) acquire(ctx context.Context, conn *protocol.Conn, stores []*lock
 		return held, nil
 	}
 	if !errors.Is(err, lock.ErrLocked) || g.Options.LockTimeout <= 0 {
-		return nil, lockError(err, req)
+		return nil, lockError(err, req, g.Options.LockBackend)
 	}
 	// A signal while waiting leaves the queue at once (rather than holding a
 	// place in it until the entry's lease runs out) and ends the command.
@@ -134,28 +134,34 @@ func (g *Guard) acquire(ctx context.Context, conn *protocol.Conn, stores []*lock
 		if sctx.Err() != nil && ctx.Err() == nil {
 			return nil, &exitcode.Error{Code: exitcode.Interrupted, Err: fmt.Errorf("release %q in namespace %q: interrupted while waiting for the lock; nothing was written: %w", req.Release, req.Namespace, err)}
 		}
-		return nil, lockError(err, req)
+		return nil, lockError(err, req, g.Options.LockBackend)
 	}
 	return held, nil
 }
 
-func lockError(err error, req lock.Request) error {
+// lockError gives a failure to take the lock its exit code, and a refusal
+// of the API server the rights the backend in use needs. chosen is
+// --lock-backend as given (auto, or the backend itself).
+func lockError(err error, req lock.Request, chosen string) error {
 	if errors.Is(err, lock.ErrLocked) {
 		return &exitcode.Error{Code: exitcode.Locked, Err: err}
 	}
-	if apierrors.IsForbidden(err) {
-		var se apierrors.APIStatus
-		what := "its lock"
-		if errors.As(err, &se) && se.Status().Details != nil {
-			what = se.Status().Details.Kind
-		}
-		need := "get, list, watch and update on secrets (or configmaps with HELM_DRIVER=configmap)"
-		if req.Backend == protocol.BackendLease {
-			need = "get, list, watch, create, update and delete on leases (coordination.k8s.io), and " + need + ","
-		}
-		return fmt.Errorf("%w; --lock-backend=%s needs %s in the release's namespace (denied: %s): see docs/rbac.md for the minimal Role, or use --lock-backend=auto", err, req.Backend, need, what)
+	if !apierrors.IsForbidden(err) {
+		return err
 	}
-	return err
+	backend := "the " + req.Backend + " lock backend"
+	if chosen == protocol.BackendAuto {
+		backend += " (what --lock-backend=auto chose)"
+	}
+	need := "get, list, watch, create, update and delete on secrets (configmaps with HELM_DRIVER=configmap)"
+	if req.Backend == protocol.BackendLease {
+		need = "get, list, watch, create, update and delete on leases (coordination.k8s.io), and " + need + ","
+	}
+	advice := "see docs/rbac.md for the minimal Role"
+	if req.Backend == protocol.BackendLease && protocol.LeaseForbidden(err) && chosen == protocol.BackendLease {
+		advice += ", or use --lock-backend=release, which needs no right on Leases"
+	}
+	return fmt.Errorf("%w; %s needs %s in namespace %q: %s", err, backend, need, req.Namespace, advice)
 }
 
 // ensureNamespace creates the namespace when the operation asks for it and
@@ -196,6 +202,11 @@ type run struct {
 	// background counts writes that run beside helm's operation (the
 	// recovery Event); do waits for them before it returns.
 	background sync.WaitGroup
+	// noRevision is set when the release had no stored revision when the
+	// lock was taken: if the operation fails without writing one (an
+	// upgrade, rollback or uninstall of a release that does not exist), the
+	// lock is deleted rather than released, so nothing is left behind.
+	noRevision bool
 	// deferred are the objects only the abandoned revision rendered, which
 	// recovery left for after the operation (protocol.Conn.RemoveDeferred);
 	// nil on the happy path.
@@ -225,6 +236,9 @@ func (r *run) do(ctx context.Context, op func() error) (err error) {
 	}
 
 	latest, err := r.recover(ctx)
+	if _, rerr := r.conn.Records(); err == nil && rerr == nil && latest == 0 {
+		r.noRevision = true
+	}
 	if err != nil {
 		// The lock's release hands an expired holder's revision, still
 		// pending, on to the next client (protocol.Lock.Release).
@@ -360,7 +374,7 @@ func (r *run) release(success bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	var err error
-	if success && r.t.DeleteLock {
+	if (success && r.t.DeleteLock) || (!success && r.stillNoRevision(ctx)) {
 		err = r.held.ReleaseAndDelete(ctx)
 	} else {
 		err = r.held.Release(ctx)
@@ -369,6 +383,17 @@ func (r *run) release(success bool) {
 		fmt.Fprintf(r.g.Stderr, "helm-autorecover: %s\n", msg)
 	}
 	r.warnRelease(err)
+}
+
+// stillNoRevision reports whether a release that had no stored revision
+// when the lock was taken still has none (one more read, on the failure
+// path only).
+func (r *run) stillNoRevision(ctx context.Context) bool {
+	if !r.noRevision {
+		return false
+	}
+	hist, err := r.history(ctx)
+	return err == nil && len(hist) == 0
 }
 
 func (r *run) warnRelease(err error) {

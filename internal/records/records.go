@@ -347,9 +347,9 @@ func (s Store) listMeta(ctx context.Context, rc rest.Interface, ns, selector str
 	if ns != "" {
 		req = req.Namespace(ns)
 	}
-	raw, err := req.DoRaw(ctx)
+	raw, err := req.Do(ctx).Raw()
 	if err != nil {
-		return MetadataList{}, err
+		return MetadataList{}, statusError(raw, err)
 	}
 	var l MetadataList
 	if err := json.Unmarshal(raw, &l); err != nil {
@@ -393,4 +393,15 @@ func (s Store) Newest(ctx context.Context, ns, selector string) (Record, bool, s
 		}
 		return Record{}, false, "", err
 	}
+}
+
+// statusError keeps the API server's own answer (a Status: who may not do
+// what, where) for an error the REST client could not decode from a
+// response to MetadataAccept, which it reports as "unknown".
+func statusError(body []byte, err error) error {
+	var st metav1.Status
+	if json.Unmarshal(body, &st) != nil || st.Kind != "Status" || st.Message == "" {
+		return err
+	}
+	return &apierrors.StatusError{ErrStatus: st}
 }

@@ -148,7 +148,7 @@ func TestReleaseBackendLeastPrivilege(t *testing.T) {
 	if res.ExitCode == 0 {
 		t.Fatalf("upgrade without update on secrets succeeded")
 	}
-	for _, want := range []string{`cannot update resource "secrets"`, `"noleases"`, ns, "docs/rbac.md", "--lock-backend=release needs"} {
+	for _, want := range []string{`cannot update resource "secrets"`, `"noleases"`, ns, "docs/rbac.md", "the release lock backend (what --lock-backend=auto chose) needs"} {
 		if !strings.Contains(res.Stderr, want) {
 			t.Errorf("stderr lacks %q:\n%s", want, res.Stderr)
 		}
