@@ -8,8 +8,7 @@ COMMIT ?= $(shell git rev-parse --short HEAD 2>/dev/null)
 HELM_VERSION := $(shell $(GO) list -m -f '{{.Version}}' helm.sh/helm/v4)
 LDFLAGS := -X github.com/helm-autorecover/helm-autorecover/internal/version.Version=$(VERSION) \
 	-X github.com/helm-autorecover/helm-autorecover/internal/version.GitCommit=$(COMMIT) \
-	-X helm.sh/helm/v4/internal/version.version=$(HELM_VERSION) \
-	-X helm.sh/helm/v4/internal/version.gitCommit=$(COMMIT)
+	-X helm.sh/helm/v4/internal/version.version=$(HELM_VERSION)
 GOLANGCI_LINT := $(shell $(GO) env GOPATH)/bin/golangci-lint
 # Integration tests start processes and wait on them: generous, not infinite.
 TEST_TIMEOUT ?= 40m
