@@ -91,7 +91,7 @@ func exitError(code int, format string, args ...any) error {
 // validRelease checks a release name argument (exit code 2).
 func validRelease(name, ns string) error {
 	if err := lock.ValidateReleaseName(name); err != nil {
-		return exitError(exitcode.Usage, "release in namespace %q: %w", ns, err)
+		return exitError(exitcode.Usage, "release %q in namespace %q: %w", name, ns, err)
 	}
 	return nil
 }

@@ -53,7 +53,7 @@ func TestLocksErrors(t *testing.T) {
 		want string
 	}{
 		{"unknown release", []string{"nope"}, exitcode.NotFound, `release "nope" not found in namespace "prod": it has no stored revision and no lock. Check the name and the namespace (-n), or list releases with: helm-autorecover list -A`},
-		{"bad name", []string{"Bad_Name"}, exitcode.Usage, `release in namespace "prod": release name "Bad_Name" is not a DNS-1123 subdomain`},
+		{"bad name", []string{"Bad_Name"}, exitcode.Usage, `release "Bad_Name" in namespace "prod": release name "Bad_Name" is not a DNS-1123 subdomain`},
 		{"bad output", []string{"-o", "xml"}, exitcode.Usage, `--output="xml": must be table, json or yaml`},
 		{"two releases", []string{"a", "b"}, exitcode.Usage, "locks: takes at most one argument, a release name; got 2 (see locks --help)"},
 		{"name with -A", []string{"web", "-A"}, exitcode.Usage, "--all-namespaces: cannot be used with a release name; use -n to name its namespace"},

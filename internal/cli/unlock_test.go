@@ -129,7 +129,7 @@ func TestUnlockRefusals(t *testing.T) {
 		},
 		{name: "no --session", args: []string{"api"}, code: exitcode.Usage, want: `release "api" in namespace "prod": --session is required; find the holder's session with: helm-autorecover locks api -n prod`},
 		{name: "no release", args: []string{"--session", sessAPI}, code: exitcode.Usage, want: `unlock: needs exactly one argument, the release name; got 0 (see unlock --help)`},
-		{name: "bad name", args: []string{"Bad_Name", "--session", sessAPI}, code: exitcode.Usage, want: `release in namespace "prod": release name "Bad_Name" is not a DNS-1123 subdomain`},
+		{name: "bad name", args: []string{"Bad_Name", "--session", sessAPI}, code: exitcode.Usage, want: `release "Bad_Name" in namespace "prod": release name "Bad_Name" is not a DNS-1123 subdomain`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			objs := fixture(t)

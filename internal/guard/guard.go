@@ -134,6 +134,12 @@ func (g *Guard) acquire(ctx context.Context, conn *protocol.Conn, stores []*lock
 		if sctx.Err() != nil && ctx.Err() == nil {
 			return nil, &exitcode.Error{Code: exitcode.Interrupted, Err: fmt.Errorf("release %q in namespace %q: interrupted while waiting for the lock; nothing was written: %w", req.Release, req.Namespace, err)}
 		}
+		if le, ok := protocol.IsLocked(err); ok && wctx.Err() != nil && ctx.Err() == nil {
+			// --lock-timeout ran out: the holder is the story, not the
+			// context's deadline.
+			le.Waited = g.Options.LockTimeout
+			err = le
+		}
 		return nil, lockError(err, req, g.Options.LockBackend)
 	}
 	return held, nil
@@ -143,7 +149,8 @@ func (g *Guard) acquire(ctx context.Context, conn *protocol.Conn, stores []*lock
 // of the API server the rights the backend in use needs. chosen is
 // --lock-backend as given (auto, or the backend itself).
 func lockError(err error, req lock.Request, chosen string) error {
-	if errors.Is(err, lock.ErrLocked) {
+	if le, ok := protocol.IsLocked(err); ok {
+		le.HolderNotRunning = le.State == lock.Live && holderNotRunningHere(le.Holder)
 		return &exitcode.Error{Code: exitcode.Locked, Err: err}
 	}
 	if !apierrors.IsForbidden(err) {

@@ -97,7 +97,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) error {
 	deleteData := boolean(EnvRecoverDeleteData, false)
 	LockBackendFlag(fs, &o.LockBackend)
 	fs.DurationVar(&o.LeaseDuration, "lease-duration", dur(EnvLeaseDuration, lock.DefaultLeaseDuration),
-		"how long the lock stays valid without renewal; it is renewed every third of it ["+EnvLeaseDuration+"]")
+		"how long the lock stays valid without renewal, 3s to 10m; it is renewed every third of it, and a holder that dies keeps the release locked this long ["+EnvLeaseDuration+"]")
 	fs.DurationVar(&o.LockTimeout, "lock-timeout", dur(EnvLockTimeout, 0),
 		"wait up to this long, in arrival order, for a lock another client holds (0: fail at once) ["+EnvLockTimeout+"]")
 	fs.DurationVar(&o.LockMaxHold, "lock-max-hold", dur(EnvLockMaxHold, 0),
@@ -148,6 +148,9 @@ func (o *Options) Validate() error {
 	}
 	if o.LeaseDuration < 3*time.Second {
 		return fmt.Errorf("--lease-duration=%s: must be at least 3s (renewals happen every third of it, with a 1s safety margin)", o.LeaseDuration)
+	}
+	if o.LeaseDuration > lock.MaxLeaseDuration {
+		return fmt.Errorf("--lease-duration=%s: must be at most %s: a holder that dies keeps the release locked for one lease (renewals keep a live holder's lock however long it works)", o.LeaseDuration, lock.MaxLeaseDuration)
 	}
 	if o.LockTimeout < 0 {
 		return fmt.Errorf("--lock-timeout=%s: must not be negative", o.LockTimeout)

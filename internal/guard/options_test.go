@@ -27,6 +27,7 @@ func TestValidate(t *testing.T) {
 		"legacy never":       {func(o *Options) { o.RecoverLegacyAfter = 0 }, ""},
 		"unknown backend":    {func(o *Options) { o.LockBackend = "etcd" }, `--lock-backend="etcd": must be auto, lease or release`},
 		"short lease":        {func(o *Options) { o.LeaseDuration = 2 * time.Second }, "--lease-duration=2s: must be at least 3s (renewals happen every third of it, with a 1s safety margin)"},
+		"long lease":         {func(o *Options) { o.LeaseDuration = 100 * time.Hour }, "--lease-duration=100h0m0s: must be at most 10m0s: a holder that dies keeps the release locked for one lease (renewals keep a live holder's lock however long it works)"},
 		"negative wait":      {func(o *Options) { o.LockTimeout = -time.Second }, "--lock-timeout=-1s: must not be negative"},
 		"negative max hold":  {func(o *Options) { o.LockMaxHold = -time.Second }, "--lock-max-hold=-1s: must not be negative"},
 		"negative legacy":    {func(o *Options) { o.RecoverLegacyAfter = -time.Second }, "--recover-legacy-after=-1s: must not be negative (0 means never)"},

@@ -39,18 +39,47 @@ type LockedError struct {
 	Left       time.Duration
 	// Ahead counts live waiters queued before the caller.
 	Ahead int
+	// Waited is how long the caller waited for the lock before it gave up
+	// (the CLI's --lock-timeout); 0 when it did not wait.
+	Waited time.Duration
+	// HolderNotRunning is set by a caller on the holder's own machine that
+	// found the holder's pid not running there.
+	HolderNotRunning bool
 }
 
 // Unwrap makes errors.Is(err, ErrLocked) true.
 func (e *LockedError) Unwrap() error { return ErrLocked }
 
-const lockHelp = `; wait for it with --lock-timeout=DURATION, or list locks with "helm-autorecover locks"`
+const listHelp = `list locks with "helm-autorecover locks"`
+
+// help says what the caller can do next: wait (unless it just did), break
+// a dead holder's lock, look at the locks.
+func (e *LockedError) help() string {
+	var b strings.Builder
+	if e.Waited > 0 {
+		fmt.Fprintf(&b, "; gave up after waiting %s (--lock-timeout)", e.Waited.Round(time.Second))
+	}
+	r := e.Holder
+	switch {
+	case e.State != Live || r == nil || r.Session == "":
+	case e.HolderNotRunning:
+		fmt.Fprintf(&b, "; its process (pid %d) is not running on this machine: if no other process works on the release, release the lock with: helm-autorecover unlock %s -n %s --session %s --force", r.PID, e.Release, e.Namespace, r.Session)
+	default:
+		fmt.Fprintf(&b, "; if its holder is dead (process killed, CI job cancelled), release the lock with: helm-autorecover unlock %s -n %s --session %s --force", e.Release, e.Namespace, r.Session)
+	}
+	if e.Waited == 0 {
+		b.WriteString("; wait for it with --lock-timeout=DURATION, or " + listHelp)
+	} else {
+		b.WriteString("; " + listHelp)
+	}
+	return b.String()
+}
 
 func (e *LockedError) Error() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "release %q in namespace %q is locked", e.Release, e.Namespace)
 	if e.State != Live {
-		fmt.Fprintf(&b, ": %d earlier waiter(s) are queued for it%s", e.Ahead, lockHelp)
+		fmt.Fprintf(&b, ": %d earlier waiter(s) are queued for it%s", e.Ahead, e.help())
 		return b.String()
 	}
 	r := e.Holder
@@ -89,7 +118,7 @@ func (e *LockedError) Error() string {
 	if e.Ahead > 0 {
 		fmt.Fprintf(&b, ", %d waiter(s) queued", e.Ahead)
 	}
-	b.WriteString(lockHelp)
+	b.WriteString(e.help())
 	return b.String()
 }
 

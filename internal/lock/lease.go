@@ -24,6 +24,12 @@ import (
 // The holder renews every third of it.
 const DefaultLeaseDuration = 15 * time.Second
 
+// MaxLeaseDuration bounds a lock's lease: a holder that dies keeps the
+// release locked for one lease, and a longer one buys nothing a renewal
+// every third of it does not (a process frozen longer than that loses its
+// lock and stops before it writes again).
+const MaxLeaseDuration = 10 * time.Minute
+
 // maxConflicts bounds how often one call re-reads the Lease after a write
 // conflict before giving up; every conflict means another client made
 // progress, so hitting it means heavy contention, not a livelock.
@@ -148,7 +154,7 @@ func (b *Backend) serverNow(ctx context.Context) (servertime.Bounds, error) {
 // complete fills the defaults of req and validates it.
 func (b *Backend) complete(req Request) (Request, error) {
 	if err := ValidateReleaseName(req.Release); err != nil {
-		return req, fmt.Errorf("lock release in namespace %q: %w", req.Namespace, err)
+		return req, fmt.Errorf("lock release %q in namespace %q: %w", req.Release, req.Namespace, err)
 	}
 	if req.Namespace == "" {
 		return req, fmt.Errorf("lock release %q: namespace is empty", req.Release)
@@ -161,6 +167,9 @@ func (b *Backend) complete(req Request) (Request, error) {
 	}
 	if req.LeaseDuration <= 2*b.renewMargin() {
 		return req, fmt.Errorf("lock release %q in namespace %q: lease duration %s must be longer than %s (twice the renew margin)", req.Release, req.Namespace, req.LeaseDuration, 2*b.renewMargin())
+	}
+	if req.LeaseDuration > MaxLeaseDuration {
+		return req, fmt.Errorf("lock release %q in namespace %q: lease duration %s must be at most %s (a holder that dies keeps the release locked for one lease)", req.Release, req.Namespace, req.LeaseDuration, MaxLeaseDuration)
 	}
 	if req.Session == "" {
 		req.Session = NewSession()

@@ -161,7 +161,18 @@ func TestLockedErrorMessage(t *testing.T) {
 	}
 	want := `release "web" in namespace "prod" is locked by alice@laptop pid 4242 (session 5d1f, operation upgrade of revision 7, since 2026-03-14T15:09:26Z, job https://ci/job/1), ` +
 		`LOCKED TILL 2026-03-14T15:09:46Z (can be taken over in 12s unless renewed), 2 waiter(s) queued; ` +
+		`if its holder is dead (process killed, CI job cancelled), release the lock with: helm-autorecover unlock web -n prod --session 5d1f --force; ` +
 		`wait for it with --lock-timeout=DURATION, or list locks with "helm-autorecover locks"`
+	if got := e.Error(); got != want {
+		t.Errorf("message:\n got %s\nwant %s", got, want)
+	}
+	// After --lock-timeout ran out, the flag is not suggested again; a
+	// holder whose pid is not running here is named as such.
+	e.Waited, e.HolderNotRunning = 30*time.Second, true
+	want = `release "web" in namespace "prod" is locked by alice@laptop pid 4242 (session 5d1f, operation upgrade of revision 7, since 2026-03-14T15:09:26Z, job https://ci/job/1), ` +
+		`LOCKED TILL 2026-03-14T15:09:46Z (can be taken over in 12s unless renewed), 2 waiter(s) queued; gave up after waiting 30s (--lock-timeout); ` +
+		`its process (pid 4242) is not running on this machine: if no other process works on the release, release the lock with: helm-autorecover unlock web -n prod --session 5d1f --force; ` +
+		`list locks with "helm-autorecover locks"`
 	if got := e.Error(); got != want {
 		t.Errorf("message:\n got %s\nwant %s", got, want)
 	}

@@ -190,3 +190,61 @@ func TestForbiddenKeepsTheServersMessage(t *testing.T) {
 		t.Errorf("locks with no right on secrets: exit %d:\n%s", res.ExitCode, res.Stderr)
 	}
 }
+
+// TestDeadLocalHolderHints: a lease longer than the bound is refused (exit
+// 2); a holder killed on this machine under a long lease is named as not
+// running, with the unlock command that frees the release; after
+// --lock-timeout runs out the flag is not suggested again and no context
+// error is printed. (A 45 s lease: long enough that both refusals come
+// while the dead holder's lock is live, short enough for the forced unlock,
+// which recovers once LOCKED TILL has passed, to finish soon.)
+func TestDeadLocalHolderHints(t *testing.T) {
+	env := testenv.Get(t)
+	bin := env.Bin(t)
+	ns := env.Namespace(t)
+	const rel = "longlease"
+	chart := env.Chart("app")
+	if res := env.Run(t, bin, "install", rel, chart, "-n", ns, "--lease-duration", "100h"); res.ExitCode != exitcode.Usage || !strings.Contains(res.Stderr, "--lease-duration=100h0m0s: must be at most 10m0s") {
+		t.Fatalf("--lease-duration 100h: exit %d: %s", res.ExitCode, res.Stderr)
+	}
+	mustRun(t, env, bin, "install", rel, chart, "-n", ns)
+	p := env.Start(t, bin, args([]string{"upgrade", rel, chart, "-n", ns, "--wait", "--timeout", "5m", "--lease-duration", "45s"}, unschedulable)...)
+	env.WaitForStatus(t, ns, rel, 2, "pending-upgrade", 60*time.Second)
+	holder := waitForWriterIn(t, env, recordLock, ns, rel, 2, 10*time.Second)
+	p.Kill(t)
+	p.Wait(t, 30*time.Second)
+
+	unlock := "helm-autorecover unlock " + rel + " -n " + ns + " --session " + holder.Session + " --force"
+	res := env.Run(t, bin, "upgrade", rel, chart, "-n", ns)
+	if res.ExitCode != exitcode.Locked {
+		t.Fatalf("upgrade under the dead holder's lock: exit %d, want %d: %s", res.ExitCode, exitcode.Locked, res.Stderr)
+	}
+	for _, want := range []string{"is not running on this machine", unlock, "--lock-timeout=DURATION"} {
+		if !strings.Contains(res.Stderr, want) {
+			t.Errorf("refusal lacks %q:\n%s", want, res.Stderr)
+		}
+	}
+	res = env.Run(t, bin, "upgrade", rel, chart, "-n", ns, "--lock-timeout", "2s")
+	if res.ExitCode != exitcode.Locked {
+		t.Fatalf("upgrade with --lock-timeout 2s: exit %d, want %d: %s", res.ExitCode, exitcode.Locked, res.Stderr)
+	}
+	for _, want := range []string{"gave up after waiting 2s (--lock-timeout)", unlock} {
+		if !strings.Contains(res.Stderr, want) {
+			t.Errorf("refusal after waiting lacks %q:\n%s", want, res.Stderr)
+		}
+	}
+	for _, unwanted := range []string{"--lock-timeout=DURATION", "context deadline exceeded"} {
+		if strings.Contains(res.Stderr, unwanted) {
+			t.Errorf("refusal after waiting has %q:\n%s", unwanted, res.Stderr)
+		}
+	}
+	// The command the hint gives frees the release.
+	res = env.Run(t, bin, "unlock", rel, "-n", ns, "--session", holder.Session, "--force", "--yes")
+	if res.ExitCode != 0 {
+		t.Fatalf("unlock --force --yes: exit %d: %s%s", res.ExitCode, res.Stdout, res.Stderr)
+	}
+	mustRun(t, env, bin, "upgrade", rel, chart, "-n", ns)
+	if got := strings.Join(env.Summary(t, ns, rel), " "); got != "1:superseded 2:failed 3:deployed" {
+		t.Errorf("history = %s; want 1:superseded 2:failed 3:deployed", got)
+	}
+}
