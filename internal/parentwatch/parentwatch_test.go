@@ -97,7 +97,7 @@ func startTree(t *testing.T, mode string, env ...string) *tree {
 	tr := &tree{shell: sh, lines: make(chan string, 16)}
 	go func() {
 		defer close(tr.lines)
-		defer r.Close()
+		defer func() { _ = r.Close() }()
 		sc := bufio.NewScanner(r)
 		for sc.Scan() {
 			tr.lines <- sc.Text()

@@ -20,7 +20,7 @@ func waitExit(ppid int) error {
 	if err != nil {
 		return fmt.Errorf("pidfd_open(%d): %w", ppid, err)
 	}
-	defer unix.Close(fd)
+	defer func() { _ = unix.Close(fd) }()
 	// The parent may have ended before the pidfd was opened, and its pid
 	// been given to another process since: then getppid names a reaper.
 	if os.Getppid() != ppid {

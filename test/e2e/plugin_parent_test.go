@@ -86,7 +86,7 @@ func parentSignalled(t *testing.T, env *testenv.Env, ha, helm string, home []str
 
 	deadline := time.Now().Add(parentLimit)
 	var failed, free, gone bool
-	for !(failed && free && gone) && time.Now().Before(deadline) {
+	for (!failed || !free || !gone) && time.Now().Before(deadline) {
 		revs := env.History(t, ns, rel)
 		last := revs[len(revs)-1]
 		failed = last.Version == 2 && last.Status == "failed"
@@ -136,12 +136,12 @@ func startGroup(t *testing.T, env *testenv.Env, home []string, bin string, a ...
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer stdout.Close()
+	defer func() { _ = stdout.Close() }()
 	stderr, err := os.Create(filepath.Join(dir, "stderr"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer stderr.Close()
+	defer func() { _ = stderr.Close() }()
 	cmd := exec.Command(bin, a...)
 	cmd.Env = append(env.HelmEnv(), home...)
 	cmd.Stdout, cmd.Stderr = stdout, stderr
