@@ -111,6 +111,11 @@ func runGuarded(c *cobra.Command, args []string, op lock.Operation, opts *guard.
 	if len(releases) == 0 || isDryRun(c) || os.Getenv("HELM_DRIVER") == "memory" {
 		return inner(c, args)
 	}
+	for _, rel := range releases {
+		if err := validRelease(rel, settings.Namespace()); err != nil {
+			return err
+		}
+	}
 	cfg, err := settings.RESTClientGetter().ToRESTConfig()
 	if err != nil {
 		return fmt.Errorf("release %q: loading the kubernetes configuration: %w", releases[0], err)

@@ -120,18 +120,18 @@ func atMostOneRelease(cmd *cobra.Command, args []string) error {
 }
 
 // legacyAfterFlag registers --recover-legacy-after with the guard's default
-// and environment variable.
-func legacyAfterFlag(fs *pflag.FlagSet, v *time.Duration, usage string) error {
-	*v = guard.DefaultRecoverLegacyAfter
-	if s := os.Getenv(guard.EnvRecoverLegacyAfter); s != "" {
-		d, err := time.ParseDuration(s)
-		if err != nil {
-			return fmt.Errorf("bad helm-autorecover environment: %s=%q: %w", guard.EnvRecoverLegacyAfter, s, err)
-		}
-		*v = d
-	}
+// and environment variable. The check it returns reports a variable that
+// does not parse, unless the flag was given.
+func legacyAfterFlag(fs *pflag.FlagSet, v *time.Duration, usage string) (check func() error) {
+	d, envErr := guard.DurationEnv(guard.EnvRecoverLegacyAfter, guard.DefaultRecoverLegacyAfter)
+	*v = d
 	fs.DurationVar(v, "recover-legacy-after", *v, usage+" ["+guard.EnvRecoverLegacyAfter+"]")
-	return nil
+	return func() error {
+		if envErr == nil || fs.Changed("recover-legacy-after") {
+			return nil
+		}
+		return &exitcode.Error{Code: exitcode.Usage, Err: fmt.Errorf("%w: %s", envErr, guard.EnvAdvice)}
+	}
 }
 
 // outputFlag registers -o/--output.

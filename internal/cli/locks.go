@@ -32,11 +32,15 @@ With RELEASE, shows that release's lock whatever its state. Without it, shows
 every live, expired and legacy-pending release of the namespace (-n) or of
 all namespaces (-A); --all adds the releases in state none.
 
-Reads Leases named helm-autorecover.v1.<release> and helm's release Secrets
-(sh.helm.release.v1.<release>.v<revision>). Writes nothing.
+Reads helm's release Secrets (sh.helm.release.v1.<release>.v<revision>:
+metadata only, where the lock lives) and the lock's small objects
+helm-autorecover.v1.<release>; with --lock-backend=lease also the Leases of
+that name, and with auto those too when the API server lets the caller read
+them (a user with the release backend's rights reads the records alone,
+which every client locks first). Writes nothing.
 
 Exit codes: 0; 2 for a bad flag or release name; 7 when RELEASE is unknown
-(no stored revision and no lock). A Lease whose lock record cannot be read or
+(no stored revision, and nobody holds its lock). A Lease whose lock record cannot be read or
 does not match it (edited by hand, foreign) is shown with a warning on stderr.
 `
 
@@ -46,6 +50,8 @@ type locksOptions struct {
 	all           bool
 	noHeaders     bool
 	legacyAfter   time.Duration
+	// envCheck reports a variable behind a flag that does not parse.
+	envCheck func() error
 }
 
 func newLocksCmd(c *lockCmds) *cobra.Command {
@@ -66,13 +72,14 @@ func newLocksCmd(c *lockCmds) *cobra.Command {
 	f.BoolVarP(&o.all, "all", "a", false, "also show releases whose lock is in state none")
 	f.BoolVar(&o.noHeaders, "no-headers", false, "don't print headers when using the default output format")
 	guard.LockBackendFlag(f, &c.backend)
-	if err := legacyAfterFlag(f, &o.legacyAfter, "when a legacy pending revision counts as abandoned, to say when it becomes recoverable (0: never)"); err != nil {
-		cmd.RunE = func(*cobra.Command, []string) error { return &exitcode.Error{Code: exitcode.Usage, Err: err} }
-	}
+	o.envCheck = legacyAfterFlag(f, &o.legacyAfter, "when a legacy pending revision counts as abandoned, to say when it becomes recoverable (0: never)")
 	return cmd
 }
 
 func (c *lockCmds) runLocks(ctx context.Context, o *locksOptions, args []string) error {
+	if err := o.envCheck(); err != nil {
+		return err
+	}
 	format, err := parseOutput(o.output)
 	if err != nil {
 		return err

@@ -329,9 +329,9 @@ func TestHelpSaysWhatItTouches(t *testing.T) {
 		cmd  *cobra.Command
 		want []string
 	}{
-		{newLocksCmd(c), []string{"API server's clock", "Reads Leases named helm-autorecover.v1.<release>", "Writes nothing.", "Exit codes"}},
-		{newUnlockCmd(c), []string{"Touches: the lock of the holder (the Lease helm-autorecover.v1.RELEASE", "Refusals (nothing is written)", "exit 8", "exit 10"}},
-		{newRecoverCmd(c), []string{"Touches: the release's lock (on its newest stored record, and the Lease", "--dry-run reads the same and\nwrites nothing", "Exit codes"}},
+		{newLocksCmd(c), []string{"API server's clock", "Reads helm's release Secrets", "--lock-backend=lease also the Leases", "Writes nothing.", "Exit codes"}},
+		{newUnlockCmd(c), []string{"Touches: the lock of the holder (on the release's newest stored record", "Refusals (nothing is written)", "exit 8", "exit 10"}},
+		{newRecoverCmd(c), []string{"Touches: the release's lock (on its newest stored record and its beat", "--dry-run reads the same and\nwrites nothing", "Exit codes"}},
 	} {
 		for _, w := range tc.want {
 			if !strings.Contains(tc.cmd.Long, w) {

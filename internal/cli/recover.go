@@ -46,8 +46,9 @@ when, and releases the lock. No revision is deleted; helm history keeps every
 one. With --recover-strategy=rollback it rolls back to the last deployed
 revision instead of undoing the changes itself.
 
-Touches: the release's lock (on its newest stored record, and the Lease
-helm-autorecover.v1.RELEASE; taken, then released), the objects the
+Touches: the release's lock (on its newest stored record and its beat, and
+the Lease helm-autorecover.v1.RELEASE under the lease backend, chosen by
+--lock-backend as for upgrade; taken, then released), the objects the
 abandoned revision changed or created, the Secret of each pending revision
 (status and description only, a write conditional on the resourceVersion
 read), one Event (Recovered) regarding the release's latest Secret, and, with
@@ -59,6 +60,9 @@ recover; 3 a live holder has the lock; 5 pending but not recoverable now (the
 message says when it becomes so); 7 unknown release or no stored revision;
 9 the Lease or its lock record cannot be trusted (nothing written).
 `
+
+// recoverGuardFlags are the guard's flags recover takes.
+var recoverGuardFlags = []string{"lock-backend", "recover-legacy-after", "recover-strategy", "recover-delete-data", "lease-duration", "lock-timeout"}
 
 type recoverOptions struct {
 	dryRun bool
@@ -82,16 +86,13 @@ func newRecoverCmd(c *lockCmds) *cobra.Command {
 	// The guard's own flags, defaults and environment variables, for the
 	// ones that mean something here.
 	guardFlags := pflag.NewFlagSet("guard", pflag.ContinueOnError)
-	flagErr := o.opts.AddFlags(guardFlags)
-	for _, name := range []string{"lock-backend", "recover-legacy-after", "recover-strategy", "recover-delete-data", "lease-duration", "lock-timeout"} {
+	_ = o.opts.AddFlags(guardFlags)
+	for _, name := range recoverGuardFlags {
 		f.AddFlag(guardFlags.Lookup(name))
 	}
 	_ = cmd.RegisterFlagCompletionFunc("recover-strategy", func(*cobra.Command, []string, string) ([]string, cobra.ShellCompDirective) {
 		return []string{"fail\tonly mark the abandoned revision failed", "rollback\tthen roll back to the last deployed revision"}, cobra.ShellCompDirectiveNoFileComp
 	})
-	if flagErr != nil {
-		cmd.RunE = func(*cobra.Command, []string) error { return &exitcode.Error{Code: exitcode.Usage, Err: flagErr} }
-	}
 	return cmd
 }
 
@@ -109,7 +110,7 @@ func (c *lockCmds) runRecover(ctx context.Context, o *recoverOptions, rel string
 	if err := validRelease(rel, ns); err != nil {
 		return err
 	}
-	if err := o.opts.Validate(); err != nil {
+	if err := o.opts.ValidateFlags(recoverGuardFlags...); err != nil {
 		return &exitcode.Error{Code: exitcode.Usage, Err: err}
 	}
 	c.backend = o.opts.LockBackend

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strings"
 
 	"github.com/helm-autorecover/helm-autorecover/internal/exitcode"
 	"github.com/helm-autorecover/helm-autorecover/internal/helmx"
@@ -34,9 +35,15 @@ func Run(out, errOut io.Writer, args []string) int {
 		fmt.Fprintf(errOut, "Error: %v\n", err)
 		return exitcode.Usage
 	}
+	usageRule(root)
 	if err := root.Execute(); err != nil {
 		if exitErr, ok := errors.AsType[*exitcode.Error](err); ok {
 			return exitErr.Code
+		}
+		if strings.HasPrefix(err.Error(), "unknown command ") {
+			// cobra's own check of the root's arguments (usageRule
+			// cannot wrap it without losing its suggestions).
+			return exitcode.Usage
 		}
 		if code := helmx.HelmExitCode(err); code != 0 {
 			return code

@@ -49,9 +49,10 @@ Refusals (nothing is written):
     (exit 7);
   - its Lease or lock record is unreadable, foreign or edited by hand (exit 9).
 
-Touches: the lock of the holder (the Lease helm-autorecover.v1.RELEASE and
-the release's newest stored record: holderIdentity cleared, the record marked
-released by you and naming the dead holder). It then takes the lock itself
+Touches: the lock of the holder (on the release's newest stored record and
+its beat helm-autorecover.v1.RELEASE, and the Lease of that name when
+--lock-backend is lease, or auto and the caller may write Leases: the holder
+cleared, the record marked released by you and naming the dead holder). It then takes the lock itself
 and runs the same recovery as "helm-autorecover recover": it undoes what the
 revision the holder was writing applied (never deleting a
 PersistentVolumeClaim, CustomResourceDefinition or Namespace unless
@@ -65,10 +66,11 @@ the same way.
 `
 
 type unlockOptions struct {
-	session    string
-	force      bool
-	yes        bool
-	deleteData bool
+	session string
+	force   bool
+	yes     bool
+	// gopts holds the guard's flags unlock takes (--recover-delete-data).
+	gopts guard.Options
 }
 
 func newUnlockCmd(c *lockCmds) *cobra.Command {
@@ -88,13 +90,9 @@ func newUnlockCmd(c *lockCmds) *cobra.Command {
 	f.BoolVar(&o.force, "force", false, "release the lock even while it is live (its holder may still be running); asks for confirmation")
 	f.BoolVarP(&o.yes, "yes", "y", false, "confirm --force without asking (for scripts)")
 	// The guard's own flag, default and environment variable.
-	var gopts guard.Options
 	guardFlags := pflag.NewFlagSet("guard", pflag.ContinueOnError)
-	if err := gopts.AddFlags(guardFlags); err != nil {
-		cmd.RunE = func(*cobra.Command, []string) error { return &exitcode.Error{Code: exitcode.Usage, Err: err} }
-	}
-	dd := guardFlags.Lookup("recover-delete-data")
-	f.BoolVar(&o.deleteData, dd.Name, gopts.RecoverDeleteData, dd.Usage)
+	_ = o.gopts.AddFlags(guardFlags)
+	f.AddFlag(guardFlags.Lookup("recover-delete-data"))
 	guard.LockBackendFlag(f, &c.backend)
 	_ = cmd.RegisterFlagCompletionFunc("session", c.completeSessions)
 	return cmd
@@ -104,6 +102,9 @@ func (c *lockCmds) runUnlock(ctx context.Context, o *unlockOptions, rel string) 
 	ns := c.settings.Namespace()
 	if err := validRelease(rel, ns); err != nil {
 		return err
+	}
+	if err := o.gopts.EnvError("recover-delete-data"); err != nil {
+		return &exitcode.Error{Code: exitcode.Usage, Err: err}
 	}
 	if strings.TrimSpace(o.session) == "" {
 		return exitError(exitcode.Usage, "release %q in namespace %q: --session is required; find the holder's session with: helm-autorecover locks %s -n %s", rel, ns, rel, ns)
@@ -151,7 +152,7 @@ func (c *lockCmds) runUnlock(ctx context.Context, o *unlockOptions, rel string) 
 	// client taking the lock next would: the released record hands the
 	// holder on (lock.Record.Abandoned). The person asserts it is dead, so
 	// its revision is abandoned now; legacy revisions are not its, and stay.
-	out, err := c.recoverUnlocked(ctx, cn, rel, ns, o.deleteData, func(a recovery.Abandonment, r recovery.Recoverer) string {
+	out, err := c.recoverUnlocked(ctx, cn, rel, ns, o.gopts.RecoverDeleteData, func(a recovery.Abandonment, r recovery.Recoverer) string {
 		return unlockDescription(a, live, by, r.At)
 	})
 	if le, ok := protocol.IsLocked(err); ok {
@@ -250,11 +251,13 @@ func (c *lockCmds) confirm(st *lock.Status, rel, ns string) error {
 		"If that process is still running, it stops at its next renewal; the revision it is writing is recovered and marked failed once its LOCKED TILL has passed.\n"+
 		"Release it? Type yes to confirm: ", rel, ns, st.HolderIdentity, holderText(st.Record, st.HolderIdentity), stamp(st.Record.RenewedAt), stamp(st.LockedTill), left(st))
 	line, _ := bufio.NewReader(c.in).ReadString('\n')
-	switch strings.ToLower(strings.TrimSpace(line)) {
-	case "y", "yes":
+	switch answer := strings.ToLower(strings.TrimSpace(line)); answer {
+	case "yes":
 		return nil
+	case "", "n", "no":
+		return exitError(exitcode.Declined, "release %q in namespace %q: not confirmed; nothing was written", rel, ns)
 	}
-	return exitError(exitcode.Declined, "release %q in namespace %q: not confirmed; nothing was written", rel, ns)
+	return exitError(exitcode.Declined, "release %q in namespace %q: not confirmed (the answer must be yes); nothing was written", rel, ns)
 }
 
 func unlockDescription(a recovery.Abandonment, forced bool, by string, at time.Time) string {

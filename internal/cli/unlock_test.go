@@ -62,6 +62,10 @@ func TestUnlockRefusals(t *testing.T) {
 			want: `release "web" in namespace "prod": not confirmed; nothing was written`,
 		},
 		{
+			name: "--force, answered y", args: []string{"web", "--session", sessWeb, "--force"}, tty: true, in: "y\n", code: exitcode.Declined,
+			want: `release "web" in namespace "prod": not confirmed (the answer must be yes); nothing was written`,
+		},
+		{
 			name: "--force, no answer", args: []string{"web", "--session", sessWeb, "--force"}, tty: true, code: exitcode.Declined,
 			want: `release "web" in namespace "prod": not confirmed; nothing was written`,
 		},

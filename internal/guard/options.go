@@ -3,7 +3,9 @@ package guard
 import (
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/spf13/pflag"
@@ -27,6 +29,11 @@ type Options struct {
 	// CustomResourceDefinitions and Namespaces that only an abandoned
 	// revision created (--recover-delete-data).
 	RecoverDeleteData bool
+
+	// fs and envErrs are the flag set AddFlags registered the options on
+	// and the variables that did not parse, by flag name (EnvError).
+	fs      *pflag.FlagSet
+	envErrs map[string]error
 }
 
 // Environment variables behind the flags.
@@ -60,18 +67,17 @@ func DefaultMaxHold(timeout time.Duration) time.Duration {
 }
 
 // AddFlags registers the options on fs, with defaults from the environment.
-// It returns an error naming the variable when one does not parse.
+// It does not fail: a variable that does not parse leaves the flag's
+// default and is reported by Validate (or EnvError), so that only a
+// command that uses it fails, and not when its flag is given. (The error
+// result is always nil.)
 func (o *Options) AddFlags(fs *pflag.FlagSet) error {
-	var errs []error
-	dur := func(env string, def time.Duration) time.Duration {
-		v, ok := os.LookupEnv(env)
-		if !ok || v == "" {
-			return def
-		}
-		d, err := time.ParseDuration(v)
+	o.fs = fs
+	o.envErrs = map[string]error{}
+	dur := func(flag, env string, def time.Duration) time.Duration {
+		d, err := DurationEnv(env, def)
 		if err != nil {
-			errs = append(errs, fmt.Errorf("%s=%q: %w", env, v, err))
-			return def
+			o.envErrs[flag] = err
 		}
 		return d
 	}
@@ -81,39 +87,77 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) error {
 		}
 		return def
 	}
-	boolean := func(env string, def bool) bool {
+	boolean := func(flag, env string, def bool) bool {
 		v := os.Getenv(env)
 		if v == "" {
 			return def
 		}
 		b, err := strconv.ParseBool(v)
 		if err != nil {
-			errs = append(errs, fmt.Errorf("%s=%q: %w", env, v, err))
+			o.envErrs[flag] = fmt.Errorf("%s=%q is not true or false", env, v)
 			return def
 		}
 		return b
 	}
-	autorecover := boolean(EnvAutorecover, true)
-	deleteData := boolean(EnvRecoverDeleteData, false)
+	autorecover := boolean("autorecover", EnvAutorecover, true)
+	deleteData := boolean("recover-delete-data", EnvRecoverDeleteData, false)
 	LockBackendFlag(fs, &o.LockBackend)
-	fs.DurationVar(&o.LeaseDuration, "lease-duration", dur(EnvLeaseDuration, lock.DefaultLeaseDuration),
+	fs.DurationVar(&o.LeaseDuration, "lease-duration", dur("lease-duration", EnvLeaseDuration, lock.DefaultLeaseDuration),
 		"how long the lock stays valid without renewal, 3s to 10m; it is renewed every third of it, and a holder that dies keeps the release locked this long ["+EnvLeaseDuration+"]")
-	fs.DurationVar(&o.LockTimeout, "lock-timeout", dur(EnvLockTimeout, 0),
+	fs.DurationVar(&o.LockTimeout, "lock-timeout", dur("lock-timeout", EnvLockTimeout, 0),
 		"wait up to this long, in arrival order, for a lock another client holds (0: fail at once) ["+EnvLockTimeout+"]")
-	fs.DurationVar(&o.LockMaxHold, "lock-max-hold", dur(EnvLockMaxHold, 0),
+	fs.DurationVar(&o.LockMaxHold, "lock-max-hold", dur("lock-max-hold", EnvLockMaxHold, 0),
 		"abort the operation and give the lock up after holding it this long (0: 5 x --timeout + 1m) ["+EnvLockMaxHold+"]")
 	fs.BoolVar(&o.Autorecover, "autorecover", autorecover,
 		"recover a release left pending under an expired lock before running ["+EnvAutorecover+"]")
-	fs.DurationVar(&o.RecoverLegacyAfter, "recover-legacy-after", dur(EnvRecoverLegacyAfter, DefaultRecoverLegacyAfter),
+	fs.DurationVar(&o.RecoverLegacyAfter, "recover-legacy-after", dur("recover-legacy-after", EnvRecoverLegacyAfter, DefaultRecoverLegacyAfter),
 		"recover a release left pending with no lock record (stock helm) once it has been pending this long in server time (0: never) ["+EnvRecoverLegacyAfter+"]")
 	fs.StringVar(&o.RecoverStrategy, "recover-strategy", str(EnvRecoverStrategy, string(recovery.StrategyFail)),
 		"after marking an abandoned revision failed: fail (just run the operation) or rollback (first roll back to the last deployed revision) ["+EnvRecoverStrategy+"]")
 	fs.BoolVar(&o.RecoverDeleteData, "recover-delete-data", deleteData,
 		"let recovery delete PersistentVolumeClaims, CustomResourceDefinitions and Namespaces that only an abandoned revision created and the revision written next does not render (deleting one destroys a volume's data, every custom resource of the kind, everything in the namespace); without it they are kept and reported ["+EnvRecoverDeleteData+"]")
-	if len(errs) > 0 {
-		return fmt.Errorf("bad helm-autorecover environment: %v", errs)
-	}
 	return nil
+}
+
+// EnvAdvice ends the error about a variable that does not parse.
+const EnvAdvice = "fix or unset it, or give the flag"
+
+// DurationEnv reads a duration from the variable env; def when it is unset
+// or empty, and def with an error in plain words when it does not parse.
+func DurationEnv(env string, def time.Duration) (time.Duration, error) {
+	v, ok := os.LookupEnv(env)
+	if !ok || v == "" {
+		return def, nil
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		return def, fmt.Errorf("%s=%q is not a duration (for example 30s, 5m or 1h30m)", env, v)
+	}
+	return d, nil
+}
+
+// EnvError reports the HELM_AUTORECOVER_* variables behind the named flags
+// (every flag when none is named) that do not parse, unless the flag was
+// given on the command line, in one sentence.
+func (o *Options) EnvError(flags ...string) error {
+	if len(flags) == 0 {
+		for f := range o.envErrs {
+			flags = append(flags, f)
+		}
+		slices.Sort(flags)
+	}
+	var msgs []string
+	for _, f := range flags {
+		err, ok := o.envErrs[f]
+		if !ok || (o.fs != nil && o.fs.Changed(f)) {
+			continue
+		}
+		msgs = append(msgs, err.Error())
+	}
+	if len(msgs) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%s: %s", strings.Join(msgs, "; "), EnvAdvice)
 }
 
 // LockBackendFlag registers --lock-backend on fs, defaulting to
@@ -141,8 +185,17 @@ func ValidateLockBackend(v string) error {
 	return fmt.Errorf("--lock-backend=%q: must be auto, lease or release", v)
 }
 
-// Validate checks the options; the error names the flag.
-func (o *Options) Validate() error {
+// Validate checks the options; the error names the flag, or the variable a
+// value came from.
+func (o *Options) Validate() error { return o.ValidateFlags() }
+
+// ValidateFlags checks the options of a command that has only the named
+// flags (all of them when none is named): the variables of the others are
+// not its concern.
+func (o *Options) ValidateFlags(flags ...string) error {
+	if err := o.EnvError(flags...); err != nil {
+		return err
+	}
 	if err := ValidateLockBackend(o.LockBackend); err != nil {
 		return err
 	}

@@ -1,6 +1,7 @@
 package guard
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -82,12 +83,29 @@ func TestAddFlagsReadsEnvironment(t *testing.T) {
 	}
 }
 
-func TestAddFlagsRejectsBadEnvironment(t *testing.T) {
+func TestBadEnvironmentFailsOnlyWhereUsed(t *testing.T) {
 	t.Setenv(EnvLockTimeout, "soon")
+	t.Setenv(EnvAutorecover, "maybe")
 	var o Options
-	err := o.AddFlags(pflag.NewFlagSet("x", pflag.ContinueOnError))
-	want := `bad helm-autorecover environment: [HELM_AUTORECOVER_LOCK_TIMEOUT="soon": time: invalid duration "soon"]`
-	if err == nil || err.Error() != want {
-		t.Fatalf("AddFlags error = %v, want %q", err, want)
+	fs := pflag.NewFlagSet("x", pflag.ContinueOnError)
+	if err := o.AddFlags(fs); err != nil {
+		t.Fatalf("AddFlags failed on a bad variable: %v", err)
+	}
+	want := `HELM_AUTORECOVER_AUTORECOVER="maybe" is not true or false; HELM_AUTORECOVER_LOCK_TIMEOUT="soon" is not a duration (for example 30s, 5m or 1h30m): fix or unset it, or give the flag`
+	if err := o.Validate(); err == nil || err.Error() != want {
+		t.Fatalf("Validate error = %v, want %q", err, want)
+	}
+	if err := o.EnvError("recover-delete-data", "lease-duration"); err != nil {
+		t.Errorf("a command using neither variable fails: %v", err)
+	}
+	if err := o.EnvError("lock-timeout"); err == nil || !strings.HasPrefix(err.Error(), `HELM_AUTORECOVER_LOCK_TIMEOUT="soon" is not a duration`) {
+		t.Errorf("EnvError(lock-timeout) = %v", err)
+	}
+	// A flag given on the command line overrides its variable.
+	if err := fs.Parse([]string{"--lock-timeout=5s", "--autorecover=true"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := o.Validate(); err != nil {
+		t.Errorf("Validate with both flags given: %v", err)
 	}
 }
