@@ -220,7 +220,7 @@ func (c *lockCmds) runRecover(ctx context.Context, o *recoverOptions, rel string
 	}
 	if len(out.Marked) > 0 {
 		rep.Event = events.ReasonRecovered
-		note := fmt.Sprintf("Recovered by %s with helm-autorecover recover (session %s): %s", c.who(), held.Session(), out.Decision.Reason)
+		note := fmt.Sprintf("Recovered by %s with helm-autorecover recover (session %s): %s", c.who(), held.Session(), out.Decision.Said(true))
 		if eerr := events.Emit(ctx, cn.Client(), events.Event{
 			Regarding: out.Marked[0].Record.Ref(), Type: corev1.EventTypeNormal, Reason: events.ReasonRecovered,
 			Action: "Recover", Note: note, At: out.At, Instance: c.who(),
@@ -264,7 +264,8 @@ func planReport(dec recovery.Decision, rel, ns string, at time.Time) inspect.Rep
 	return rep
 }
 
-// verdictError is the exit status a dry run shares with a real run.
+// verdictError is the exit status a dry run shares with a real run, once
+// the report has been printed.
 func verdictError(dec recovery.Decision, live bool) error {
 	if dec.Verdict != recovery.Blocked {
 		return nil
@@ -273,7 +274,8 @@ func verdictError(dec recovery.Decision, live bool) error {
 	if live {
 		code = exitcode.Locked
 	}
-	return &exitcode.Error{Code: code, Err: errors.New(dec.Reason)}
+	// The report on stdout says it already.
+	return &exitcode.Error{Code: code, Err: errors.New(dec.Reason), Reported: true}
 }
 
 // decideLive decides on a release whose lock a live holder has.

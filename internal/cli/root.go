@@ -36,8 +36,18 @@ func Run(out, errOut io.Writer, args []string) int {
 		return exitcode.Usage
 	}
 	usageRule(root)
+	// Errors are printed here, as cobra would, except those a command has
+	// reported already.
+	root.SilenceErrors = true
 	if err := root.Execute(); err != nil {
-		if exitErr, ok := errors.AsType[*exitcode.Error](err); ok {
+		exitErr, ok := errors.AsType[*exitcode.Error](err)
+		if !ok || !exitErr.Reported {
+			fmt.Fprintf(errOut, "Error: %v\n", err)
+		}
+		if strings.HasPrefix(err.Error(), "unknown command ") {
+			fmt.Fprintf(errOut, "Run '%s --help' for usage.\n", root.CommandPath())
+		}
+		if ok {
 			return exitErr.Code
 		}
 		if strings.HasPrefix(err.Error(), "unknown command ") {

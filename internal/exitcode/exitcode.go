@@ -44,6 +44,9 @@ const (
 type Error struct {
 	Code int
 	Err  error
+	// Reported is set when the command has already told the user what Err
+	// says (a report on stdout): the error is not printed again.
+	Reported bool
 }
 
 func (e *Error) Error() string { return e.Err.Error() }

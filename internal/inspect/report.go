@@ -68,12 +68,12 @@ func Verdict(dec recovery.Decision, dryRun bool) string {
 func WriteReport(out io.Writer, r Report) error {
 	var b strings.Builder
 	fmt.Fprintf(&b, "Release %q in namespace %q: %s.\n", r.Release, r.Namespace, Verdict(r.Decision, r.DryRun))
-	fmt.Fprintf(&b, "Why: %s.\n", strings.TrimSuffix(r.Decision.Reason, "."))
+	fmt.Fprintf(&b, "Why: %s.\n", strings.TrimSuffix(r.Decision.Said(!r.DryRun && len(r.Writes) > 0), "."))
 	recovers := r.Decision.Verdict == recovery.Recover || r.Decision.Verdict == recovery.RecoverThenRollback
 	if recovers {
 		if r.DryRun {
 			b.WriteString("Would write (dry run: nothing was written):\n")
-			fmt.Fprintf(&b, "  - Lease %s: taken for the recovery, then released\n", lock.LeaseName(r.Release))
+			fmt.Fprintf(&b, "  - the release's lock (%s): taken for the recovery, then released\n", lock.LeaseName(r.Release))
 		} else {
 			b.WriteString("Wrote:\n")
 		}

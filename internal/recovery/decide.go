@@ -211,6 +211,10 @@ type Decision struct {
 	// Reason is one plain sentence naming the release, namespace, revision,
 	// status and, where known, the previous holder.
 	Reason string
+	// Done is Reason as it reads once a Recover or RecoverThenRollback
+	// verdict has been carried out ("was marked failed"), for the Event,
+	// the log and the report written after the fact; empty otherwise.
+	Done string
 	// Target is the latest revision when it is pending (the one to mark
 	// failed under a Recover verdict); its Release.Revision is 0 otherwise.
 	Target Abandonment
@@ -404,6 +408,7 @@ func Decide(in Input) Decision {
 			d.Stray = append(d.Stray, abandonment(s, in.Lock, in.Now))
 		}
 	}
+	done := reason + " and was marked failed"
 	reason += " and will be marked failed"
 	if len(d.Stray) > 0 {
 		revs := make([]string, len(d.Stray))
@@ -411,6 +416,7 @@ func Decide(in Input) Decision {
 			revs[i] = fmt.Sprintf("%d (%s)", s.Release.Revision, s.Release.Status)
 		}
 		reason += ", with older pending revisions " + strings.Join(revs, ", ")
+		done += ", with older pending revisions " + strings.Join(revs, ", ")
 	}
 
 	// Rule 6.
@@ -419,11 +425,13 @@ func Decide(in Input) Decision {
 			d.Verdict = RecoverThenRollback
 			d.RollbackTo = to
 			reason += fmt.Sprintf(", then rolled back to revision %d, the last deployed", to)
+			done += fmt.Sprintf(", then rolled back to revision %d, the last deployed", to)
 		} else {
 			reason += "; there is no deployed revision to roll back to, so it is only marked failed"
+			done += "; there was no deployed revision to roll back to, so it was only marked failed"
 		}
 	}
-	d.Reason = reason
+	d.Reason, d.Done = reason, done
 	return d
 }
 
@@ -549,4 +557,13 @@ func roundUp(d time.Duration) time.Duration {
 		return r + time.Second
 	}
 	return d
+}
+
+// Said is what to tell about d once it has been acted on: Done when the
+// recovery it decided was carried out, Reason otherwise.
+func (d Decision) Said(carriedOut bool) string {
+	if carriedOut && d.Done != "" {
+		return d.Done
+	}
+	return d.Reason
 }
