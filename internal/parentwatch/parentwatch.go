@@ -39,7 +39,7 @@ const (
 // signal allows; a SIGTERM on top of it would be a second signal, which
 // ends the process at once and leaves the release pending until its lock
 // expires. Grace is that bound.
-const Grace = 0
+const Grace = 5 * time.Second
 
 // PollInterval is how often getppid is read where no pidfd can be waited on.
 const PollInterval = 250 * time.Millisecond

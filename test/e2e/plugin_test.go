@@ -83,7 +83,7 @@ func TestPluginInstallHonoursDataHome(t *testing.T) {
 		}
 	})
 	for name, helm := range helms(env) {
-		t.Run(name+" with HELM_PLUGINS=$HELM_DATA_HOME/plugins", func(t *testing.T) {
+		t.Run(name+" with HELM_PLUGINS under HELM_DATA_HOME", func(t *testing.T) {
 			home := installPlugin(t, env, helm, pluginDir)
 			res := env.RunEnv(t, home, helm, "autorecover", "version")
 			if res.ExitCode != 0 || !strings.Contains(res.Stdout, "helm-autorecover "+version.Version) {
