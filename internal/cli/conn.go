@@ -155,7 +155,7 @@ func (cn *conn) latestRevisions(ctx context.Context, ns, release string) (map[re
 		if release != "" {
 			return nil, fmt.Errorf("release %q in namespace %q: reading its history: %w", release, ns, err)
 		}
-		return nil, fmt.Errorf("reading helm's release %ss in namespace %q: %w", recs.Kind(), ns, err)
+		return nil, fmt.Errorf("reading helm's release %ss %s: %w", recs.Kind(), lock.InNamespace(ns), err)
 	}
 	latest := map[releaseKey]helmx.Record{}
 	for _, s := range list {

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"helm.sh/helm/v4/pkg/cli/output"
 
 	"github.com/helm-autorecover/helm-autorecover/internal/exitcode"
 	"github.com/helm-autorecover/helm-autorecover/internal/guard"
@@ -121,6 +122,19 @@ func (c *lockCmds) runLocks(ctx context.Context, o *locksOptions, args []string)
 			}
 			rows = kept
 		}
+	}
+	if len(rows) == 0 && format == output.Table {
+		// No bare header: say what was looked at, on stderr (as kubectl).
+		what := "no release is held, expired or pending"
+		if o.all || len(args) == 1 {
+			what = "no release"
+		}
+		fmt.Fprintf(c.errOut, "No locks found %s: %s.", lock.InNamespace(ns), what)
+		if !o.all {
+			fmt.Fprint(c.errOut, " --all lists every release.")
+		}
+		fmt.Fprintln(c.errOut)
+		return nil
 	}
 	if err := inspect.WriteLocks(c.out, format, rows, o.noHeaders); err != nil {
 		return err

@@ -95,7 +95,7 @@ func TestLocksUnlabelledLease(t *testing.T) {
 	if code, err := e.run(t, newLocksCmd(e.c), "-o", "json"); code != 0 {
 		t.Fatalf("exit %d: %v", code, err)
 	}
-	if !strings.Contains(e.out.String(), `"release":"api","state":"expired"`) {
+	if !strings.Contains(e.out.String(), `"release":"api","lock_state":"expired"`) {
 		t.Errorf("api not shown expired:\n%s", e.out.String())
 	}
 }
@@ -338,5 +338,21 @@ func TestHelpSaysWhatItTouches(t *testing.T) {
 				t.Errorf("%s --help does not say %q", tc.cmd.Name(), w)
 			}
 		}
+	}
+}
+
+// TestLocksEmpty: nothing to show prints no bare header but a sentence on
+// stderr naming where it looked; -o json prints an empty list.
+func TestLocksEmpty(t *testing.T) {
+	e := newFakeEnv(t, revision(t, "db", "prod", 1, common.StatusDeployed, at(-time.Hour)))
+	if code, err := e.run(t, newLocksCmd(e.c)); code != 0 {
+		t.Fatalf("exit %d: %v", code, err)
+	}
+	if e.out.Len() != 0 {
+		t.Errorf("stdout of an empty locks: %q", e.out.String())
+	}
+	wantContains(t, "stderr", e.errOut.String(), `No locks found in namespace "prod": no release is held, expired or pending. --all lists every release.`)
+	if code, err := e.run(t, newLocksCmd(e.c), "-A", "-o", "json"); code != 0 || strings.TrimSpace(e.out.String()) != "[]" {
+		t.Errorf("locks -A -o json: exit %d (%v), stdout %q", code, err, e.out.String())
 	}
 }

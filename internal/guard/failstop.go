@@ -30,8 +30,8 @@ func (r *run) onLost(err error) {
 		return
 	}
 	r.exitOnce.Do(func() {
-		fmt.Fprintf(r.g.Stderr, "Error: release %q in namespace %q: lost the lock (%v); stopping before any further write. The next operation recovers the release once the lock has expired.\n",
-			r.t.Release, r.t.Namespace, err)
+		fmt.Fprintf(r.g.Stderr, "Error: release %q in namespace %q: lost the lock (%v); stopping before any further write. Whoever released or took the lock recovers what this operation left pending (helm-autorecover unlock marks it failed itself); if nobody did, the next operation does once the lock has expired (see helm-autorecover locks %s -n %s).\n",
+			r.t.Release, r.t.Namespace, err, r.t.Release, r.t.Namespace)
 		r.g.Exit(exitcode.LockLost)
 	})
 }

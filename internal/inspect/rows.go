@@ -56,44 +56,52 @@ type Input struct {
 }
 
 // Row is one release's lock, as locks prints it. Times are API-server time.
+// Its JSON keys are snake_case, as helm's own list output and list --locks;
+// durations are whole seconds.
 type Row struct {
 	Namespace string `json:"namespace"`
 	Release   string `json:"release"`
-	State     State  `json:"state"`
+	State     State  `json:"lock_state"`
 	// Revision and Status are the release's latest stored revision.
 	Revision int    `json:"revision,omitempty"`
 	Status   string `json:"status,omitempty"`
 
 	// The holder, while the lock is held (live or expired).
-	Session      string    `json:"session,omitempty"`
+	Session      string    `json:"session_id,omitempty"`
 	Who          string    `json:"who,omitempty"`
 	PID          int       `json:"pid,omitempty"`
 	Operation    string    `json:"operation,omitempty"`
-	LockRevision int       `json:"lockRevision,omitempty"`
-	CIJobURL     string    `json:"ciJobURL,omitempty"`
-	ToolVersion  string    `json:"toolVersion,omitempty"`
-	AcquiredAt   time.Time `json:"acquiredAt,omitzero"`
-	RenewedAt    time.Time `json:"renewedAt,omitzero"`
-	LockedTill   time.Time `json:"lockedTill,omitzero"`
+	LockRevision int       `json:"lock_revision,omitempty"`
+	CIJobURL     string    `json:"ci_job_url,omitempty"`
+	ToolVersion  string    `json:"tool_version,omitempty"`
+	AcquiredAt   time.Time `json:"acquired_at,omitzero"`
+	RenewedAt    time.Time `json:"renewed_at,omitzero"`
+	LockedTill   time.Time `json:"locked_till,omitzero"`
 	// TimeLeft is, for a live lock, how long until another client may take
 	// it over unless the holder renews it (LOCKED TILL + margin - now).
-	TimeLeft string `json:"timeLeft,omitempty"`
+	TimeLeft        string `json:"-"`
+	TimeLeftSeconds *int64 `json:"time_left_seconds,omitempty"`
 	// ExpiredFor is, for an expired lock, how long ago it could first be
 	// taken over.
-	ExpiredFor string        `json:"expiredFor,omitempty"`
-	Waiters    []lock.Waiter `json:"waiters,omitempty"`
+	ExpiredFor        string      `json:"-"`
+	ExpiredForSeconds *int64      `json:"expired_for_seconds,omitempty"`
+	Waiters           []WaiterRow `json:"waiters,omitempty"`
 
 	// PendingSince and PendingFor describe a pending latest revision, from
 	// its last server-side write; RecoverableIn says, for a legacy pending
-	// one, how long until automatic recovery may take it (--recover-legacy-after).
-	PendingSince  time.Time `json:"pendingSince,omitzero"`
-	PendingFor    string    `json:"pendingFor,omitempty"`
-	RecoverableIn string    `json:"recoverableIn,omitempty"`
+	// one, how long until automatic recovery may take it
+	// (--recover-legacy-after): "never" when it is 0 (RecoverableNever).
+	PendingSince         time.Time `json:"pending_since,omitzero"`
+	PendingFor           string    `json:"-"`
+	PendingForSeconds    *int64    `json:"pending_for_seconds,omitempty"`
+	RecoverableIn        string    `json:"-"`
+	RecoverableInSeconds *int64    `json:"recoverable_in_seconds,omitempty"`
+	RecoverableNever     bool      `json:"recoverable_never,omitempty"`
 
 	// The last holder, once the lock was released.
-	LastSession string    `json:"lastSession,omitempty"`
-	ReleasedAt  time.Time `json:"releasedAt,omitzero"`
-	ReleasedBy  string    `json:"releasedBy,omitempty"`
+	LastSession string    `json:"last_session_id,omitempty"`
+	ReleasedAt  time.Time `json:"released_at,omitzero"`
+	ReleasedBy  string    `json:"released_by,omitempty"`
 
 	// Problem says what is wrong with the Lease or the release's records
 	// (unreadable, foreign, edited by hand) and what to do.
@@ -192,12 +200,14 @@ func NewRow(in Input) Row {
 			if !st.LockedTill.IsZero() && !in.Now.IsZero() {
 				takeover := st.LockedTill.Add(in.Margin)
 				if r.State == StateLive {
-					r.TimeLeft = roundDuration(max(0, takeover.Sub(in.Now.Earliest)))
+					r.TimeLeft, r.TimeLeftSeconds = durations(max(0, takeover.Sub(in.Now.Earliest)))
 				} else {
-					r.ExpiredFor = roundDuration(max(0, in.Now.Earliest.Sub(takeover)))
+					r.ExpiredFor, r.ExpiredForSeconds = durations(max(0, in.Now.Earliest.Sub(takeover)))
 				}
 			}
-			r.Waiters = st.Waiters
+			for _, w := range st.Waiters {
+				r.Waiters = append(r.Waiters, WaiterRow(w))
+			}
 		case rec != nil:
 			r.LastSession, r.ReleasedAt, r.ReleasedBy = rec.Session, rec.ReleasedAt, rec.ReleasedBy
 		}
@@ -216,16 +226,16 @@ func NewRow(in Input) Row {
 		})
 		r.PendingSince = dec.Target.PendingSince
 		if !r.PendingSince.IsZero() && !in.Now.IsZero() {
-			r.PendingFor = roundDuration(dec.Target.Age)
+			r.PendingFor, r.PendingForSeconds = durations(dec.Target.Age)
 		}
 		if r.State == StateLegacyPending {
 			switch {
 			case dec.Verdict == recovery.Recover:
-				r.RecoverableIn = "0s"
+				r.RecoverableIn, r.RecoverableInSeconds = durations(0)
 			case dec.RetryAfter > 0:
-				r.RecoverableIn = roundDuration(dec.RetryAfter)
+				r.RecoverableIn, r.RecoverableInSeconds = durations(dec.RetryAfter)
 			default:
-				r.RecoverableIn = "never"
+				r.RecoverableIn, r.RecoverableNever = "never", true
 			}
 		}
 	}
@@ -244,4 +254,21 @@ func SortRows(rows []Row) {
 	slices.SortFunc(rows, func(a, b Row) int {
 		return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Release, b.Release))
 	})
+}
+
+// WaiterRow is a queued waiter as locks prints it (lock.Waiter with
+// snake_case keys).
+type WaiterRow struct {
+	Session     string         `json:"session_id"`
+	Who         string         `json:"who,omitempty"`
+	Operation   lock.Operation `json:"operation,omitempty"`
+	EnqueuedAt  time.Time      `json:"enqueued_at"`
+	HeartbeatAt time.Time      `json:"heartbeat_at,omitzero"`
+	ExpiresAt   time.Time      `json:"expires_at"`
+}
+
+// durations gives d as the table prints it and as whole seconds for JSON.
+func durations(d time.Duration) (string, *int64) {
+	secs := int64(d.Round(time.Second) / time.Second)
+	return roundDuration(d), &secs
 }

@@ -712,11 +712,11 @@ func (b *Backend) Inspect(ctx context.Context, namespace, release string) (*Stat
 func (b *Backend) List(ctx context.Context, namespace string) ([]Status, error) {
 	ls, err := b.leases(namespace).List(ctx, metav1.ListOptions{LabelSelector: LabelManagedBy + "=" + ManagedBy})
 	if err != nil {
-		return nil, fmt.Errorf("list locks in namespace %q: %w", namespace, err)
+		return nil, fmt.Errorf("list locks %s: %w", InNamespace(namespace), err)
 	}
 	now, err := b.serverNow(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("list locks in namespace %q: %w", namespace, err)
+		return nil, fmt.Errorf("list locks %s: %w", InNamespace(namespace), err)
 	}
 	out := make([]Status, 0, len(ls.Items))
 	for i := range ls.Items {
@@ -809,4 +809,13 @@ func (b *Backend) ForceRelease(ctx context.Context, namespace, release, session,
 		return rec, nil
 	}
 	return nil, fmt.Errorf("release lock of release %q in namespace %q: lease %s changed %d times; retry", release, namespace, name, maxConflicts)
+}
+
+// InNamespace names a namespace in a message: `in namespace "x"`, or `in
+// all namespaces` for "".
+func InNamespace(ns string) string {
+	if ns == "" {
+		return "in all namespaces"
+	}
+	return fmt.Sprintf("in namespace %q", ns)
 }

@@ -21,8 +21,8 @@ import (
 // lockRow is the part of `locks -o json` these tests read.
 type lockRow struct {
 	Release string `json:"release"`
-	State   string `json:"state"`
-	Session string `json:"session"`
+	State   string `json:"lock_state"`
+	Session string `json:"session_id"`
 	Status  string `json:"status"`
 }
 

@@ -144,8 +144,8 @@ func TestTwoLiveClientsReleaseBackend(t *testing.T) {
 			t.Errorf("%s: exit %d; want the record lock's session %s in\n%s%s", strings.Join(c[:2], " "), res.ExitCode, rec.Session, res.Stdout, res.Stderr)
 		}
 		var rows []struct {
-			State   string `json:"state"`
-			Session string `json:"session"`
+			State   string `json:"lock_state"`
+			Session string `json:"session_id"`
 		}
 		if c[0] == "locks" && (json.Unmarshal([]byte(res.Stdout), &rows) != nil || len(rows) != 1 || rows[0].State != "live" || rows[0].Session != rec.Session) {
 			t.Errorf("locks: the record lock is not shown live:\n%s", res.Stdout)
