@@ -298,9 +298,9 @@ func (h *Held) ReleaseAndDelete(ctx context.Context) error {
 			h.lease = fresh
 			h.mu.Unlock()
 		case apierrors.IsNotFound(err):
-			return h.loseGone(fmt.Errorf("lock on release %q in namespace %q: lease %s was deleted by someone else: %w", h.req.Release, h.req.Namespace, cur.Name, ErrLost))
+			return h.loseGone(fmt.Errorf("lock on release %q in namespace %q: %s was deleted by someone else: %w", h.req.Release, h.req.Namespace, h.b.object(cur.Name), ErrLost))
 		default:
-			return fmt.Errorf("release lock on release %q in namespace %q: delete lease %s: %w", h.req.Release, h.req.Namespace, cur.Name, err)
+			return fmt.Errorf("release lock on release %q in namespace %q: delete %s: %w", h.req.Release, h.req.Namespace, h.b.object(cur.Name), err)
 		}
 	}
 	return fmt.Errorf("release lock on release %q in namespace %q: lease changed %d times; retry", h.req.Release, h.req.Namespace, maxConflicts)
@@ -330,7 +330,7 @@ func (h *Held) reread(ctx context.Context, cur *coordinationv1.Lease) (*coordina
 		return nil, h.loseGone(fmt.Errorf("lock on release %q in namespace %q: %s: %w", h.req.Release, h.req.Namespace, what, ErrLost))
 	}
 	if err != nil {
-		return nil, fmt.Errorf("lock on release %q in namespace %q: read lease %s: %w", h.req.Release, h.req.Namespace, name, err)
+		return nil, fmt.Errorf("lock on release %q in namespace %q: read %s: %w", h.req.Release, h.req.Namespace, h.b.object(name), err)
 	}
 	if err := h.vanished(cur, fresh); err != nil {
 		return nil, h.loseGone(err)
@@ -476,7 +476,7 @@ func (h *Held) writeLocked(ctx context.Context, release bool, mutate func(*Recor
 			}
 			cur = fresh
 		case apierrors.IsNotFound(err):
-			return h.loseGone(fmt.Errorf("lock on release %q in namespace %q: lease %s was deleted by someone else: %w", h.req.Release, h.req.Namespace, cur.Name, ErrLost))
+			return h.loseGone(fmt.Errorf("lock on release %q in namespace %q: %s was deleted by someone else: %w", h.req.Release, h.req.Namespace, h.b.object(cur.Name), ErrLost))
 		default:
 			return fmt.Errorf("renew lock on release %q in namespace %q: %w", h.req.Release, h.req.Namespace, err)
 		}

@@ -341,7 +341,7 @@ func (b *Backend) attempt(ctx context.Context, req *Request, w *waitState, maybe
 			return attemptResult{held: h, seen: h.lease}, nil
 		}
 		if err != nil {
-			return attemptResult{}, fmt.Errorf("lock release %q in namespace %q: read lease %s: %w", req.Release, req.Namespace, name, err)
+			return attemptResult{}, fmt.Errorf("lock release %q in namespace %q: read %s: %w", req.Release, req.Namespace, b.object(name), err)
 		}
 		now, err := b.serverNow(ctx)
 		if err != nil {
@@ -385,7 +385,7 @@ func (b *Backend) attempt(ctx context.Context, req *Request, w *waitState, maybe
 		}
 		return attemptResult{locked: locked, seen: seen}, nil
 	}
-	return attemptResult{}, fmt.Errorf("lock release %q in namespace %q: lease %s changed %d times while deciding; retry", req.Release, req.Namespace, name, maxConflicts)
+	return attemptResult{}, fmt.Errorf("lock release %q in namespace %q: %s changed %d times while deciding; retry", req.Release, req.Namespace, b.object(name), maxConflicts)
 }
 
 func (b *Backend) lockedError(req *Request, v view, now servertime.Bounds, ahead int) *LockedError {
@@ -534,7 +534,7 @@ func (b *Backend) create(ctx context.Context, req *Request, maybe *maybeTaken) (
 			return nil, err
 		}
 		err = maybe.note(err, maybeWrite{sent: sent, rec: rec, prevState: Free})
-		return nil, fmt.Errorf("lock release %q in namespace %q: create lease %s: %w", req.Release, req.Namespace, l.Name, err)
+		return nil, fmt.Errorf("lock release %q in namespace %q: create %s: %w", req.Release, req.Namespace, b.object(l.Name), err)
 	}
 	return b.newHeld(req, created, rec, sent, nil, Free), nil
 }
@@ -591,7 +591,7 @@ func (b *Backend) take(ctx context.Context, req *Request, v view, maybe *maybeTa
 			return nil, err
 		}
 		err = maybe.note(err, maybeWrite{sent: sent, rec: rec, prev: prev, prevState: v.state})
-		return nil, fmt.Errorf("lock release %q in namespace %q: update lease %s: %w", req.Release, req.Namespace, l.Name, err)
+		return nil, fmt.Errorf("lock release %q in namespace %q: update %s: %w", req.Release, req.Namespace, b.object(l.Name), err)
 	}
 	return b.newHeld(req, updated, rec, sent, prev, v.state), nil
 }
@@ -629,7 +629,7 @@ func (b *Backend) enqueue(ctx context.Context, req *Request, w *waitState, v vie
 		if apierrors.IsConflict(err) {
 			return nil, err
 		}
-		return nil, fmt.Errorf("queue for release %q in namespace %q: update lease %s: %w", req.Release, req.Namespace, l.Name, err)
+		return nil, fmt.Errorf("queue for release %q in namespace %q: update %s: %w", req.Release, req.Namespace, b.object(l.Name), err)
 	}
 	w.lastBeat = sent
 	return updated, nil
@@ -808,7 +808,7 @@ func (b *Backend) ForceRelease(ctx context.Context, namespace, release, session,
 		}
 		return rec, nil
 	}
-	return nil, fmt.Errorf("release lock of release %q in namespace %q: lease %s changed %d times; retry", release, namespace, name, maxConflicts)
+	return nil, fmt.Errorf("release lock of release %q in namespace %q: %s changed %d times; retry", release, namespace, b.object(name), maxConflicts)
 }
 
 // InNamespace names a namespace in a message: `in namespace "x"`, or `in
@@ -818,4 +818,14 @@ func InNamespace(ns string) string {
 		return "in all namespaces"
 	}
 	return fmt.Sprintf("in namespace %q", ns)
+}
+
+// object names the store's object called name in a message: the Lease, or,
+// for the release store, the lock on the release's records (its gate on the
+// newest record and its beat object of that name).
+func (b *Backend) object(name string) string {
+	if b.store == StoreRelease {
+		return "the lock on its release records (beat " + name + ")"
+	}
+	return "lease " + name
 }
