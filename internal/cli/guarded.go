@@ -84,9 +84,12 @@ var guardFlagValues = map[string][]string{
 }
 
 // registerGuardCompletions completes the values of the guard's enumerated
-// flags on cmd.
+// flags that cmd has.
 func registerGuardCompletions(cmd *cobra.Command) error {
 	for flag, values := range guardFlagValues {
+		if cmd.Flags().Lookup(flag) == nil {
+			continue
+		}
 		err := cmd.RegisterFlagCompletionFunc(flag, func(_ *cobra.Command, _ []string, toComplete string) ([]string, cobra.ShellCompDirective) {
 			var out []string
 			for _, v := range values {

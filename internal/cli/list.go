@@ -29,6 +29,7 @@ func wrapList(root *cobra.Command, c *lockCmds) {
 	var withLocks bool
 	cmd.Flags().BoolVar(&withLocks, "locks", false, listLocksUsage)
 	guard.LockBackendFlag(cmd.Flags(), &c.backend)
+	_ = registerGuardCompletions(cmd)
 	inner := cmd.RunE
 	cmd.RunE = func(cmd *cobra.Command, args []string) error {
 		if short, _ := cmd.Flags().GetBool("short"); !withLocks || short {

@@ -56,7 +56,10 @@ func addLockCommands(root *cobra.Command, settings *helmcli.EnvSettings, out, er
 		newSession: lock.NewSession,
 	}
 	c.connect = c.realConnect
-	root.AddCommand(usageErrors(newLocksCmd(c)), usageErrors(newUnlockCmd(c)), usageErrors(newRecoverCmd(c)))
+	for _, cmd := range []*cobra.Command{newLocksCmd(c), newUnlockCmd(c), newRecoverCmd(c)} {
+		_ = registerGuardCompletions(cmd) // --lock-backend, --recover-strategy
+		root.AddCommand(usageErrors(cmd))
+	}
 	wrapList(root, c)
 }
 

@@ -90,9 +90,6 @@ func newRecoverCmd(c *lockCmds) *cobra.Command {
 	for _, name := range recoverGuardFlags {
 		f.AddFlag(guardFlags.Lookup(name))
 	}
-	_ = cmd.RegisterFlagCompletionFunc("recover-strategy", func(*cobra.Command, []string, string) ([]string, cobra.ShellCompDirective) {
-		return []string{"fail\tonly mark the abandoned revision failed", "rollback\tthen roll back to the last deployed revision"}, cobra.ShellCompDirectiveNoFileComp
-	})
 	return cmd
 }
 

@@ -23,6 +23,7 @@ import (
 	"github.com/helm-autorecover/helm-autorecover/internal/exitcode"
 	"github.com/helm-autorecover/helm-autorecover/internal/helmx"
 	"github.com/helm-autorecover/helm-autorecover/internal/lock"
+	"github.com/helm-autorecover/helm-autorecover/internal/parentwatch"
 	"github.com/helm-autorecover/helm-autorecover/internal/protocol"
 	"github.com/helm-autorecover/helm-autorecover/internal/recovery"
 	"github.com/helm-autorecover/helm-autorecover/internal/version"
@@ -74,6 +75,9 @@ func (g *Guard) Run(ctx context.Context, t Target, op func() error) error {
 	if err := g.Options.Validate(); err != nil {
 		return &exitcode.Error{Code: exitcode.Usage, Err: err}
 	}
+	// The guard handles the end of helm (plugin mode) itself, as a first
+	// signal: no SIGTERM from parentwatch, which would count as a second.
+	parentwatch.Claim()
 	conn, err := protocol.Connect(g.Config, g.Clock, g.HelmDriver)
 	if err != nil {
 		return fmt.Errorf("release %q in namespace %q: %w", t.Release, t.Namespace, err)
@@ -121,10 +125,20 @@ func (g *Guard) acquire(ctx context.Context, conn *protocol.Conn, stores []*lock
 	if !errors.Is(err, lock.ErrLocked) || g.Options.LockTimeout <= 0 {
 		return nil, lockError(err, req, g.Options.LockBackend)
 	}
-	// A signal while waiting leaves the queue at once (rather than holding a
-	// place in it until the entry's lease runs out) and ends the command.
+	// A signal while waiting, or the end of helm when this is its plugin,
+	// leaves the queue at once (rather than holding a place in it until the
+	// entry's lease runs out) and ends the command.
 	sctx, stopSignals := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stopSignals()
+	sctx, stopParent := context.WithCancel(sctx)
+	defer stopParent()
+	go func() {
+		select {
+		case <-parentwatch.Gone():
+			stopParent()
+		case <-sctx.Done():
+		}
+	}()
 	wctx, cancel := context.WithTimeout(sctx, g.Options.LockTimeout)
 	defer cancel()
 	p := newProgress(g.Stderr, g.Clock, g.Options.LockTimeout)
@@ -255,6 +269,12 @@ func (r *run) do(ctx context.Context, op func() error) (err error) {
 		return err
 	}
 
+	select {
+	case <-parentwatch.Gone():
+		// helm ended while the lock was being taken: do not start.
+		return &exitcode.Error{Code: exitcode.Interrupted, Err: fmt.Errorf("release %q in namespace %q: interrupted by %s before the operation started; nothing was written by it", r.t.Release, r.t.Namespace, parentEnded{})}
+	default:
+	}
 	stopSignals := r.handleSignals()
 	defer stopSignals()
 

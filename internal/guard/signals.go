@@ -9,6 +9,7 @@ import (
 
 	"github.com/helm-autorecover/helm-autorecover/internal/exitcode"
 	"github.com/helm-autorecover/helm-autorecover/internal/lock"
+	"github.com/helm-autorecover/helm-autorecover/internal/parentwatch"
 )
 
 // handleSignals implements the signal contract: after a first SIGINT or
@@ -17,6 +18,11 @@ import (
 // operation recovers). Helm's own install and upgrade react to the first
 // signal by cancelling and marking the release failed; for rollback and
 // uninstall, which do not, and as a backstop, this marks it failed itself.
+//
+// In plugin mode, the end of helm, the parent process, is a first signal
+// too (parentwatch.Gone): many CI runners signal only helm. Helm's action
+// in this process did not get a signal then, so the release is marked
+// failed at once.
 func (r *run) handleSignals() (stop func()) {
 	ch := make(chan os.Signal, 2)
 	signal.Notify(ch, os.Interrupt, syscall.SIGTERM)
@@ -25,12 +31,14 @@ func (r *run) handleSignals() (stop func()) {
 		var sig os.Signal
 		select {
 		case sig = <-ch:
+		case <-parentwatch.Gone():
+			sig = parentEnded{}
 		case <-quit:
 			return
 		}
 		r.interrupted.Store(true)
 		grace := 3 * time.Second
-		if r.t.Op == lock.OpRollback || r.t.Op == lock.OpUninstall {
+		if _, ok := sig.(parentEnded); ok || r.t.Op == lock.OpRollback || r.t.Op == lock.OpUninstall {
 			grace = 0
 		}
 		timer := r.g.Clock.NewTimer(grace)
@@ -70,3 +78,10 @@ func (r *run) handleSignals() (stop func()) {
 		close(quit)
 	}
 }
+
+// parentEnded stands for the end of helm, the plugin's parent process, in
+// the first-signal path.
+type parentEnded struct{}
+
+func (parentEnded) String() string { return "the end of helm, its parent process" }
+func (parentEnded) Signal()        {}

@@ -2,9 +2,9 @@
 // notice that helm, its parent process, has ended: many CI runners signal
 // only the main process when they cancel a job, helm dies at once, and the
 // plugin would otherwise go on upgrading and holding the release's lock.
-// When helm is gone and this process is still running a short grace later,
-// the process sends itself SIGTERM, so that a guarded operation takes its
-// first-signal path (release marked failed, lock released).
+// A guarded operation watches Gone and takes its first-signal path at once
+// (release marked failed, lock released); any other command, when helm is
+// gone and it still runs a short grace later, is sent SIGTERM.
 //
 // The watch costs no API request: on Linux it waits on a pidfd of the
 // parent (one blocked thread), elsewhere it reads getppid every
@@ -20,6 +20,7 @@ import (
 	"os"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -44,7 +45,22 @@ const Grace = 5 * time.Second
 // PollInterval is how often getppid is read where no pidfd can be waited on.
 const PollInterval = 250 * time.Millisecond
 
-var once sync.Once
+var (
+	once sync.Once
+	// gone is closed, once (goneOnce), when the parent has ended (Gone).
+	gone     = make(chan struct{})
+	goneOnce sync.Once
+	// claimed is set once a caller handles gone itself (Claim).
+	claimed atomic.Bool
+)
+
+// Gone is closed, in plugin mode, as soon as helm, the parent process, has
+// ended; outside plugin mode it never is.
+func Gone() <-chan struct{} { return gone }
+
+// Claim says the caller handles Gone itself (the guard treats it as a
+// first signal at once): the process is then not sent SIGTERM after Grace.
+func Claim() { claimed.Store(true) }
 
 // Start watches the parent process when this process runs as a helm
 // plugin (see EnvPluginName, EnvPluginDir) and does nothing otherwise. It
@@ -70,7 +86,11 @@ func PluginMode(getenv func(string) string) bool {
 // line to errOut and calls fire.
 func start(ppid int, grace time.Duration, errOut io.Writer, fire func()) {
 	Watch(ppid, func() {
+		goneOnce.Do(func() { close(gone) })
 		time.AfterFunc(grace, func() {
+			if claimed.Load() {
+				return
+			}
 			fmt.Fprintf(errOut, "helm-autorecover: helm (pid %d), which started this plugin, has ended; interrupting the operation (as a first SIGTERM would)\n", ppid)
 			fire()
 		})

@@ -33,6 +33,15 @@ func TestPluginCompleteGuardFlags(t *testing.T) {
 			checkCompletions(t, cmd+" "+flag, string(out), want)
 		}
 	}
+	// The lock commands take --lock-backend too (and recover
+	// --recover-strategy).
+	for _, args := range [][]string{{"locks", "--lock-backend"}, {"unlock", "--lock-backend"}, {"recover", "--lock-backend"}, {"list", "--lock-backend"}, {"recover", "--recover-strategy"}} {
+		out, err := exec.Command(ha, "__complete", args[0], args[1], "").Output()
+		if err != nil {
+			t.Fatalf("%s __complete %s %s '': %v", ha, args[0], args[1], err)
+		}
+		checkCompletions(t, args[0]+" "+args[1], string(out), guardFlagCompletions[args[1]])
+	}
 	// A prefix narrows the choice.
 	out, err := exec.Command(ha, "__complete", "upgrade", "--lock-backend", "re").Output()
 	if err != nil {
