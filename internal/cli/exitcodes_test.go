@@ -48,9 +48,18 @@ func TestExitCodeRule(t *testing.T) {
 	}
 	// Unknown flags, and unknown commands, on every kind of command.
 	for _, cmd := range [][]string{
-		{"install", "r", chart}, {"upgrade", "r", chart}, {"rollback", "r", "1"}, {"uninstall", "r"},
-		{"list"}, {"status", "r"}, {"history", "r"}, {"version"}, {"get", "values", "r"},
-		{"locks"}, {"unlock", "r", "--session", "s"}, {"recover", "r"},
+		{"install", "r", chart},
+		{"upgrade", "r", chart},
+		{"rollback", "r", "1"},
+		{"uninstall", "r"},
+		{"list"},
+		{"status", "r"},
+		{"history", "r"},
+		{"version"},
+		{"get", "values", "r"},
+		{"locks"},
+		{"unlock", "r", "--session", "s"},
+		{"recover", "r"},
 	} {
 		add(exitcode.Usage, "unknown flag: --nosuch", append(cmd, "--nosuch")...)
 	}
