@@ -114,7 +114,7 @@ func parentSignalled(t *testing.T, env *testenv.Env, ha, helm string, home []str
 	if l, rec := lease(t, env, ns, rel); l != nil && rec != nil && rec.Session != holder.Session {
 		t.Errorf("the lease was taken by session %s after the plugin's session %s", rec.Session, holder.Session)
 	}
-	if !group && !strings.Contains(p.stderr(t), "has ended; interrupting the operation") {
+	if !group && !strings.Contains(p.stderr(t), "interrupted by the end of helm, its parent process") {
 		t.Errorf("the plugin did not say that helm had ended")
 	}
 }
