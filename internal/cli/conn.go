@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/helm-autorecover/helm-autorecover/internal/exitcode"
 	"github.com/helm-autorecover/helm-autorecover/internal/helmx"
@@ -117,8 +118,16 @@ func (cn *conn) forceRelease(ctx context.Context, ns, rel, session, by string) (
 			if rec == nil {
 				rec = r
 			}
-		case b == cn.lease && cn.records != nil && cn.backend == protocol.BackendAuto && protocol.LeaseForbidden(err):
-			skipped = fmt.Sprintf("lease/%s (%v)", lock.LeaseName(rel), err)
+		case b == cn.lease && cn.records != nil:
+			// The record's lock, taken first by every client, decides;
+			// the Lease is said to be left (unless there was none to
+			// release).
+			if apierrors.ReasonForError(err) != metav1.StatusReasonUnknown && !apierrors.IsNotFound(err) {
+				skipped = fmt.Sprintf("lease/%s (%v)", lock.LeaseName(rel), err)
+			}
+			if firstErr == nil {
+				firstErr = err
+			}
 		case firstErr == nil:
 			firstErr = err
 		}

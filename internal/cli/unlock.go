@@ -145,7 +145,7 @@ func (c *lockCmds) runUnlock(ctx context.Context, o *unlockOptions, rel string) 
 	}
 	fmt.Fprintf(c.out, "Released the lock of release %q in namespace %q held by session %s (%s).\n", rel, ns, o.session, holderText(rec, o.session))
 	if skipped != "" {
-		fmt.Fprintf(c.errOut, "Warning: release %q in namespace %q: %s was not released: clients of the lease backend wait for it to expire (LOCKED TILL %s); clients of the release backend do not\n", rel, ns, skipped, stamp(st.LockedTill))
+		fmt.Fprintf(c.errOut, "Warning: release %q in namespace %q: %s was not released: clients of the lease backend wait for it to expire (within one lease of its holder's last renewal); clients of the release backend do not\n", rel, ns, skipped)
 	}
 
 	// Recover what the holder left pending under a lock of our own, as any

@@ -106,7 +106,15 @@ func (h *Held) Carry(write func(Record) error) error {
 			// gate is judged by its long bound until the first renewal,
 			// which only delays a takeover.
 			ctx, cancel := context.WithDeadline(context.Background(), h.Deadline())
-			_ = e.ensureBeat(ctx, rec)
+			if beatRV, err := e.ensureBeat(ctx, rec); err == nil {
+				// The lock as this holder knows it now has that beat: a
+				// release that deletes it (the first revision was never
+				// written) removes exactly this one.
+				h.mu.Lock()
+				gate, _, list := splitRV(h.lease.ResourceVersion)
+				h.lease.ResourceVersion = joinRV(gate, beatRV, list)
+				h.mu.Unlock()
+			}
 			cancel()
 		}
 		rec = gateForm(rec)

@@ -353,7 +353,7 @@ func (b *Backend) attempt(ctx context.Context, req *Request, w *waitState, maybe
 		// expired lock is (waiters that queued meanwhile come first).
 		if maybe.any() && holderOf(&cur.Spec) == req.Session && (v.state == Live || waitersAhead(v.live, req.Session) == 0) {
 			h, err := b.adopt(ctx, req, v, now, maybe)
-			if apierrors.IsConflict(err) || retry(err) {
+			if changed(err) || retry(err) {
 				continue
 			}
 			if err != nil {
@@ -364,7 +364,7 @@ func (b *Backend) attempt(ctx context.Context, req *Request, w *waitState, maybe
 		ahead := waitersAhead(v.live, req.Session)
 		if v.state != Live && ahead == 0 {
 			h, err := b.take(ctx, req, v, maybe)
-			if apierrors.IsConflict(err) || retry(err) {
+			if changed(err) || retry(err) {
 				continue
 			}
 			if err != nil {
@@ -377,7 +377,7 @@ func (b *Backend) attempt(ctx context.Context, req *Request, w *waitState, maybe
 			return attemptResult{locked: locked, seen: cur}, nil
 		}
 		seen, err := b.enqueue(ctx, req, w, v)
-		if apierrors.IsConflict(err) {
+		if changed(err) {
 			continue
 		}
 		if err != nil {
@@ -386,6 +386,14 @@ func (b *Backend) attempt(ctx context.Context, req *Request, w *waitState, maybe
 		return attemptResult{locked: locked, seen: seen}, nil
 	}
 	return attemptResult{}, fmt.Errorf("lock release %q in namespace %q: %s changed %d times while deciding; retry", req.Release, req.Namespace, b.object(name), maxConflicts)
+}
+
+// changed reports a write that found the lock changed since it was read:
+// updated (a conflict) or deleted (its holder released it by deleting it,
+// after an uninstall or an operation on a release that does not exist).
+// The caller reads it again and decides anew.
+func changed(err error) bool {
+	return apierrors.IsConflict(err) || apierrors.IsNotFound(err)
 }
 
 func (b *Backend) lockedError(req *Request, v view, now servertime.Bounds, ahead int) *LockedError {

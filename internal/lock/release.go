@@ -433,15 +433,16 @@ func (s *releaseStore) Update(ctx context.Context, l *coordinationv1.Lease, _ me
 // new gate would be judged by its long bound until the first renewal (see
 // virtual). A beat naming another session is overwritten: whichever
 // create of the first revision wins holds the lock, and a beat naming the
-// loser is a claim from a stale view its holder overwrites.
-func (s *releaseStore) ensureBeat(ctx context.Context, rec Record) error {
+// loser is a claim from a stale view its holder overwrites. It returns the
+// beat's resourceVersion.
+func (s *releaseStore) ensureBeat(ctx context.Context, rec Record) (string, error) {
 	for range 3 {
 		beat, err := s.beats.get(ctx, s.ns, LeaseName(rec.Release))
 		if err != nil {
-			return err
+			return "", err
 		}
 		if b := beatRecord(beat); b != nil && b.Session == rec.Session && b.ReleasedAt.IsZero() {
-			return nil
+			return beat.rv(), nil
 		}
 		meta := beat.meta.DeepCopy()
 		if !beat.exists {
@@ -458,16 +459,19 @@ func (s *releaseStore) ensureBeat(ctx context.Context, rec Record) error {
 		}
 		enc, err := encodeBeat(rec)
 		if err != nil {
-			return err
+			return "", err
 		}
 		meta.Annotations[AnnotationBeat] = enc
 		meta.Annotations[annotationClaimedFrom] = rec.Session // holding (see Update)
-		_, err = s.beats.put(ctx, beat, *meta)
+		written, err := s.beats.put(ctx, beat, *meta)
+		if err == nil {
+			return written.rv(), nil
+		}
 		if !apierrors.IsConflict(err) {
-			return err
+			return "", err
 		}
 	}
-	return fmt.Errorf("the lock's beat %s of release %q in namespace %q kept changing", LeaseName(rec.Release), rec.Release, s.ns)
+	return "", fmt.Errorf("the lock's beat %s of release %q in namespace %q kept changing", LeaseName(rec.Release), rec.Release, s.ns)
 }
 
 // Delete removes the lock of a release whose records helm deleted

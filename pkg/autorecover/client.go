@@ -175,7 +175,9 @@ type LockRequest struct {
 	// Timeout is the operation's helm timeout, recorded for people.
 	Timeout time.Duration
 	// LeaseDuration defaults to DefaultLeaseDuration and must be longer than
-	// 2 s (twice the safety margin).
+	// 2 s (twice the safety margin) and at most 10 minutes
+	// (lock.MaxLeaseDuration): a holder that dies keeps the release locked
+	// for one lease.
 	LeaseDuration time.Duration
 	// MaxHold, when positive, bounds how long the lock may be held: Keep
 	// stops renewing and reports ErrMaxHold once it has been held that long.
