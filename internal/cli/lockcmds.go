@@ -60,6 +60,7 @@ func addLockCommands(root *cobra.Command, settings *helmcli.EnvSettings, out, er
 		_ = registerGuardCompletions(cmd) // --lock-backend, --recover-strategy
 		root.AddCommand(usageErrors(cmd))
 	}
+	root.AddCommand(usageErrors(newControllerCmd(settings, errOut)))
 	wrapList(root, c)
 }
 

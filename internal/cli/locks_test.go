@@ -134,13 +134,13 @@ func TestIntegrationLocks(t *testing.T) {
 	}
 	live := byName["held"]
 	if live.State != inspect.StateLive || live.Session != h.session || live.PID != h.proc.Cmd.Process.Pid || live.Operation != "upgrade" ||
-		live.LockRevision != 2 || live.Who == "" || live.TimeLeft == "" || !live.LockedTill.After(live.RenewedAt) || live.AcquiredAt.IsZero() {
+		live.LockRevision != 2 || live.Who == "" || live.TimeLeftSeconds == nil || !live.LockedTill.After(live.RenewedAt) || live.AcquiredAt.IsZero() {
 		t.Errorf("held: %+v", live)
 	}
-	if r := byName["gone"]; r.State != inspect.StateExpired || r.Session != d.session || r.ExpiredFor == "" || r.PendingFor == "" {
+	if r := byName["gone"]; r.State != inspect.StateExpired || r.Session != d.session || r.ExpiredForSeconds == nil || r.PendingForSeconds == nil {
 		t.Errorf("gone: %+v", r)
 	}
-	if r := byName["legacy"]; r.State != inspect.StateLegacyPending || r.Session != "" || r.PendingFor == "" || !strings.HasSuffix(r.RecoverableIn, "s") || r.Revision != 2 {
+	if r := byName["legacy"]; r.State != inspect.StateLegacyPending || r.Session != "" || r.PendingForSeconds == nil || r.RecoverableInSeconds == nil || r.Revision != 2 {
 		t.Errorf("legacy: %+v", r)
 	}
 	// Server time: the lock was renewed within the last lease.
@@ -154,7 +154,7 @@ func TestIntegrationLocks(t *testing.T) {
 	table := x.run(0, "locks").Stdout
 	wantContains(t, "locks table", table, "LOCKED TILL", "SESSION ID", h.session, d.session, "legacy-pending", "expired ")
 	yaml := x.run(0, "locks", "held", "-o", "yaml").Stdout
-	wantContains(t, "locks held -o yaml", yaml, "state: live", "session: "+h.session)
+	wantContains(t, "locks held -o yaml", yaml, "lock_state: live", "session_id: "+h.session)
 	var everywhere []inspect.Row
 	if err := json.Unmarshal([]byte(x.run(0, "locks", "-A", "-o", "json").Stdout), &everywhere); err != nil {
 		t.Fatal(err)

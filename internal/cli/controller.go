@@ -1,0 +1,170 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+	"helm.sh/helm/v4/pkg/action"
+	helmcli "helm.sh/helm/v4/pkg/cli"
+	"helm.sh/helm/v4/pkg/kube"
+	ctrl "sigs.k8s.io/controller-runtime"
+
+	"github.com/helm-autorecover/helm-autorecover/internal/controller"
+	"github.com/helm-autorecover/helm-autorecover/internal/exitcode"
+	"github.com/helm-autorecover/helm-autorecover/internal/guard"
+	"github.com/helm-autorecover/helm-autorecover/internal/helmx"
+	"github.com/helm-autorecover/helm-autorecover/internal/recovery"
+)
+
+const controllerLong = `Run the in-cluster controller: recover every stuck release of the cluster
+(or of --namespaces) at the moment it becomes recoverable, whoever left it.
+
+It watches helm's pending release records (metadata only, label-selected:
+owner=helm and a pending status) and judges each pending release exactly as
+"helm-autorecover recover" does, in the API server's time: a release whose
+lock expired (its holder stopped renewing) is recovered when LOCKED TILL has
+passed; a pending revision no lock covers (stock helm wrote it) once it is
+--recover-legacy-after old; a live holder, and a young lock-less revision,
+are never touched. Recovery takes the release's own lock, undoes what the
+abandoned revision applied, marks it failed with a description naming the
+controller's session, and records an Event (Recovered).
+
+Opt out with the annotation helm-autorecover.io/ignore: "true" on a
+Namespace or on a release's newest record, or narrow with --selector.
+Replicas elect a leader on a Lease (--leader-elect); recoveries are safe
+under any number of replicas anyway, since each takes the release's lock.
+
+Serves Prometheus metrics on --metrics-bind-address (/metrics) and
+/healthz and /readyz on --health-probe-bind-address. Logs are JSON lines
+with release, namespace and session. See docs/controller.md and the chart
+in charts/helm-autorecover.
+`
+
+type controllerFlags struct {
+	namespaces     []string
+	selector       string
+	metricsAddr    string
+	probeAddr      string
+	leaderElect    bool
+	leaderNS       string
+	leaderID       string
+	workers        int
+	logLevel       string
+	guard          guard.Options
+	guardFlagNames []string
+}
+
+func newControllerCmd(settings *helmcli.EnvSettings, errOut io.Writer) *cobra.Command {
+	o := &controllerFlags{}
+	cmd := &cobra.Command{
+		Use:   "controller",
+		Short: "run the in-cluster controller that recovers every stuck release",
+		Long:  controllerLong,
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return runController(cmd.Context(), o, settings, errOut)
+		},
+	}
+	f := cmd.Flags()
+	f.StringSliceVar(&o.namespaces, "namespaces", nil, "watch only these namespaces (comma-separated; default: all)")
+	f.StringVar(&o.selector, "selector", "", "only releases whose records match this label selector (added to owner=helm and the pending statuses)")
+	f.StringVar(&o.metricsAddr, "metrics-bind-address", ":8080", "where to serve Prometheus metrics (/metrics); 0 disables")
+	f.StringVar(&o.probeAddr, "health-probe-bind-address", ":8081", "where to serve /healthz and /readyz; 0 disables")
+	f.BoolVar(&o.leaderElect, "leader-elect", true, "elect a leader on a Lease, so that replicas can run")
+	f.StringVar(&o.leaderNS, "leader-election-namespace", os.Getenv("POD_NAMESPACE"), "namespace of the leader-election Lease (default: $POD_NAMESPACE; required with --leader-elect outside a cluster)")
+	f.StringVar(&o.leaderID, "leader-election-id", "helm-autorecover-controller", "name of the leader-election Lease")
+	f.IntVar(&o.workers, "workers", 4, "releases recovered at once")
+	f.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
+	// The guard's own flags, defaults and environment variables.
+	guardFlags := pflag.NewFlagSet("guard", pflag.ContinueOnError)
+	_ = o.guard.AddFlags(guardFlags)
+	o.guardFlagNames = []string{"lock-backend", "recover-legacy-after", "recover-strategy", "recover-delete-data"}
+	for _, name := range o.guardFlagNames {
+		f.AddFlag(guardFlags.Lookup(name))
+	}
+	_ = registerGuardCompletions(cmd)
+	return cmd
+}
+
+func runController(ctx context.Context, o *controllerFlags, settings *helmcli.EnvSettings, errOut io.Writer) error {
+	if err := o.guard.ValidateFlags(o.guardFlagNames...); err != nil {
+		return &exitcode.Error{Code: exitcode.Usage, Err: err}
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(o.logLevel)); err != nil {
+		return &exitcode.Error{Code: exitcode.Usage, Err: fmt.Errorf("--log-level=%q: must be debug, info, warn or error", o.logLevel)}
+	}
+	slog.SetDefault(slog.New(slog.NewJSONHandler(errOut, &slog.HandlerOptions{Level: level})))
+	if o.leaderElect && o.leaderNS == "" {
+		return &exitcode.Error{Code: exitcode.Usage, Err: fmt.Errorf("--leader-election-namespace is required with --leader-elect when $POD_NAMESPACE is not set")}
+	}
+	cfg, err := settings.RESTClientGetter().ToRESTConfig()
+	if err != nil {
+		return fmt.Errorf("loading the kubernetes configuration: %w", err)
+	}
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		<-ctrl.SetupSignalHandler().Done()
+		cancel()
+	}()
+	driver := os.Getenv("HELM_DRIVER")
+	return controller.Run(ctx, cfg, controller.Options{
+		Namespaces:              o.namespaces,
+		HelmDriver:              driver,
+		Selector:                o.selector,
+		LockBackend:             o.guard.LockBackend,
+		Policy:                  recovery.Policy{Autorecover: true, LegacyAfter: o.guard.RecoverLegacyAfter, Strategy: recovery.Strategy(o.guard.RecoverStrategy), Hints: recovery.CLIHints},
+		DeleteData:              o.guard.RecoverDeleteData,
+		Rollback:                controllerRollback(driver),
+		LeaderElect:             o.leaderElect,
+		LeaderElectionNamespace: o.leaderNS,
+		LeaderElectionID:        o.leaderID,
+		MetricsBindAddress:      o.metricsAddr,
+		HealthProbeBindAddress:  o.probeAddr,
+		Workers:                 o.workers,
+		Who:                     "controller@" + hostnameOr("unknown"),
+	})
+}
+
+// controllerRollback rolls a release back with helm's own action, whose
+// writes go through the fence the controller sets (helm's clients).
+func controllerRollback(driver string) func(ctx context.Context, namespace, release string, revision int) error {
+	return func(_ context.Context, namespace, release string, revision int) error {
+		// helm's settings for the release's namespace (objects without one
+		// go there), with clients fenced as helm's command tree's are.
+		settings := helmcli.New()
+		settings.SetNamespace(namespace)
+		getter := settings.RESTClientGetter()
+		if err := helmx.WrapGetter(getter, helmx.DefaultWriteFence); err != nil {
+			return err
+		}
+		cfg := action.NewConfiguration()
+		if err := cfg.Init(getter, namespace, driver); err != nil {
+			return fmt.Errorf("helm configuration: %w", err)
+		}
+		rb := action.NewRollback(cfg)
+		rb.Version = revision
+		rb.Timeout = 5 * time.Minute
+		rb.WaitStrategy = kube.HookOnlyStrategy
+		return rb.Run(release)
+	}
+}
+
+func hostnameOr(def string) string {
+	h, err := os.Hostname()
+	if err != nil || strings.TrimSpace(h) == "" {
+		return def
+	}
+	return h
+}

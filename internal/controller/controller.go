@@ -1,0 +1,181 @@
+package controller
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/selection"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/util/workqueue"
+	"k8s.io/utils/clock"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	crcontroller "sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	crmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	"github.com/helm-autorecover/helm-autorecover/internal/helmx"
+	"github.com/helm-autorecover/helm-autorecover/internal/protocol"
+	"github.com/helm-autorecover/helm-autorecover/internal/records"
+	"github.com/helm-autorecover/helm-autorecover/internal/recovery"
+)
+
+// AnnotationIgnore on a Namespace, or on a release's newest record, set to
+// "true", keeps the controller away from it.
+const AnnotationIgnore = "helm-autorecover.io/ignore"
+
+// Options configure the controller (the flags of `helm-autorecover
+// controller`).
+type Options struct {
+	// Namespaces to watch; empty watches all.
+	Namespaces []string
+	// HelmDriver is helm's storage driver: secret ("") or configmap.
+	HelmDriver string
+	// Selector narrows the release records considered (added to
+	// owner=helm and the pending statuses).
+	Selector string
+	// LockBackend is the backend of the locks the controller takes to
+	// recover (auto, lease or release), as the CLI's --lock-backend.
+	LockBackend string
+	// Policy is the recovery policy (legacy age, strategy).
+	Policy recovery.Policy
+	// DeleteData is --recover-delete-data.
+	DeleteData bool
+	// Rollback rolls a release back with helm's own action for the
+	// rollback strategy, fenced by the caller; nil makes that strategy only
+	// mark the revision failed.
+	Rollback func(ctx context.Context, namespace, release string, revision int) error
+
+	LeaderElect             bool
+	LeaderElectionNamespace string
+	LeaderElectionID        string
+	MetricsBindAddress      string
+	HealthProbeBindAddress  string
+	// Workers is how many releases are recovered at once.
+	Workers int
+	// Who names this process in lock records, history descriptions and
+	// Events.
+	Who string
+}
+
+// pendingStatuses are the statuses of a revision an operation was writing.
+var pendingStatuses = []string{"pending-install", "pending-upgrade", "pending-rollback"}
+
+// recordSelector selects the pending release records the controller
+// watches: helm's, pending, and matching the user's selector.
+func recordSelector(user string) (labels.Selector, error) {
+	sel := labels.NewSelector()
+	if user != "" {
+		s, err := labels.Parse(user)
+		if err != nil {
+			return nil, fmt.Errorf("--selector=%q: %w", user, err)
+		}
+		reqs, _ := s.Requirements()
+		sel = sel.Add(reqs...)
+	}
+	owner, err := labels.NewRequirement(helmx.LabelOwner, selection.Equals, []string{helmx.OwnerHelm})
+	if err != nil {
+		return nil, err
+	}
+	status, err := labels.NewRequirement(helmx.LabelStatus, selection.In, pendingStatuses)
+	if err != nil {
+		return nil, err
+	}
+	return sel.Add(*owner, *status), nil
+}
+
+// Run runs the controller until ctx ends.
+func Run(ctx context.Context, cfg *rest.Config, o Options) error {
+	ctrl.SetLogger(logr.FromSlogHandler(slog.Default().Handler()))
+	driver, err := records.ParseDriver(o.HelmDriver)
+	if err != nil {
+		return fmt.Errorf("--helm-driver: %w", err)
+	}
+	sel, err := recordSelector(o.Selector)
+	if err != nil {
+		return err
+	}
+	var recordObj client.Object = &corev1.Secret{}
+	kind := "Secret"
+	if driver == records.DriverConfigMap {
+		recordObj, kind = &corev1.ConfigMap{}, "ConfigMap"
+	}
+	meta := &metav1.PartialObjectMetadata{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: kind}}
+	cacheOpts := cache.Options{
+		// Metadata only, pending only: helm's release data is read, uncached,
+		// only for a release being recovered.
+		ByObject: map[client.Object]cache.ByObject{meta: {Label: sel}},
+	}
+	if len(o.Namespaces) > 0 {
+		cacheOpts.DefaultNamespaces = map[string]cache.Config{}
+		for _, ns := range o.Namespaces {
+			cacheOpts.DefaultNamespaces[ns] = cache.Config{}
+		}
+	}
+	leaseDuration, renewDeadline, retryPeriod := 15*time.Second, 10*time.Second, 2*time.Second
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
+		Cache:                         cacheOpts,
+		Metrics:                       metricsserver.Options{BindAddress: o.MetricsBindAddress},
+		HealthProbeBindAddress:        o.HealthProbeBindAddress,
+		LeaderElection:                o.LeaderElect,
+		LeaderElectionID:              o.LeaderElectionID,
+		LeaderElectionNamespace:       o.LeaderElectionNamespace,
+		LeaderElectionReleaseOnCancel: true,
+		LeaseDuration:                 &leaseDuration,
+		RenewDeadline:                 &renewDeadline,
+		RetryPeriod:                   &retryPeriod,
+	})
+	if err != nil {
+		return fmt.Errorf("controller manager: %w", err)
+	}
+	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
+		return err
+	}
+	if err := mgr.AddReadyzCheck("ping", healthz.Ping); err != nil {
+		return err
+	}
+	conn, err := protocol.Connect(cfg, clock.RealClock{}, o.HelmDriver)
+	if err != nil {
+		return err
+	}
+	r := &Reconciler{
+		Conn:    conn,
+		Cache:   mgr.GetClient(),
+		Options: o,
+		metrics: newMetrics(crmetrics.Registry),
+		kind:    kind,
+	}
+	workers := max(o.Workers, 1)
+	err = ctrl.NewControllerManagedBy(mgr).
+		Named("helm-releases").
+		WatchesMetadata(recordObj, handler.EnqueueRequestsFromMapFunc(func(_ context.Context, obj client.Object) []reconcile.Request {
+			name := obj.GetLabels()[helmx.LabelName]
+			if name == "" {
+				return nil
+			}
+			return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: obj.GetNamespace(), Name: name}}}
+		})).
+		WithOptions(crcontroller.Options{
+			MaxConcurrentReconciles: workers,
+			// Failed recoveries (RBAC, conflicts) are retried from 1 s,
+			// doubling to 5 minutes: never hot-looped.
+			RateLimiter: workqueue.NewTypedItemExponentialFailureRateLimiter[reconcile.Request](time.Second, 5*time.Minute),
+		}).
+		Complete(r)
+	if err != nil {
+		return fmt.Errorf("controller: %w", err)
+	}
+	slog.Info("helm-autorecover controller starting", slog.String("who", o.Who), slog.Any("namespaces", o.Namespaces), slog.String("selector", sel.String()), slog.Bool("leader_elect", o.LeaderElect))
+	return mgr.Start(ctx)
+}
