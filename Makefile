@@ -13,7 +13,7 @@ GOLANGCI_LINT := $(shell $(GO) env GOPATH)/bin/golangci-lint
 # Integration tests start processes and wait on them: generous, not infinite.
 TEST_TIMEOUT ?= 40m
 
-.PHONY: build test test-unit test-integration lint fmt vet demo bench cluster-up cluster-down cluster-bins tools clean
+.PHONY: build test test-unit test-integration lint fmt vet demo bench cluster-up cluster-down cluster-bins tools clean chart-lint
 
 build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/helm-autorecover
@@ -45,6 +45,10 @@ bench: build cluster-up
 		--helm $${HELM4:-$$HOME/.cache/helm-autorecover/bin/helm-v4} $(if $(BENCH_BASELINE),--baseline $(BENCH_BASELINE))
 	KUBECONFIG=$(CURDIR)/.local-cluster/kubeconfig $(GO) run ./hack/benchtraffic --bin $(BIN) \
 		--helm $${HELM4:-$$HOME/.cache/helm-autorecover/bin/helm-v4} $(if $(BENCH_BASELINE),--baseline $(BENCH_BASELINE))
+
+## chart-lint: stock helm v4 lints the controller's chart (test/e2e TestChart* test it fully).
+chart-lint: cluster-bins
+	$${HELM4:-$${HELM_AUTORECOVER_CACHE:-$${XDG_CACHE_HOME:-$$HOME/.cache}/helm-autorecover}/bin/helm-v4} lint --strict charts/helm-autorecover
 
 fmt:
 	gofmt -w $$(git ls-files '*.go')
