@@ -177,5 +177,12 @@ func Run(ctx context.Context, cfg *rest.Config, o Options) error {
 		return fmt.Errorf("controller: %w", err)
 	}
 	slog.Info("helm-autorecover controller starting", slog.String("who", o.Who), slog.Any("namespaces", o.Namespaces), slog.String("selector", sel.String()), slog.Bool("leader_elect", o.LeaderElect))
+	go func() {
+		select {
+		case <-mgr.Elected():
+			slog.Info("leading: this replica recovers stuck releases now", slog.Bool("leader_elect", o.LeaderElect))
+		case <-ctx.Done():
+		}
+	}()
 	return mgr.Start(ctx)
 }
