@@ -3,7 +3,10 @@ package e2e
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
+	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -16,6 +19,7 @@ import (
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
+	authenticationv1 "k8s.io/api/authentication/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -25,7 +29,9 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	yamlutil "k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/helm-autorecover/helm-autorecover/internal/helmx"
 	"github.com/helm-autorecover/helm-autorecover/internal/testenv"
 	"github.com/helm-autorecover/helm-autorecover/internal/version"
 )
@@ -213,18 +219,18 @@ func chartTyped[T any](t *testing.T, u *unstructured.Unstructured) *T {
 	return &v
 }
 
-// access is "verb[,verb...] resource[.group]", e.g. "create leases.coordination.k8s.io".
-type access string
+// chartAccess is "verb[,verb...] resource[.group]", e.g. "create leases.coordination.k8s.io".
+type chartAccess string
 
-func (a access) split() (verbs []string, resource, group string) {
+func (a chartAccess) split() (verbs []string, resource, group string) {
 	v, rg, _ := strings.Cut(string(a), " ")
 	resource, group, _ = strings.Cut(rg, ".")
 	return strings.Split(v, ","), resource, group
 }
 
-// rulesAllow reports whether rules grant verb on resource in group (on every
+// chartRulesAllow reports whether rules grant verb on resource in group (on every
 // object of it, not only named ones).
-func rulesAllow(rules []rbacv1.PolicyRule, verb, resource, group string) bool {
+func chartRulesAllow(rules []rbacv1.PolicyRule, verb, resource, group string) bool {
 	for _, r := range rules {
 		if len(r.ResourceNames) == 0 && slices.Contains(r.APIGroups, group) && slices.Contains(r.Resources, resource) && slices.Contains(r.Verbs, verb) {
 			return true
@@ -233,17 +239,17 @@ func rulesAllow(rules []rbacv1.PolicyRule, verb, resource, group string) bool {
 	return false
 }
 
-// roleWant is what one rendered Role or ClusterRole must and must not grant.
-type roleWant struct{ allow, deny []access }
+// chartRoleWant is what one rendered Role or ClusterRole must and must not grant.
+type chartRoleWant struct{ allow, deny []chartAccess }
 
 // Rights every watched place needs, whatever the values (the secret driver).
 var (
-	recordRights = []access{
+	chartRecordRights = []chartAccess{
 		"get,list,watch,create,update,delete secrets",
 		"create events.events.k8s.io",
 	}
-	leaseRights    = access("get,list,watch,create,update,delete leases.coordination.k8s.io")
-	recoveryRights = []access{
+	chartLeaseRights    = chartAccess("get,list,watch,create,update,delete leases.coordination.k8s.io")
+	chartRecoveryRights = []chartAccess{
 		"get,list,patch,update,delete deployments.apps",
 		"get,list,patch,update,delete statefulsets.apps",
 		"get,list,patch,update,delete daemonsets.apps",
@@ -262,7 +268,7 @@ var (
 	}
 	// Never granted by default: deleting data, creating what a recovery
 	// with strategy fail never creates, anything on pods or nodes.
-	recoveryDenied = []access{
+	chartRecoveryDenied = []chartAccess{
 		"delete persistentvolumeclaims",
 		"create deployments.apps",
 		"create services",
@@ -271,15 +277,15 @@ var (
 		"get pods",
 		"escalate,bind roles.rbac.authorization.k8s.io",
 	}
-	clusterRights = []access{
+	chartClusterRights = []chartAccess{
 		"get,list,watch namespaces",
 		"create selfsubjectaccessreviews.authorization.k8s.io",
 	}
-	leaderRights = []access{leaseRights, "create events.events.k8s.io"}
+	chartLeaderRights = []chartAccess{chartLeaseRights, "create events.events.k8s.io"}
 )
 
-func cat(parts ...[]access) []access {
-	var out []access
+func chartCat(parts ...[]chartAccess) []chartAccess {
+	var out []chartAccess
 	for _, p := range parts {
 		out = append(out, p...)
 	}
@@ -319,7 +325,7 @@ func TestChartTemplate(t *testing.T) {
 		// args is the container's command line.
 		args []string
 		// roles are every Role and ClusterRole rendered, by chartKey.
-		roles map[string]roleWant
+		roles map[string]chartRoleWant
 		// kinds counts the objects of each kind rendered.
 		kinds map[string]int
 		// check looks at anything else.
@@ -328,12 +334,12 @@ func TestChartTemplate(t *testing.T) {
 		{
 			name: "defaults",
 			args: chartArgs(nil),
-			roles: map[string]roleWant{
+			roles: map[string]chartRoleWant{
 				chartKey("ClusterRole", "", chartRBAC): {
-					allow: cat(recordRights, []access{leaseRights}, recoveryRights, clusterRights),
-					deny:  cat(recoveryDenied, []access{"watch,create configmaps"}),
+					allow: chartCat(chartRecordRights, []chartAccess{chartLeaseRights}, chartRecoveryRights, chartClusterRights),
+					deny:  chartCat(chartRecoveryDenied, []chartAccess{"watch,create configmaps"}),
 				},
-				chartKey("Role", chartNS, chartFull+"-leader-election"): {allow: leaderRights, deny: []access{"get secrets"}},
+				chartKey("Role", chartNS, chartFull+"-leader-election"): {allow: chartLeaderRights, deny: []chartAccess{"get secrets"}},
 			},
 			kinds: map[string]int{"Deployment": 1, "ServiceAccount": 1, "Service": 1, "ClusterRole": 1, "ClusterRoleBinding": 1, "Role": 1, "RoleBinding": 1},
 			check: func(t *testing.T, objs map[string]*unstructured.Unstructured) {
@@ -351,21 +357,21 @@ func TestChartTemplate(t *testing.T) {
 			set: []string{"--set", "namespaces={team-a,team-b}", "--set", "serviceMonitor.enabled=true",
 				"--set", "serviceMonitor.interval=15s", "--set", "serviceMonitor.labels.release=prom"},
 			args: chartArgs(map[string]string{"namespaces": "team-a,team-b"}),
-			roles: map[string]roleWant{
+			roles: map[string]chartRoleWant{
 				chartKey("Role", "team-a", chartRBAC): {
-					allow: cat(recordRights, []access{leaseRights}, recoveryRights),
-					deny:  recoveryDenied,
+					allow: chartCat(chartRecordRights, []chartAccess{chartLeaseRights}, chartRecoveryRights),
+					deny:  chartRecoveryDenied,
 				},
 				chartKey("Role", "team-b", chartRBAC): {
-					allow: cat(recordRights, []access{leaseRights}, recoveryRights),
-					deny:  recoveryDenied,
+					allow: chartCat(chartRecordRights, []chartAccess{chartLeaseRights}, chartRecoveryRights),
+					deny:  chartRecoveryDenied,
 				},
 				// Namespaces are cluster-scoped: only their reading is cluster-wide.
 				chartKey("ClusterRole", "", chartRBAC+"-namespaces"): {
-					allow: clusterRights,
-					deny:  cat(recordRights, []access{leaseRights}, recoveryRights[:1]),
+					allow: chartClusterRights,
+					deny:  chartCat(chartRecordRights, []chartAccess{chartLeaseRights}, chartRecoveryRights[:1]),
 				},
-				chartKey("Role", chartNS, chartFull+"-leader-election"): {allow: leaderRights, deny: []access{"get secrets"}},
+				chartKey("Role", chartNS, chartFull+"-leader-election"): {allow: chartLeaderRights, deny: []chartAccess{"get secrets"}},
 			},
 			kinds: map[string]int{"Deployment": 1, "ServiceAccount": 1, "Service": 1, "ServiceMonitor": 1, "ClusterRole": 1, "ClusterRoleBinding": 1, "Role": 3, "RoleBinding": 3},
 			check: func(t *testing.T, objs map[string]*unstructured.Unstructured) {
@@ -403,9 +409,9 @@ func TestChartTemplate(t *testing.T) {
 				"--set", "recoverDeleteData=true", "--set", "recoverLegacyAfter=0", "--set-string", "selector=team in (a\\,b)"},
 			args: chartArgs(map[string]string{"helm-driver": "configmap", "lock-backend": "release", "recover-strategy": "rollback",
 				"recover-delete-data": "true", "recover-legacy-after": "0", "selector": "team in (a,b)"}),
-			roles: map[string]roleWant{
+			roles: map[string]chartRoleWant{
 				chartKey("ClusterRole", "", chartRBAC): {
-					allow: []access{
+					allow: []chartAccess{
 						"get,list,watch,create,update,delete configmaps", "create events.events.k8s.io",
 						"get,list,watch namespaces",
 						// rollback re-creates; delete data removes claims
@@ -413,9 +419,9 @@ func TestChartTemplate(t *testing.T) {
 					},
 					// No Lease, no access review with the release backend; no
 					// watch on Secrets (the records are ConfigMaps).
-					deny: []access{"get leases.coordination.k8s.io", "create selfsubjectaccessreviews.authorization.k8s.io", "watch secrets", "delete namespaces"},
+					deny: []chartAccess{"get leases.coordination.k8s.io", "create selfsubjectaccessreviews.authorization.k8s.io", "watch secrets", "delete namespaces"},
 				},
-				chartKey("Role", chartNS, chartFull+"-leader-election"): {allow: leaderRights},
+				chartKey("Role", chartNS, chartFull+"-leader-election"): {allow: chartLeaderRights},
 			},
 			kinds: map[string]int{"Deployment": 1, "ServiceAccount": 1, "Service": 1, "ClusterRole": 1, "ClusterRoleBinding": 1, "Role": 1, "RoleBinding": 1},
 		},
@@ -425,8 +431,8 @@ func TestChartTemplate(t *testing.T) {
 				"--set", "health.port=9091", "--set", "extraArgs={--debug}", "--set", "image.tag=v9.9.9"},
 			args: chartArgs(map[string]string{"leader-elect": "false", "leader-election-namespace": "-", "leader-election-id": "-",
 				"metrics-bind-address": ":9090", "health-probe-bind-address": ":9091"}, "--debug"),
-			roles: map[string]roleWant{
-				chartKey("ClusterRole", "", chartRBAC): {allow: cat(recordRights, []access{leaseRights}, recoveryRights, clusterRights)},
+			roles: map[string]chartRoleWant{
+				chartKey("ClusterRole", "", chartRBAC): {allow: chartCat(chartRecordRights, []chartAccess{chartLeaseRights}, chartRecoveryRights, chartClusterRights)},
 			},
 			kinds: map[string]int{"Deployment": 1, "ServiceAccount": 1, "Service": 1, "ClusterRole": 1, "ClusterRoleBinding": 1},
 			check: func(t *testing.T, objs map[string]*unstructured.Unstructured) {
@@ -441,9 +447,9 @@ func TestChartTemplate(t *testing.T) {
 			set: []string{"--set", "leaderElection.namespace=coord", "--set", "leaderElection.id=hac-leader",
 				"--set", "serviceAccount.create=false", "--set", "serviceAccount.name=robot"},
 			args: chartArgs(map[string]string{"leader-election-namespace": "coord", "leader-election-id": "hac-leader"}),
-			roles: map[string]roleWant{
-				chartKey("ClusterRole", "", chartRBAC):                  {allow: cat(recordRights, []access{leaseRights}, recoveryRights, clusterRights)},
-				chartKey("Role", "coord", chartRBAC+"-leader-election"): {allow: leaderRights},
+			roles: map[string]chartRoleWant{
+				chartKey("ClusterRole", "", chartRBAC):                  {allow: chartCat(chartRecordRights, []chartAccess{chartLeaseRights}, chartRecoveryRights, chartClusterRights)},
+				chartKey("Role", "coord", chartRBAC+"-leader-election"): {allow: chartLeaderRights},
 			},
 			kinds: map[string]int{"Deployment": 1, "Service": 1, "ClusterRole": 1, "ClusterRoleBinding": 1, "Role": 1, "RoleBinding": 1},
 		},
@@ -451,7 +457,7 @@ func TestChartTemplate(t *testing.T) {
 			name:  "no RBAC",
 			set:   []string{"--set", "rbac.create=false"},
 			args:  chartArgs(nil),
-			roles: map[string]roleWant{},
+			roles: map[string]chartRoleWant{},
 			kinds: map[string]int{"Deployment": 1, "ServiceAccount": 1, "Service": 1},
 		},
 	}
@@ -508,7 +514,7 @@ func chartCheckDeployment(t *testing.T, objs map[string]*unstructured.Unstructur
 	t.Helper()
 	u := objs[chartKey("Deployment", chartNS, chartFull)]
 	if u == nil {
-		t.Fatalf("no Deployment %s/%s among %v", chartNS, chartFull, keysOf(objs))
+		t.Fatalf("no Deployment %s/%s among %v", chartNS, chartFull, chartKeys(objs))
 	}
 	d := chartTyped[appsv1.Deployment](t, u)
 	chartCheckPodSpec(t, d, sa, args)
@@ -598,7 +604,7 @@ func chartCheckService(t *testing.T, objs map[string]*unstructured.Unstructured,
 	t.Helper()
 	u := objs[chartKey("Service", chartNS, chartFull+"-metrics")]
 	if u == nil {
-		t.Fatalf("no metrics Service among %v", keysOf(objs))
+		t.Fatalf("no metrics Service among %v", chartKeys(objs))
 	}
 	svc := chartTyped[corev1.Service](t, u)
 	if !reflect.DeepEqual(svc.Spec.Selector, d.Spec.Selector.MatchLabels) {
@@ -623,7 +629,7 @@ func chartCheckService(t *testing.T, objs map[string]*unstructured.Unstructured,
 // chartCheckRBAC checks that the rendered Roles and ClusterRoles are
 // exactly those of want, grant what want allows and nothing it denies, and
 // that each is bound, alone, to the controller's ServiceAccount.
-func chartCheckRBAC(t *testing.T, objs map[string]*unstructured.Unstructured, want map[string]roleWant, sa string) {
+func chartCheckRBAC(t *testing.T, objs map[string]*unstructured.Unstructured, want map[string]chartRoleWant, sa string) {
 	t.Helper()
 	var got []string
 	bound := map[string]bool{}
@@ -652,7 +658,7 @@ func chartCheckRBAC(t *testing.T, objs map[string]*unstructured.Unstructured, wa
 		}
 	}
 	sort.Strings(got)
-	if wantKeys := keysOf(want); !slices.Equal(got, wantKeys) {
+	if wantKeys := chartKeys(want); !slices.Equal(got, wantKeys) {
 		t.Errorf("rendered roles = %q; want %q", got, wantKeys)
 	}
 	for key, w := range want {
@@ -667,7 +673,7 @@ func chartCheckRBAC(t *testing.T, objs map[string]*unstructured.Unstructured, wa
 		for _, a := range w.allow {
 			verbs, res, group := a.split()
 			for _, v := range verbs {
-				if !rulesAllow(role.Rules, v, res, group) {
+				if !chartRulesAllow(role.Rules, v, res, group) {
 					t.Errorf("%s does not grant %s on %s (group %q)", key, v, res, group)
 				}
 			}
@@ -675,7 +681,7 @@ func chartCheckRBAC(t *testing.T, objs map[string]*unstructured.Unstructured, wa
 		for _, a := range w.deny {
 			verbs, res, group := a.split()
 			for _, v := range verbs {
-				if rulesAllow(role.Rules, v, res, group) {
+				if chartRulesAllow(role.Rules, v, res, group) {
 					t.Errorf("%s grants %s on %s (group %q); it must not", key, v, res, group)
 				}
 			}
@@ -683,7 +689,7 @@ func chartCheckRBAC(t *testing.T, objs map[string]*unstructured.Unstructured, wa
 	}
 }
 
-func keysOf[V any](m map[string]V) []string {
+func chartKeys[V any](m map[string]V) []string {
 	out := make([]string, 0, len(m))
 	for k := range m {
 		out = append(out, k)
@@ -707,7 +713,7 @@ func TestChartInstall(t *testing.T) {
 		other := env.Namespace(t)
 		const rel = "ctl"
 		full, rbacName := rel+"-helm-autorecover", rel+"-helm-autorecover-"+ns
-		cleanupClusterRBAC(t, env, rbacName)
+		chartCleanupClusterRBAC(t, env, rbacName)
 		mustRun(t, env, bin, "install", rel, dir, "-n", ns, "--timeout", "2m")
 		if got := strings.Join(env.Summary(t, ns, rel), " "); got != "1:deployed" {
 			t.Fatalf("history after install = %s; want 1:deployed", got)
@@ -719,9 +725,9 @@ func TestChartInstall(t *testing.T) {
 		chartMustExist(t, env, "RoleBinding", ns, full+"-leader-election")
 		sa := "system:serviceaccount:" + ns + ":" + full
 		for _, where := range []string{ns, other, "default"} {
-			chartCheckAccess(t, env, sa, ns, where, cat(recordRights, []access{leaseRights}, recoveryRights), recoveryDenied)
+			chartCheckAccess(t, env, sa, ns, where, chartCat(chartRecordRights, []chartAccess{chartLeaseRights}, chartRecoveryRights), chartRecoveryDenied)
 		}
-		chartCheckAccess(t, env, sa, ns, "", clusterRights, []access{"delete namespaces", "create clusterroles.rbac.authorization.k8s.io"})
+		chartCheckAccess(t, env, sa, ns, "", chartClusterRights, []chartAccess{"delete namespaces", "create clusterroles.rbac.authorization.k8s.io"})
 
 		mustRun(t, env, bin, "uninstall", rel, "-n", ns, "--timeout", "2m")
 		chartMustBeGone(t, env, "ClusterRole", "", rbacName)
@@ -733,7 +739,7 @@ func TestChartInstall(t *testing.T) {
 		teamA, teamB, other := env.Namespace(t), env.Namespace(t), env.Namespace(t)
 		const rel = "ctl"
 		full, rbacName := rel+"-helm-autorecover", rel+"-helm-autorecover-"+ns
-		cleanupClusterRBAC(t, env, rbacName+"-namespaces")
+		chartCleanupClusterRBAC(t, env, rbacName+"-namespaces")
 		mustRun(t, env, bin, "install", rel, dir, "-n", ns, "--timeout", "2m",
 			"--set", "namespaces={"+teamA+","+teamB+"}", "--set", "recoverStrategy=rollback")
 		chartCheckInstalled(t, env, ns, full, chartArgs(map[string]string{
@@ -746,15 +752,15 @@ func TestChartInstall(t *testing.T) {
 		chartMustExist(t, env, "ClusterRole", "", rbacName+"-namespaces")
 		chartMustBeGone(t, env, "ClusterRole", "", rbacName)
 		sa := "system:serviceaccount:" + ns + ":" + full
-		watched := cat(recordRights, []access{leaseRights}, recoveryRights, []access{"create deployments.apps"})
+		watched := chartCat(chartRecordRights, []chartAccess{chartLeaseRights}, chartRecoveryRights, []chartAccess{"create deployments.apps"})
 		for _, w := range []string{teamA, teamB} {
-			chartCheckAccess(t, env, sa, ns, w, watched, []access{"delete persistentvolumeclaims"})
+			chartCheckAccess(t, env, sa, ns, w, watched, []chartAccess{"delete persistentvolumeclaims"})
 		}
 		// Outside the listed namespaces: nothing on releases, only the
 		// leader-election Lease in its own namespace.
-		chartCheckAccess(t, env, sa, ns, other, nil, cat([]access{"get secrets", "get leases.coordination.k8s.io", "create events.events.k8s.io"}, recoveryRights[:1]))
-		chartCheckAccess(t, env, sa, ns, ns, leaderRights, []access{"get secrets", "patch deployments.apps"})
-		chartCheckAccess(t, env, sa, ns, "", clusterRights, []access{"delete namespaces"})
+		chartCheckAccess(t, env, sa, ns, other, nil, chartCat([]chartAccess{"get secrets", "get leases.coordination.k8s.io", "create events.events.k8s.io"}, chartRecoveryRights[:1]))
+		chartCheckAccess(t, env, sa, ns, ns, chartLeaderRights, []chartAccess{"get secrets", "patch deployments.apps"})
+		chartCheckAccess(t, env, sa, ns, "", chartClusterRights, []chartAccess{"delete namespaces"})
 
 		mustRun(t, env, bin, "uninstall", rel, "-n", ns, "--timeout", "2m")
 		chartMustBeGone(t, env, "ClusterRole", "", rbacName+"-namespaces")
@@ -763,9 +769,9 @@ func TestChartInstall(t *testing.T) {
 	})
 }
 
-// cleanupClusterRBAC deletes the ClusterRole and ClusterRoleBinding name at
+// chartCleanupClusterRBAC deletes the ClusterRole and ClusterRoleBinding name at
 // the end of the test if the test left them (namespaces go by themselves).
-func cleanupClusterRBAC(t *testing.T, env *testenv.Env, name string) {
+func chartCleanupClusterRBAC(t *testing.T, env *testenv.Env, name string) {
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
@@ -836,7 +842,7 @@ func chartMustBeGone(t *testing.T, env *testenv.Env, kind, ns, name string) {
 // chartCheckAccess asks the API server (SubjectAccessReview) whether the
 // ServiceAccount user (of namespace saNS) may do each allowed access and
 // none of the denied ones in namespace where ("" for cluster-scoped).
-func chartCheckAccess(t *testing.T, env *testenv.Env, user, saNS, where string, allow, deny []access) {
+func chartCheckAccess(t *testing.T, env *testenv.Env, user, saNS, where string, allow, deny []chartAccess) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -869,4 +875,194 @@ func chartCheckAccess(t *testing.T, env *testenv.Env, user, saNS, where string, 
 			}
 		}
 	}
+}
+
+// TestChartControllerRunsUnderItsRBAC runs the chart's Deployment for real,
+// with the rights the chart grants and no others. The local fake node runs
+// no containers, so the test runs our binary as a local process with the
+// container's arguments as the cluster stores them (the bind addresses moved
+// to free loopback ports), its HELM_DRIVER and POD_NAMESPACE, and a token of
+// the chart's ServiceAccount. It must become ready, take the leader-election
+// Lease, and recover a release whose upgrade was killed in the watched
+// namespace, undoing what the abandoned revision applied (a Deployment it
+// changed, a ConfigMap it created) with the rights of rbac.recoveryRules,
+// and record an Event. With the secret driver and the default lock
+// backend; with the configmap driver and the release backend (the chart
+// then grants no Lease in the watched namespace); and with the rollback
+// strategy (a new revision, written by helm's own rollback, which needs
+// create: the chart adds it). The controller
+// watches only its test's namespace: other tests' releases are not its.
+func TestChartControllerRunsUnderItsRBAC(t *testing.T) {
+	env := testenv.Get(t)
+	bin := env.Bin(t)
+	for _, tc := range []struct {
+		name, driver string
+		set          []string
+		// want is the history once recovered.
+		want string
+	}{
+		{"secret driver", "secret", nil, "1:deployed 2:failed"},
+		{"configmap driver, release backend", "configmap", []string{"--set", "helmDriver=configmap", "--set", "lockBackend=release"}, "1:deployed 2:failed"},
+		{"rollback", "secret", []string{"--set", "recoverStrategy=rollback"}, "1:superseded 2:failed 3:deployed"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			chartControllerScenario(t, env, bin, tc.driver, tc.set, tc.want)
+		})
+	}
+}
+
+func chartControllerScenario(t *testing.T, env *testenv.Env, bin, driver string, set []string, want string) {
+	ns := env.Namespace(t)
+	watched := env.Namespace(t)
+	const rel = "ctl"
+	full := rel + "-helm-autorecover"
+	leaderID := "ctl-" + ns
+	chartCleanupClusterRBAC(t, env, full+"-"+ns+"-namespaces")
+	mustRun(t, env, bin, append([]string{"install", rel, chartDir(env.RepoRoot), "-n", ns, "--timeout", "2m",
+		"--set", "namespaces={" + watched + "}", "--set", "leaderElection.id=" + leaderID}, set...)...)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	d, err := env.Client.AppsV1().Deployments(ns).Get(ctx, full, metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("the chart's Deployment: %v", err)
+	}
+	c := d.Spec.Template.Spec.Containers[0]
+	health := "127.0.0.1:" + strconv.Itoa(chartFreePort(t))
+	var a []string
+	for _, arg := range c.Args {
+		switch {
+		case strings.HasPrefix(arg, "--metrics-bind-address="):
+			arg = "--metrics-bind-address=127.0.0.1:" + strconv.Itoa(chartFreePort(t))
+		case strings.HasPrefix(arg, "--health-probe-bind-address="):
+			arg = "--health-probe-bind-address=" + health
+		}
+		a = append(a, arg)
+	}
+	extra := []string{"KUBECONFIG=" + chartTokenKubeconfig(ctx, t, env, ns, d.Spec.Template.Spec.ServiceAccountName), "POD_NAMESPACE=" + ns}
+	for _, e := range c.Env {
+		if e.Name == "HELM_DRIVER" || e.Name == "GOMEMLIMIT" {
+			extra = append(extra, e.Name+"="+e.Value)
+		}
+	}
+	p := env.StartEnv(t, extra, bin, a...)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("controller stderr:\n%s", p.Stderr.String())
+		}
+	})
+	chartPoll(t, p, 90*time.Second, "the controller's /readyz answering 200", func() bool {
+		res, err := http.Get("http://" + health + "/readyz")
+		if err != nil {
+			return false
+		}
+		_ = res.Body.Close()
+		return res.StatusCode == http.StatusOK
+	})
+	chartPoll(t, p, 90*time.Second, "the controller holding the leader-election Lease "+ns+"/"+leaderID, func() bool {
+		l, err := env.Client.CoordinationV1().Leases(ns).Get(ctx, leaderID, metav1.GetOptions{})
+		return err == nil && l.Spec.HolderIdentity != nil && *l.Spec.HolderIdentity != ""
+	})
+
+	// A release in the watched namespace, its upgrade killed after it
+	// applied its changes: a nodeSelector on the Deployment, a new ConfigMap.
+	records, err := helmx.NewRecords(env.Client, driver)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cli := []string{"HELM_DRIVER=" + driver}
+	chart := env.Chart("app")
+	const app = "app"
+	if res := env.RunEnv(t, cli, bin, "install", app, chart, "-n", watched); res.ExitCode != 0 {
+		t.Fatalf("install %s: exit %d\n%s", app, res.ExitCode, res.Stderr)
+	}
+	up := env.StartEnv(t, cli, bin, args([]string{"upgrade", app, chart, "-n", watched, "--wait", "--timeout", "5m",
+		"--lease-duration", "3s", "--set", "extraConfigMap=true"}, unschedulable)...)
+	chartPoll(t, p, 60*time.Second, "revision 2 pending", func() bool { return cmHistory(t, records, watched, app) == "1:deployed 2:pending-upgrade" })
+	waitForWriterIn(t, env, configMapLock(records), watched, app, 2, 10*time.Second)
+	chartPoll(t, p, 60*time.Second, "the upgrade applying its changes", func() bool {
+		_, errCM := env.Client.CoreV1().ConfigMaps(watched).Get(ctx, app+"-extra", metav1.GetOptions{})
+		dep, errD := env.Client.AppsV1().Deployments(watched).Get(ctx, app, metav1.GetOptions{})
+		return errCM == nil && errD == nil && len(dep.Spec.Template.Spec.NodeSelector) > 0
+	})
+	up.Kill(t)
+	killed := time.Now()
+	chartPoll(t, p, 2*time.Minute, "the controller recovering revision 2 of "+watched+"/"+app, func() bool {
+		return cmHistory(t, records, watched, app) == want
+	})
+	figure(t, "chart: controller (%s driver) under the chart's RBAC recovered a killed upgrade %s after the kill", driver, secs(time.Since(killed)))
+	if _, err := env.Client.CoreV1().ConfigMaps(watched).Get(ctx, app+"-extra", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("the ConfigMap only the abandoned revision created is still there (%v)", err)
+	}
+	if dep, err := env.Client.AppsV1().Deployments(watched).Get(ctx, app, metav1.GetOptions{}); err != nil {
+		t.Errorf("the release's Deployment: %v", err)
+	} else if len(dep.Spec.Template.Spec.NodeSelector) != 0 {
+		t.Errorf("the Deployment keeps the abandoned revision's nodeSelector %v", dep.Spec.Template.Spec.NodeSelector)
+	}
+	chartPoll(t, p, 30*time.Second, "a Recovered Event in "+watched, func() bool {
+		evs, err := env.Client.EventsV1().Events(watched).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false
+		}
+		for _, e := range evs.Items {
+			if e.Reason == "Recovered" {
+				return true
+			}
+		}
+		return false
+	})
+	if strings.Contains(strings.ToLower(p.Stderr.String()), "forbidden") {
+		t.Errorf("the controller was refused something under the chart's RBAC:\n%s", p.Stderr.String())
+	}
+}
+
+// chartPoll waits until done, at most limit; it fails the test at the
+// limit, or as soon as the controller p has printed an error of its command
+// line (it then exits).
+func chartPoll(t *testing.T, p *testenv.Proc, limit time.Duration, what string, done func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(limit)
+	for !done() {
+		if strings.Contains(p.Stderr.String(), "Error: ") {
+			t.Fatalf("waiting for %s: the controller failed:\n%s", what, p.Stderr.String())
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no %s within %s", what, limit)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+func chartFreePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = l.Close() }()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// chartTokenKubeconfig writes a kubeconfig that authenticates as the
+// ServiceAccount ns/sa with a fresh token, as a pod of it would.
+func chartTokenKubeconfig(ctx context.Context, t *testing.T, env *testenv.Env, ns, sa string) string {
+	t.Helper()
+	tr, err := env.Client.CoreV1().ServiceAccounts(ns).CreateToken(ctx, sa, &authenticationv1.TokenRequest{
+		Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptrTo(int64(3600))},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("token for %s/%s: %v", ns, sa, err)
+	}
+	admin, err := clientcmd.LoadFromFile(env.Kubeconfig)
+	if err != nil {
+		t.Fatalf("admin kubeconfig: %v", err)
+	}
+	cluster := admin.Clusters[admin.Contexts[admin.CurrentContext].Cluster]
+	cfg := fmt.Sprintf("apiVersion: v1\nkind: Config\nclusters:\n- name: local\n  cluster:\n    server: %s\n    certificate-authority: %s\nusers:\n- name: %s\n  user:\n    token: %s\ncontexts:\n- name: local\n  context: {cluster: local, user: %s, namespace: %s}\ncurrent-context: local\n",
+		cluster.Server, cluster.CertificateAuthority, sa, tr.Status.Token, sa, ns)
+	path := filepath.Join(t.TempDir(), sa+".kubeconfig")
+	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
 }
