@@ -57,6 +57,7 @@ type controllerFlags struct {
 	leaderID       string
 	workers        int
 	logLevel       string
+	helmDriver     string
 	guard          guard.Options
 	guardFlagNames []string
 }
@@ -81,6 +82,7 @@ func newControllerCmd(settings *helmcli.EnvSettings, errOut io.Writer) *cobra.Co
 	f.StringVar(&o.leaderNS, "leader-election-namespace", os.Getenv("POD_NAMESPACE"), "namespace of the leader-election Lease (default: $POD_NAMESPACE; required with --leader-elect outside a cluster)")
 	f.StringVar(&o.leaderID, "leader-election-id", "helm-autorecover-controller", "name of the leader-election Lease")
 	f.IntVar(&o.workers, "workers", 4, "releases recovered at once")
+	f.StringVar(&o.helmDriver, "helm-driver", os.Getenv("HELM_DRIVER"), "where helm keeps its release records: secret (the default) or configmap [HELM_DRIVER]")
 	f.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	// The guard's own flags, defaults and environment variables.
 	guardFlags := pflag.NewFlagSet("guard", pflag.ContinueOnError)
@@ -118,7 +120,12 @@ func runController(ctx context.Context, o *controllerFlags, settings *helmcli.En
 		<-ctrl.SetupSignalHandler().Done()
 		cancel()
 	}()
-	driver := os.Getenv("HELM_DRIVER")
+	driver := o.helmDriver
+	switch driver {
+	case "", "secret", "secrets", "configmap", "configmaps":
+	default:
+		return &exitcode.Error{Code: exitcode.Usage, Err: fmt.Errorf("--helm-driver=%q: must be secret or configmap (the controller reads helm's records in the cluster)", driver)}
+	}
 	return controller.Run(ctx, cfg, controller.Options{
 		Namespaces:              o.namespaces,
 		HelmDriver:              driver,
