@@ -7,13 +7,10 @@ import (
 	"log/slog"
 	"os"
 	"strings"
-	"time"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
-	"helm.sh/helm/v4/pkg/action"
 	helmcli "helm.sh/helm/v4/pkg/cli"
-	"helm.sh/helm/v4/pkg/kube"
 	ctrl "sigs.k8s.io/controller-runtime"
 
 	"github.com/helm-autorecover/helm-autorecover/internal/controller"
@@ -156,15 +153,7 @@ func controllerRollback(driver string) func(ctx context.Context, namespace, rele
 		if err := helmx.WrapGetter(getter, helmx.DefaultWriteFence); err != nil {
 			return err
 		}
-		cfg := action.NewConfiguration()
-		if err := cfg.Init(getter, namespace, driver); err != nil {
-			return fmt.Errorf("helm configuration: %w", err)
-		}
-		rb := action.NewRollback(cfg)
-		rb.Version = revision
-		rb.Timeout = 5 * time.Minute
-		rb.WaitStrategy = kube.HookOnlyStrategy
-		return rb.Run(release)
+		return helmRollback(getter, namespace, driver, release, revision)
 	}
 }
 

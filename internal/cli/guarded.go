@@ -13,6 +13,7 @@ import (
 	"helm.sh/helm/v4/pkg/action"
 	helmcli "helm.sh/helm/v4/pkg/cli"
 	"helm.sh/helm/v4/pkg/kube"
+	"k8s.io/cli-runtime/pkg/genericclioptions"
 	"k8s.io/utils/clock"
 
 	"github.com/helm-autorecover/helm-autorecover/internal/guard"
@@ -191,18 +192,24 @@ func isDryRun(c *cobra.Command) bool {
 // --recover-strategy=rollback.
 func rollbackFunc(settings *helmcli.EnvSettings) func(string, int) error {
 	return func(release string, revision int) error {
-		cfg := action.NewConfiguration()
 		// helm's own getter: its writes are fenced and carry the lock, as
 		// those of the command being guarded.
-		if err := cfg.Init(helmx.HelmRESTClientGetter(), settings.Namespace(), os.Getenv("HELM_DRIVER")); err != nil {
-			return fmt.Errorf("helm configuration: %w", err)
-		}
-		rb := action.NewRollback(cfg)
-		rb.Version = revision
-		rb.Timeout = 5 * time.Minute
-		// As helm's rollback without --wait: wait for hooks only; the
-		// requested operation that follows does its own waiting.
-		rb.WaitStrategy = kube.HookOnlyStrategy
-		return rb.Run(release)
+		return helmRollback(helmx.HelmRESTClientGetter(), settings.Namespace(), os.Getenv("HELM_DRIVER"), release, revision)
 	}
+}
+
+// helmRollback rolls release in namespace back to revision with helm's own
+// action, through getter's clients (fenced by the caller).
+func helmRollback(getter genericclioptions.RESTClientGetter, namespace, driver, release string, revision int) error {
+	cfg := action.NewConfiguration()
+	if err := cfg.Init(getter, namespace, driver); err != nil {
+		return fmt.Errorf("helm configuration: %w", err)
+	}
+	rb := action.NewRollback(cfg)
+	rb.Version = revision
+	rb.Timeout = 5 * time.Minute
+	// As helm's rollback without --wait: wait for hooks only; the
+	// requested operation that follows does its own waiting.
+	rb.WaitStrategy = kube.HookOnlyStrategy
+	return rb.Run(release)
 }
