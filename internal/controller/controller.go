@@ -31,8 +31,10 @@ import (
 	"github.com/helm-autorecover/helm-autorecover/internal/recovery"
 )
 
-// AnnotationIgnore on a Namespace, or on a release's newest record, set to
-// "true", keeps the controller away from it.
+// AnnotationIgnore on a Namespace, or as a label or annotation of a
+// release's pending record, set to "true", keeps the controller away from
+// it. The label is the lasting way for a release: helm copies labels given
+// with --labels to every revision, annotations it does not.
 const AnnotationIgnore = "helm-autorecover.io/ignore"
 
 // Options configure the controller (the flags of `helm-autorecover
@@ -70,7 +72,8 @@ type Options struct {
 }
 
 // pendingStatuses are the statuses of a revision an operation was writing.
-var pendingStatuses = []string{"pending-install", "pending-upgrade", "pending-rollback"}
+// (recovery.IsPending: an uninstall killed mid-way leaves "uninstalling").
+var pendingStatuses = []string{"pending-install", "pending-upgrade", "pending-rollback", "uninstalling"}
 
 // recordSelector selects the pending release records the controller
 // watches: helm's, pending, and matching the user's selector.

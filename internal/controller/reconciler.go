@@ -37,6 +37,13 @@ type Reconciler struct {
 
 	metrics *metrics
 	kind    string
+
+	// backoff holds, per release (namespace/name), the failures in a row
+	// and the earliest next attempt: taking and releasing a lock rewrites
+	// the watched record, and the events that follow must not undo the
+	// backoff of a recovery that keeps failing.
+	mu      sync.Mutex
+	backoff map[string]retry
 	// rollbacks serializes recoveries that roll back with helm's action:
 	// the write fence on helm's clients guards one release at a time.
 	rollbacks sync.Mutex
@@ -47,6 +54,21 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	ns, rel := req.Namespace, req.Name
 	log := slog.With(slog.String("release", rel), slog.String("namespace", ns))
 	key := ns + "/" + rel
+	if wait := r.notYet(key); wait > 0 {
+		return reconcile.Result{RequeueAfter: wait}, nil
+	}
+	res, err := r.reconcile(ctx, log, key, ns, rel)
+	if err != nil {
+		// Reported, and retried with backoff: 1 s doubling to 5 minutes.
+		wait := r.failed(key)
+		log.Error("recovery failed; retrying with backoff", slog.Any("error", err), slog.Duration("again_in", wait))
+		return reconcile.Result{RequeueAfter: wait}, nil
+	}
+	r.succeeded(key)
+	return res, nil
+}
+
+func (r *Reconciler) reconcile(ctx context.Context, log *slog.Logger, key, ns, rel string) (reconcile.Result, error) {
 
 	if ignored, err := r.ignored(ctx, ns, rel); err != nil {
 		r.metrics.errors.WithLabelValues("read").Inc()
@@ -65,6 +87,14 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	if err != nil {
 		r.countError(err)
 		return reconcile.Result{}, err
+	}
+	if st.State == lock.Live {
+		// A live holder: nothing to decide before its LOCKED TILL (the
+		// history is not read).
+		r.metrics.observe(key, "live", len(st.Waiters))
+		step := Next(Observation{Decision: recovery.Decision{Verdict: recovery.Blocked}, Live: true, LockedTill: st.LockedTill, Margin: lock.TakeoverMargin, NowEarliest: st.Now.Earliest})
+		log.Debug("held by a live holder", slog.String("session", st.HolderIdentity), slog.Duration("again_in", step.After))
+		return reconcile.Result{RequeueAfter: step.After}, nil
 	}
 	// Decide on the lock as read, with no writer: nothing is written unless
 	// the release is recoverable.
@@ -88,11 +118,18 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		}
 		return reconcile.Result{RequeueAfter: step.After}, nil
 	}
-	return r.recover(ctx, log, key, ns, rel, stores)
+	return r.recover(ctx, log, key, ns, rel, stores, plan.Decision.Verdict == recovery.RecoverThenRollback)
 }
 
 // recover takes the release's lock and recovers it, as the recover command.
-func (r *Reconciler) recover(ctx context.Context, log *slog.Logger, key, ns, rel string, stores []*lock.Backend) (reconcile.Result, error) {
+func (r *Reconciler) recover(ctx context.Context, log *slog.Logger, key, ns, rel string, stores []*lock.Backend, rollsBack bool) (reconcile.Result, error) {
+	if rollsBack && r.Options.Rollback != nil {
+		// One rollback at a time (helm's clients share one write fence),
+		// waited for before the lock is taken, so that no release stays
+		// locked while it waits.
+		r.rollbacks.Lock()
+		defer r.rollbacks.Unlock()
+	}
 	req := lock.Request{
 		Release:     rel,
 		Namespace:   ns,
@@ -100,12 +137,19 @@ func (r *Reconciler) recover(ctx context.Context, log *slog.Logger, key, ns, rel
 		Session:     lock.NewSession(),
 		Who:         r.Options.Who,
 		ToolVersion: version.Version,
+		// A recovery (and a rollback's hooks) never holds a release for
+		// longer than this; its lock's bound for earlier clients follows.
+		MaxHold: maxHold,
 	}
 	held, err := r.Conn.Acquire(ctx, req, stores, false, nil)
 	if le, ok := protocol.IsLocked(err); ok {
 		// Someone took the lock first (a client, or another replica during
-		// a leader change): judge again once it may have expired.
+		// a leader change): judge again once it may have expired, or in a
+		// few seconds when waiters queued ahead take it.
 		wait := max(le.Left, minRequeue)
+		if le.State != lock.Live {
+			wait = waitersRequeue
+		}
 		log.Info("the release's lock was taken first; looking again later", slog.String("holder", le.HolderIdentity), slog.Duration("again_in", wait))
 		return reconcile.Result{RequeueAfter: wait}, nil
 	}
@@ -127,9 +171,7 @@ func (r *Reconciler) recover(ctx context.Context, log *slog.Logger, key, ns, rel
 	}()
 
 	var rollback func(string, int) error
-	if r.Options.Policy.Strategy == recovery.StrategyRollback && r.Options.Rollback != nil {
-		r.rollbacks.Lock()
-		defer r.rollbacks.Unlock()
+	if rollsBack && r.Options.Rollback != nil {
 		// helm's rollback writes through the fence, carrying this lock, as
 		// the CLI's (helmx.DefaultWriteFence on helm's clients).
 		recs, _ := r.Conn.Records()
@@ -219,7 +261,9 @@ func (r *Reconciler) ignored(ctx context.Context, ns, rel string) (bool, error) 
 		return false, err
 	}
 	for _, it := range list.Items {
-		if it.Annotations[AnnotationIgnore] == "true" {
+		// A label set with helm's --labels is copied to every revision; an
+		// annotation set by hand is on that record only.
+		if it.Labels[AnnotationIgnore] == "true" || it.Annotations[AnnotationIgnore] == "true" {
 			return true, nil
 		}
 	}
@@ -265,3 +309,53 @@ func (w logWriter) Write(p []byte) (int, error) {
 }
 
 var _ io.Writer = logWriter{}
+
+// Backoff of a release whose recovery fails.
+const (
+	backoffFirst = time.Second
+	backoffMax   = 5 * time.Minute
+	// waitersRequeue is how soon a release whose lock waiters took first
+	// is looked at again.
+	waitersRequeue = 5 * time.Second
+	// maxHold bounds how long the controller holds a release's lock.
+	maxHold = 10 * time.Minute
+)
+
+type retry struct {
+	failures int
+	next     time.Time
+}
+
+// notYet is how long until the next attempt at a release whose recovery
+// failed; 0 when it may be attempted now.
+func (r *Reconciler) notYet(key string) time.Duration {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	b, ok := r.backoff[key]
+	if !ok {
+		return 0
+	}
+	return max(0, time.Until(b.next))
+}
+
+// failed counts a failure and returns the wait before the next attempt.
+func (r *Reconciler) failed(key string) time.Duration {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.backoff == nil {
+		r.backoff = map[string]retry{}
+	}
+	b := r.backoff[key]
+	b.failures++
+	wait := backoffFirst << min(b.failures-1, 20)
+	wait = min(wait, backoffMax)
+	b.next = time.Now().Add(wait)
+	r.backoff[key] = b
+	return wait
+}
+
+func (r *Reconciler) succeeded(key string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.backoff, key)
+}

@@ -1,0 +1,152 @@
+package controller
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"helm.sh/helm/v4/pkg/release/common"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes/fake"
+	clocktesting "k8s.io/utils/clock/testing"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	"github.com/helm-autorecover/helm-autorecover/internal/helmx"
+	"github.com/helm-autorecover/helm-autorecover/internal/protocol"
+	"github.com/helm-autorecover/helm-autorecover/internal/recovery"
+	"github.com/helm-autorecover/helm-autorecover/internal/servertime"
+)
+
+var rt0 = time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)
+
+func fixtureRevision(t *testing.T, rev int, status common.Status, created time.Time) *corev1.Secret {
+	t.Helper()
+	doc, err := json.Marshal(map[string]any{
+		"name": "web", "namespace": "shop", "version": rev,
+		"info":     map[string]any{"status": status, "description": "fixture"},
+		"chart":    map[string]any{"metadata": map[string]any{"name": "app", "version": "0.1.0"}},
+		"manifest": "---\napiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: cm\n",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	payload, err := helmx.EncodeReleaseJSON(doc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{
+			Name: helmx.ReleaseSecretName("web", rev), Namespace: "shop", ResourceVersion: "10",
+			CreationTimestamp: metav1.NewTime(created),
+			Labels: map[string]string{
+				helmx.LabelOwner: helmx.OwnerHelm, helmx.LabelName: "web", helmx.LabelVersion: strconv.Itoa(rev),
+				helmx.LabelStatus: string(status),
+			},
+		},
+		Type: helmx.ReleaseSecretType,
+		Data: map[string][]byte{helmx.ReleaseDataKey: payload},
+	}
+}
+
+// emptyCache is a metadata cache with nothing opted out.
+type emptyCache struct{}
+
+func (emptyCache) Get(context.Context, client.ObjectKey, client.Object, ...client.GetOption) error {
+	return nil
+}
+func (emptyCache) List(context.Context, client.ObjectList, ...client.ListOption) error { return nil }
+
+// TestSelectorIncludesUninstalling: an uninstall killed mid-way leaves its
+// revision "uninstalling", pending for the protocol: the controller watches
+// it like the pending-* statuses, and nothing else of helm's.
+func TestSelectorIncludesUninstalling(t *testing.T) {
+	sel, err := recordSelector("team=web")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for status, want := range map[string]bool{
+		"pending-install": true, "pending-upgrade": true, "pending-rollback": true, "uninstalling": true,
+		"deployed": false, "failed": false, "superseded": false, "uninstalled": false,
+	} {
+		l := labels.Set{helmx.LabelOwner: helmx.OwnerHelm, helmx.LabelStatus: status, "team": "web"}
+		if got := sel.Matches(l); got != want {
+			t.Errorf("status %s: watched = %v, want %v", status, got, want)
+		}
+	}
+	if sel.Matches(labels.Set{helmx.LabelOwner: helmx.OwnerHelm, helmx.LabelStatus: "uninstalling", "team": "db"}) {
+		t.Error("--selector not applied")
+	}
+}
+
+// TestFailedRecoveryBacksOff: a recovery that fails after the lock was
+// taken (converge refused) rewrites the watched record (the lock's take and
+// release), whose events bring the release straight back: the reconciler
+// itself waits out its backoff, writing nothing until then.
+func TestFailedRecoveryBacksOff(t *testing.T) {
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "shop"}}
+	deployed := fixtureRevision(t, 1, common.StatusDeployed, rt0.Add(-2*time.Hour))
+	pending := fixtureRevision(t, 2, common.StatusPendingUpgrade, rt0.Add(-time.Hour))
+	cs := fake.NewClientset(ns, deployed, pending)
+	clk := clocktesting.NewFakeClock(rt0)
+	est := servertime.New(clk)
+	est.Observe(clk.Now(), clk.Now(), rt0)
+	conn := protocol.NewConn(cs, est, clk, "", func() (*recovery.Kube, error) {
+		return nil, errors.New("converge cannot reach the cluster (stands for a forbidden patch)")
+	})
+	r := &Reconciler{
+		Conn:  conn,
+		Cache: emptyCache{},
+		Options: Options{
+			LockBackend: "release",
+			Policy:      recovery.Policy{Autorecover: true, LegacyAfter: 15 * time.Minute, Hints: recovery.CLIHints},
+			Who:         "controller@test",
+		},
+		metrics: newMetrics(prometheus.NewRegistry()),
+		kind:    "Secret",
+	}
+	req := reconcile.Request{NamespacedName: types.NamespacedName{Namespace: "shop", Name: "web"}}
+	writes := func() int {
+		n := 0
+		for _, a := range cs.Actions() {
+			switch a.GetVerb() {
+			case "create", "update", "patch", "delete":
+				n++
+			}
+		}
+		return n
+	}
+	res, err := r.Reconcile(t.Context(), req)
+	if err != nil || res.RequeueAfter != backoffFirst {
+		t.Fatalf("first failed recovery: %+v, %v; want a retry after %s", res, err, backoffFirst)
+	}
+	if writes() == 0 {
+		t.Fatal("the first attempt wrote nothing: the fixture does not fail after the lock is taken")
+	}
+	// The events of those writes bring it back at once: nothing happens.
+	cs.ClearActions()
+	for range 5 {
+		res, err = r.Reconcile(t.Context(), req)
+		if err != nil || res.RequeueAfter <= 0 || res.RequeueAfter > backoffFirst {
+			t.Fatalf("attempt during the backoff: %+v, %v", res, err)
+		}
+	}
+	if n := writes(); n != 0 {
+		t.Errorf("%d writes during the backoff; want none", n)
+	}
+	if got := r.failed("shop/web"); got != 2*backoffFirst {
+		t.Errorf("second failure waits %s, want %s", got, 2*backoffFirst)
+	}
+	if st, _ := cs.CoreV1().Secrets("shop").Get(t.Context(), pending.Name, metav1.GetOptions{}); st.Labels[helmx.LabelStatus] != "pending-upgrade" {
+		t.Errorf("status %s: a failed recovery marked the revision", st.Labels[helmx.LabelStatus])
+	}
+}
+
+var _ client.Reader = emptyCache{}
