@@ -66,7 +66,7 @@ func TestHelmFlagParity(t *testing.T) {
 			wantExtra = ours
 		}
 		if cmd == "list" {
-			wantExtra = []string{"--locks"}
+			wantExtra = []string{"--lock-backend", "--locks"} // --lock-backend: which locks --locks reads
 		}
 		if !slices.Equal(extra, wantExtra) {
 			t.Errorf("%s: flags beyond helm's = %v, want %v", cmd, extra, wantExtra)
