@@ -138,8 +138,8 @@ func recoveredEvents(t *testing.T, env *testenv.Env, ns string) int {
 // when SIGKILLed (once its lease has expired), and one stock helm left
 // (once --recover-legacy-after has passed), through the one recovery core:
 // revision failed with a description naming the controller's session, an
-// Event, the lock free. A live holder of each backend is never touched
-// while it renews.
+// Event, the lock free; and an uninstall killed mid-way. A live holder of
+// each backend is never touched while it renews.
 func TestControllerRecovers(t *testing.T) {
 	env := testenv.Get(t)
 	bin := env.Bin(t)
@@ -178,8 +178,20 @@ func TestControllerRecovers(t *testing.T) {
 	if !strings.Contains(got.Description, "no lock record (stock helm)") {
 		t.Errorf("stock helm's revision description %q", got.Description)
 	}
-	if n := recoveredEvents(t, env, ns); n < 2 {
-		t.Errorf("%d Recovered Events from the controller; want at least 2", n)
+	// An uninstall killed mid-way (held open by a pre-delete hook whose pod
+	// never schedules) leaves "uninstalling": recovered too.
+	mustRun(t, env, bin, args([]string{"install", "leaving", chart, "-n", ns, "--wait", "--timeout", "60s"}, hookUnschedulable)...)
+	// The uninstalling write must fall in a later server second than the
+	// install (see opCases in kill_test.go).
+	time.Sleep(1100 * time.Millisecond)
+	up := env.Start(t, bin, "uninstall", "leaving", "-n", ns, "--timeout", "5m", "--lease-duration", "3s")
+	env.WaitForStatus(t, ns, "leaving", 1, "uninstalling", 60*time.Second)
+	waitForWriterIn(t, env, recordLock, ns, "leaving", 1, 10*time.Second)
+	up.Kill(t)
+	waitRecovered(t, env, ns, "leaving", 1, 60*time.Second)
+
+	if n := recoveredEvents(t, env, ns); n < 3 {
+		t.Errorf("%d Recovered Events from the controller; want at least 3", n)
 	}
 	if v := c.metric(t, "helm_autorecover_recoveries_total", `reason="expired-lock"`); v < 1 {
 		t.Errorf("recoveries_total{reason=expired-lock} = %v", v)
