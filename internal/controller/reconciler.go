@@ -180,6 +180,9 @@ func (r *Reconciler) recover(ctx context.Context, log *slog.Logger, key, ns, rel
 			return r.Options.Rollback(ctx, ns, release, revision)
 		}
 	}
+	// Kinds installed since the last recovery (a CRD) must be known to
+	// undo what the abandoned revision applied.
+	r.Conn.RefreshDiscovery()
 	out, err := held.Recover(ctx, protocol.Procedure{
 		Policy:     r.Options.Policy,
 		Next:       lock.OpRecover,

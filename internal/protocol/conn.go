@@ -124,3 +124,16 @@ func (c *Conn) clusterAccess() (*recovery.Kube, error) {
 	})
 	return c.kubeCached, c.kubeErr
 }
+
+// RefreshDiscovery forgets the API kinds the cluster access learned, so the
+// next recovery sees kinds installed since (a long-running process such as
+// the controller; a CLI process is short enough not to need it).
+func (c *Conn) RefreshDiscovery() {
+	k, err := c.clusterAccess()
+	if err != nil || k == nil {
+		return
+	}
+	if r, ok := k.Mapper.(interface{ Reset() }); ok {
+		r.Reset()
+	}
+}
