@@ -2,12 +2,13 @@ package cli
 
 import (
 	"encoding/json"
-	"github.com/helm-autorecover/helm-autorecover/internal/exitcode"
 	"reflect"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/helm-autorecover/helm-autorecover/internal/exitcode"
 
 	"k8s.io/apimachinery/pkg/util/rand"
 )

@@ -69,7 +69,6 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 }
 
 func (r *Reconciler) reconcile(ctx context.Context, log *slog.Logger, key, ns, rel string) (reconcile.Result, error) {
-
 	if ignored, err := r.ignored(ctx, ns, rel); err != nil {
 		r.metrics.errors.WithLabelValues("read").Inc()
 		return reconcile.Result{}, err

@@ -62,6 +62,7 @@ type emptyCache struct{}
 func (emptyCache) Get(context.Context, client.ObjectKey, client.Object, ...client.GetOption) error {
 	return nil
 }
+
 func (emptyCache) List(context.Context, client.ObjectList, ...client.ListOption) error { return nil }
 
 // TestSelectorIncludesUninstalling: an uninstall killed mid-way leaves its

@@ -127,16 +127,20 @@ func TestDeleteRaceDeleteSparesAnotherClientsFirstRevision(t *testing.T) {
 	}
 	// B's first install: the beat, then revision 1 with B's gate.
 	now := time.Now().UTC().Truncate(time.Millisecond)
-	recB := Record{Schema: SchemaVersion, Session: "B", Operation: OpInstall, Release: "web", Namespace: ns,
-		LeaseDuration: metav1.Duration{Duration: 15 * time.Second}, AcquiredAt: now, RenewedAt: now, LockedTill: now.Add(15 * time.Second), MaxHoldUntil: now.Add(time.Hour)}
+	recB := Record{
+		Schema: SchemaVersion, Session: "B", Operation: OpInstall, Release: "web", Namespace: ns,
+		LeaseDuration: metav1.Duration{Duration: 15 * time.Second}, AcquiredAt: now, RenewedAt: now, LockedTill: now.Add(15 * time.Second), MaxHoldUntil: now.Add(time.Hour),
+	}
 	if _, err := (&releaseStore{records: records.New(cs, records.DriverSecret), beats: beats{client: cs, kind: records.KindSecret}, ns: ns}).ensureBeat(ctx, recB); err != nil {
 		t.Fatal(err)
 	}
 	gf := gateForm(recB)
 	gate, _ := gf.Encode()
-	rev1 := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "sh.helm.release.v1.web.v1", Namespace: ns,
+	rev1 := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{
+		Name: "sh.helm.release.v1.web.v1", Namespace: ns,
 		Labels:      map[string]string{"owner": "helm", "name": "web", "version": "1", "status": "pending-install"},
-		Annotations: map[string]string{AnnotationRecord: gate}}, Data: map[string][]byte{"release": []byte("x")}}
+		Annotations: map[string]string{AnnotationRecord: gate},
+	}, Data: map[string][]byte{"release": []byte("x")}}
 	if _, err := cs.CoreV1().Secrets(ns).Create(ctx, rev1, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}

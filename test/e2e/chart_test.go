@@ -295,8 +295,10 @@ func chartCat(parts ...[]chartAccess) []chartAccess {
 // chartArgs is the controller's command line for the given flags, with
 // the defaults of values.yaml for those not given.
 func chartArgs(over map[string]string, extra ...string) []string {
-	order := []string{"namespaces", "helm-driver", "selector", "recover-legacy-after", "recover-strategy", "recover-delete-data",
-		"lock-backend", "leader-elect", "leader-election-namespace", "leader-election-id", "metrics-bind-address", "health-probe-bind-address"}
+	order := []string{
+		"namespaces", "helm-driver", "selector", "recover-legacy-after", "recover-strategy", "recover-delete-data",
+		"lock-backend", "leader-elect", "leader-election-namespace", "leader-election-id", "metrics-bind-address", "health-probe-bind-address",
+	}
 	flags := map[string]string{
 		"helm-driver": "secret", "recover-legacy-after": "15m", "recover-strategy": "fail", "recover-delete-data": "false",
 		"lock-backend": "auto", "leader-elect": "true", "leader-election-namespace": chartNS,
@@ -354,8 +356,10 @@ func TestChartTemplate(t *testing.T) {
 		},
 		{
 			name: "namespaces listed, ServiceMonitor",
-			set: []string{"--set", "namespaces={team-a,team-b}", "--set", "serviceMonitor.enabled=true",
-				"--set", "serviceMonitor.interval=15s", "--set", "serviceMonitor.labels.release=prom"},
+			set: []string{
+				"--set", "namespaces={team-a,team-b}", "--set", "serviceMonitor.enabled=true",
+				"--set", "serviceMonitor.interval=15s", "--set", "serviceMonitor.labels.release=prom",
+			},
 			args: chartArgs(map[string]string{"namespaces": "team-a,team-b"}),
 			roles: map[string]chartRoleWant{
 				chartKey("Role", "team-a", chartRBAC): {
@@ -405,10 +409,14 @@ func TestChartTemplate(t *testing.T) {
 		},
 		{
 			name: "configmap driver, release backend, rollback, delete data",
-			set: []string{"--set", "helmDriver=configmap", "--set", "lockBackend=release", "--set", "recoverStrategy=rollback",
-				"--set", "recoverDeleteData=true", "--set", "recoverLegacyAfter=0", "--set-string", "selector=team in (a\\,b)"},
-			args: chartArgs(map[string]string{"helm-driver": "configmap", "lock-backend": "release", "recover-strategy": "rollback",
-				"recover-delete-data": "true", "recover-legacy-after": "0", "selector": "team in (a,b)"}),
+			set: []string{
+				"--set", "helmDriver=configmap", "--set", "lockBackend=release", "--set", "recoverStrategy=rollback",
+				"--set", "recoverDeleteData=true", "--set", "recoverLegacyAfter=0", "--set-string", "selector=team in (a\\,b)",
+			},
+			args: chartArgs(map[string]string{
+				"helm-driver": "configmap", "lock-backend": "release", "recover-strategy": "rollback",
+				"recover-delete-data": "true", "recover-legacy-after": "0", "selector": "team in (a,b)",
+			}),
 			roles: map[string]chartRoleWant{
 				chartKey("ClusterRole", "", chartRBAC): {
 					allow: []chartAccess{
@@ -427,10 +435,14 @@ func TestChartTemplate(t *testing.T) {
 		},
 		{
 			name: "one replica without leader election, other ports, extra args",
-			set: []string{"--set", "replicas=1", "--set", "leaderElection.enabled=false", "--set", "metrics.port=9090",
-				"--set", "health.port=9091", "--set", "extraArgs={--debug}", "--set", "image.tag=v9.9.9"},
-			args: chartArgs(map[string]string{"leader-elect": "false", "leader-election-namespace": "-", "leader-election-id": "-",
-				"metrics-bind-address": ":9090", "health-probe-bind-address": ":9091"}, "--debug"),
+			set: []string{
+				"--set", "replicas=1", "--set", "leaderElection.enabled=false", "--set", "metrics.port=9090",
+				"--set", "health.port=9091", "--set", "extraArgs={--debug}", "--set", "image.tag=v9.9.9",
+			},
+			args: chartArgs(map[string]string{
+				"leader-elect": "false", "leader-election-namespace": "-", "leader-election-id": "-",
+				"metrics-bind-address": ":9090", "health-probe-bind-address": ":9091",
+			}, "--debug"),
 			roles: map[string]chartRoleWant{
 				chartKey("ClusterRole", "", chartRBAC): {allow: chartCat(chartRecordRights, []chartAccess{chartLeaseRights}, chartRecoveryRights, chartClusterRights)},
 			},
@@ -444,8 +456,10 @@ func TestChartTemplate(t *testing.T) {
 		},
 		{
 			name: "leader election elsewhere, existing ServiceAccount",
-			set: []string{"--set", "leaderElection.namespace=coord", "--set", "leaderElection.id=hac-leader",
-				"--set", "serviceAccount.create=false", "--set", "serviceAccount.name=robot"},
+			set: []string{
+				"--set", "leaderElection.namespace=coord", "--set", "leaderElection.id=hac-leader",
+				"--set", "serviceAccount.create=false", "--set", "serviceAccount.name=robot",
+			},
 			args: chartArgs(map[string]string{"leader-election-namespace": "coord", "leader-election-id": "hac-leader"}),
 			roles: map[string]chartRoleWant{
 				chartKey("ClusterRole", "", chartRBAC):                  {allow: chartCat(chartRecordRights, []chartAccess{chartLeaseRights}, chartRecoveryRights, chartClusterRights)},
@@ -918,8 +932,10 @@ func chartControllerScenario(t *testing.T, env *testenv.Env, bin, driver string,
 	full := rel + "-helm-autorecover"
 	leaderID := "ctl-" + ns
 	chartCleanupClusterRBAC(t, env, full+"-"+ns+"-namespaces")
-	mustRun(t, env, bin, append([]string{"install", rel, chartDir(env.RepoRoot), "-n", ns, "--timeout", "2m",
-		"--set", "namespaces={" + watched + "}", "--set", "leaderElection.id=" + leaderID}, set...)...)
+	mustRun(t, env, bin, append([]string{
+		"install", rel, chartDir(env.RepoRoot), "-n", ns, "--timeout", "2m",
+		"--set", "namespaces={" + watched + "}", "--set", "leaderElection.id=" + leaderID,
+	}, set...)...)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -976,8 +992,10 @@ func chartControllerScenario(t *testing.T, env *testenv.Env, bin, driver string,
 	if res := env.RunEnv(t, cli, bin, "install", app, chart, "-n", watched); res.ExitCode != 0 {
 		t.Fatalf("install %s: exit %d\n%s", app, res.ExitCode, res.Stderr)
 	}
-	up := env.StartEnv(t, cli, bin, args([]string{"upgrade", app, chart, "-n", watched, "--wait", "--timeout", "5m",
-		"--lease-duration", "3s", "--set", "extraConfigMap=true"}, unschedulable)...)
+	up := env.StartEnv(t, cli, bin, args([]string{
+		"upgrade", app, chart, "-n", watched, "--wait", "--timeout", "5m",
+		"--lease-duration", "3s", "--set", "extraConfigMap=true",
+	}, unschedulable)...)
 	chartPoll(t, p, 60*time.Second, "revision 2 pending", func() bool { return cmHistory(t, records, watched, app) == "1:deployed 2:pending-upgrade" })
 	waitForWriterIn(t, env, configMapLock(records), watched, app, 2, 10*time.Second)
 	chartPoll(t, p, 60*time.Second, "the upgrade applying its changes", func() bool {

@@ -39,7 +39,8 @@ func freePort(t *testing.T) int {
 func startController(t *testing.T, env *testenv.Env, kubeconfig string, flags ...string) *controllerProc {
 	t.Helper()
 	mp, hp := freePort(t), freePort(t)
-	args := append([]string{"controller",
+	args := append([]string{
+		"controller",
 		"--metrics-bind-address", "127.0.0.1:" + strconv.Itoa(mp),
 		"--health-probe-bind-address", "127.0.0.1:" + strconv.Itoa(hp),
 		"--log-level", "debug",
