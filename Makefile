@@ -13,7 +13,7 @@ GOLANGCI_LINT := $(shell $(GO) env GOPATH)/bin/golangci-lint
 # Integration tests start processes and wait on them: generous, not infinite.
 TEST_TIMEOUT ?= 40m
 
-.PHONY: build test test-unit test-integration lint fmt vet demo bench cluster-up cluster-down cluster-bins tools clean chart-lint
+.PHONY: build test test-unit test-integration lint fmt vet demo bench bench-controller cluster-up cluster-down cluster-bins tools clean chart-lint
 
 build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/helm-autorecover
@@ -45,6 +45,13 @@ bench: build cluster-up
 		--helm $${HELM4:-$$HOME/.cache/helm-autorecover/bin/helm-v4} $(if $(BENCH_BASELINE),--baseline $(BENCH_BASELINE))
 	KUBECONFIG=$(CURDIR)/.local-cluster/kubeconfig $(GO) run ./hack/benchtraffic --bin $(BIN) \
 		--helm $${HELM4:-$$HOME/.cache/helm-autorecover/bin/helm-v4} $(if $(BENCH_BASELINE),--baseline $(BENCH_BASELINE))
+
+## bench-controller: the controller at scale (issue 12 item 7): 10,000 releases
+## in 100 namespaces, 100 left stuck under dead holders' locks; time to sync,
+## memory, expiry-to-recovery delay, requests. BENCH_CONTROLLER_FLAGS=--steady=1m
+## shortens the steady state.
+bench-controller: build cluster-up
+	KUBECONFIG=$(CURDIR)/.local-cluster/kubeconfig $(GO) run ./hack/benchcontroller --bin $(BIN) $(BENCH_CONTROLLER_FLAGS)
 
 ## chart-lint: stock helm v4 lints the controller's chart (test/e2e TestChart* test it fully).
 chart-lint: cluster-bins
