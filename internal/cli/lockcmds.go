@@ -2,7 +2,6 @@ package cli
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -173,13 +172,9 @@ func isPending(s *helmx.Summary) bool { return recovery.IsPending(s.Status) }
 // returns stops renewing and releases the lock (a lock already lost is left
 // to run out by itself).
 func (c *lockCmds) keep(ctx context.Context, held *protocol.Lock, rel, ns string) (release func()) {
-	keepCtx, stopKeep := context.WithCancel(ctx)
-	go held.Keep(keepCtx, func(error) {})
+	done := held.Hold(ctx)
 	return func() {
-		stopKeep()
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-		defer cancel()
-		if err := held.Release(rctx); err != nil && !errors.Is(err, lock.ErrLost) {
+		if err := done(); err != nil {
 			fmt.Fprintf(c.errOut, "Warning: releasing the lock of release %q in namespace %q: %v (it expires by itself)\n", rel, ns, err)
 		}
 	}

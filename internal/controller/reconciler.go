@@ -2,7 +2,6 @@ package controller
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -157,14 +156,9 @@ func (r *Reconciler) recover(ctx context.Context, log *slog.Logger, key, ns, rel
 		return reconcile.Result{}, err
 	}
 	log = log.With(slog.String("session", held.Session()))
-	keepCtx, stopKeep := context.WithCancel(ctx)
-	defer stopKeep()
-	go held.Keep(keepCtx, func(error) {})
+	release := held.Hold(ctx)
 	defer func() {
-		stopKeep()
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-		defer cancel()
-		if err := held.Release(rctx); err != nil && !errors.Is(err, lock.ErrLost) {
+		if err := release(); err != nil {
 			log.Warn("releasing the lock failed; it expires by itself", slog.Any("error", err))
 		}
 	}()

@@ -332,3 +332,22 @@ func IsLocked(err error) (*lock.LockedError, bool) {
 	}
 	return nil, false
 }
+
+// Hold renews the lock while the caller works under it (a lock command, the
+// controller's recovery); the function it returns stops renewing and
+// releases the lock, within 10 s even when ctx has ended. It returns the
+// release's error, nil for a lock already lost (it is not written: it runs
+// out by itself).
+func (l *Lock) Hold(ctx context.Context) (release func() error) {
+	keepCtx, stopKeep := context.WithCancel(ctx)
+	go l.Keep(keepCtx, func(error) {})
+	return func() error {
+		stopKeep()
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		if err := l.Release(rctx); err != nil && !errors.Is(err, lock.ErrLost) {
+			return err
+		}
+		return nil
+	}
+}

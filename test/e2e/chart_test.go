@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -944,12 +943,12 @@ func chartControllerScenario(t *testing.T, env *testenv.Env, bin, driver string,
 		t.Fatalf("the chart's Deployment: %v", err)
 	}
 	c := d.Spec.Template.Spec.Containers[0]
-	health := "127.0.0.1:" + strconv.Itoa(chartFreePort(t))
+	health := "127.0.0.1:" + strconv.Itoa(freePort(t))
 	var a []string
 	for _, arg := range c.Args {
 		switch {
 		case strings.HasPrefix(arg, "--metrics-bind-address="):
-			arg = "--metrics-bind-address=127.0.0.1:" + strconv.Itoa(chartFreePort(t))
+			arg = "--metrics-bind-address=127.0.0.1:" + strconv.Itoa(freePort(t))
 		case strings.HasPrefix(arg, "--health-probe-bind-address="):
 			arg = "--health-probe-bind-address=" + health
 		}
@@ -1049,16 +1048,6 @@ func chartPoll(t *testing.T, p *testenv.Proc, limit time.Duration, what string, 
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-}
-
-func chartFreePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = l.Close() }()
-	return l.Addr().(*net.TCPAddr).Port
 }
 
 // chartTokenKubeconfig writes a kubeconfig that authenticates as the
