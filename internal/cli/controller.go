@@ -18,6 +18,7 @@ import (
 	"github.com/helm-autorecover/helm-autorecover/internal/guard"
 	"github.com/helm-autorecover/helm-autorecover/internal/helmx"
 	"github.com/helm-autorecover/helm-autorecover/internal/recovery"
+	"github.com/helm-autorecover/helm-autorecover/internal/version"
 )
 
 const controllerLong = `Run the in-cluster controller: recover every stuck release of the cluster
@@ -38,8 +39,12 @@ Namespace or on a release's newest record, or narrow with --selector.
 Replicas elect a leader on a Lease (--leader-elect); recoveries are safe
 under any number of replicas anyway, since each takes the release's lock.
 
+Sets no client-side rate limit on its requests unless helm's --qps (or
+HELM_QPS) asks for one; --workers bounds the requests in flight.
+
 Serves Prometheus metrics on --metrics-bind-address (/metrics) and
-/healthz and /readyz on --health-probe-bind-address. Logs are JSON lines
+/healthz and /readyz (ready once its cache synced) on
+--health-probe-bind-address. Logs are JSON lines
 with release, namespace and session. See docs/controller.md and the chart
 in charts/helm-autorecover.
 `
@@ -104,9 +109,31 @@ func runController(ctx context.Context, o *controllerFlags, settings *helmcli.En
 	if o.leaderElect && o.leaderNS == "" {
 		return &exitcode.Error{Code: exitcode.Usage, Err: fmt.Errorf("--leader-election-namespace is required with --leader-elect when $POD_NAMESPACE is not set")}
 	}
+	driver := o.helmDriver
+	switch driver {
+	case "", "secret", "secrets", "configmap", "configmaps":
+	default:
+		return &exitcode.Error{Code: exitcode.Usage, Err: fmt.Errorf("--helm-driver=%q: must be secret or configmap (the controller reads helm's records in the cluster)", driver)}
+	}
+	if !qpsSet(settings) {
+		// No client-side rate limit unless --qps or HELM_QPS asks for one:
+		// client-go's default of 5 requests a second would delay recoveries
+		// by minutes when many locks expire together. --workers bounds the
+		// requests in flight, and the API server's priority and fairness
+		// limits the rest.
+		settings.QPS = -1
+	}
 	cfg, err := settings.RESTClientGetter().ToRESTConfig()
 	if err != nil {
 		return fmt.Errorf("loading the kubernetes configuration: %w", err)
+	}
+	cfg.UserAgent = "helm-autorecover-controller/" + version.Version
+	// helm's rollback (--recover-strategy rollback) runs on helm's clients
+	// built from the same settings, fenced as the CLI's are; wrapped after
+	// the controller's own configuration was built, which is not.
+	rollback, err := controllerRollback(settings, driver)
+	if err != nil {
+		return err
 	}
 	if ctx == nil {
 		ctx = context.Background()
@@ -117,12 +144,6 @@ func runController(ctx context.Context, o *controllerFlags, settings *helmcli.En
 		<-ctrl.SetupSignalHandler().Done()
 		cancel()
 	}()
-	driver := o.helmDriver
-	switch driver {
-	case "", "secret", "secrets", "configmap", "configmaps":
-	default:
-		return &exitcode.Error{Code: exitcode.Usage, Err: fmt.Errorf("--helm-driver=%q: must be secret or configmap (the controller reads helm's records in the cluster)", driver)}
-	}
 	return controller.Run(ctx, cfg, controller.Options{
 		Namespaces:              o.namespaces,
 		HelmDriver:              driver,
@@ -130,7 +151,7 @@ func runController(ctx context.Context, o *controllerFlags, settings *helmcli.En
 		LockBackend:             o.guard.LockBackend,
 		Policy:                  recovery.Policy{Autorecover: true, LegacyAfter: o.guard.RecoverLegacyAfter, Strategy: recovery.Strategy(o.guard.RecoverStrategy), Hints: recovery.CLIHints},
 		DeleteData:              o.guard.RecoverDeleteData,
-		Rollback:                controllerRollback(driver),
+		Rollback:                rollback,
 		LeaderElect:             o.leaderElect,
 		LeaderElectionNamespace: o.leaderNS,
 		LeaderElectionID:        o.leaderID,
@@ -141,20 +162,28 @@ func runController(ctx context.Context, o *controllerFlags, settings *helmcli.En
 	})
 }
 
-// controllerRollback rolls a release back with helm's own action, whose
-// writes go through the fence the controller sets (helm's clients).
-func controllerRollback(driver string) func(ctx context.Context, namespace, release string, revision int) error {
-	return func(_ context.Context, namespace, release string, revision int) error {
-		// helm's settings for the release's namespace (objects without one
-		// go there), with clients fenced as helm's command tree's are.
-		settings := helmcli.New()
-		settings.SetNamespace(namespace)
-		getter := settings.RESTClientGetter()
-		if err := helmx.WrapGetter(getter, helmx.DefaultWriteFence); err != nil {
-			return err
-		}
-		return helmRollback(getter, namespace, driver, release, revision)
+// controllerRollback rolls a release back with helm's own action on the
+// command line's settings (kubeconfig, context, credentials), whose writes
+// go through the fence the controller sets (helm's clients). The controller
+// runs one rollback at a time (Reconciler.rollbacks), which the namespace
+// set on the shared settings relies on.
+func controllerRollback(settings *helmcli.EnvSettings, driver string) (func(ctx context.Context, namespace, release string, revision int) error, error) {
+	getter := settings.RESTClientGetter()
+	if err := helmx.WrapGetter(getter, helmx.DefaultWriteFence); err != nil {
+		return nil, err
 	}
+	return func(_ context.Context, namespace, release string, revision int) error {
+		// Objects without a namespace go to the release's.
+		settings.SetNamespace(namespace)
+		return helmRollback(getter, namespace, driver, release, revision)
+	}, nil
+}
+
+// qpsSet reports whether the user chose a client-side rate limit (helm's
+// --qps flag or HELM_QPS).
+func qpsSet(settings *helmcli.EnvSettings) bool {
+	_, env := os.LookupEnv("HELM_QPS")
+	return env || settings.QPS != 0
 }
 
 func hostnameOr(def string) string {

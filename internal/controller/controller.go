@@ -2,8 +2,10 @@ package controller
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -145,7 +147,16 @@ func Run(ctx context.Context, cfg *rest.Config, o Options) error {
 	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
 		return err
 	}
-	if err := mgr.AddReadyzCheck("ping", healthz.Ping); err != nil {
+	// Ready once the cache of pending records has synced: before that, a
+	// replica would not see the releases it should judge.
+	if err := mgr.AddReadyzCheck("cache-synced", func(req *http.Request) error {
+		ctx, cancel := context.WithTimeout(req.Context(), time.Second)
+		defer cancel()
+		if !mgr.GetCache().WaitForCacheSync(ctx) {
+			return errors.New("the cache of pending release records has not synced yet")
+		}
+		return nil
+	}); err != nil {
 		return err
 	}
 	conn, err := protocol.Connect(cfg, clock.RealClock{}, o.HelmDriver)

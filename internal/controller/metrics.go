@@ -36,8 +36,8 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}, []string{"reason", "strategy"}),
 		delay: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "helm_autorecover_recovery_delay_seconds",
-			Help:    "Server time from the moment a release became recoverable (its lock's LOCKED TILL, or its pending revision reaching --recover-legacy-after) to its recovery.",
-			Buckets: []float64{0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300},
+			Help:    "Server time from the moment a release became recoverable (its lock's LOCKED TILL, or its pending revision reaching --recover-legacy-after) to its recovery (the midpoint of the recovery's server-time bounds).",
+			Buckets: []float64{0.05, 0.1, 0.25, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10, 30, 60, 300, 900},
 		}),
 		held: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "helm_autorecover_abandoned_lock_hold_seconds",

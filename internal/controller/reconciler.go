@@ -12,6 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
@@ -36,6 +37,8 @@ type Reconciler struct {
 
 	metrics *metrics
 	kind    string
+	// Clock times the backoff of failing recoveries; nil is the real clock.
+	Clock clock.PassiveClock
 
 	// backoff holds, per release (namespace/name), the failures in a row
 	// and the earliest next attempt: taking and releasing a lock rewrites
@@ -91,7 +94,7 @@ func (r *Reconciler) reconcile(ctx context.Context, log *slog.Logger, key, ns, r
 		// history is not read).
 		r.metrics.observe(key, "live", len(st.Waiters))
 		step := Next(Observation{Decision: recovery.Decision{Verdict: recovery.Blocked}, Live: true, LockedTill: st.LockedTill, Margin: lock.TakeoverMargin, NowEarliest: st.Now.Earliest})
-		log.Debug("held by a live holder", slog.String("session", st.HolderIdentity), slog.Duration("again_in", step.After))
+		log.Debug("held by a live holder", slog.String("holder", st.HolderIdentity), slog.Duration("again_in", step.After))
 		return reconcile.Result{RequeueAfter: step.After}, nil
 	}
 	// Decide on the lock as read, with no writer: nothing is written unless
@@ -108,7 +111,9 @@ func (r *Reconciler) reconcile(ctx context.Context, log *slog.Logger, key, ns, r
 		Margin: lock.TakeoverMargin, NowEarliest: st.Now.Earliest,
 	})
 	if holder := st.HolderIdentity; holder != "" {
-		log = log.With(slog.String("session", holder))
+		// "session" names the controller's own session once it holds the
+		// lock; the abandoned one is the holder.
+		log = log.With(slog.String("holder", holder))
 	}
 	if !step.Recover {
 		if step.After > 0 {
@@ -148,7 +153,7 @@ func (r *Reconciler) recover(ctx context.Context, log *slog.Logger, key, ns, rel
 		if le.State != lock.Live {
 			wait = waitersRequeue
 		}
-		log.Info("the release's lock was taken first; looking again later", slog.String("holder", le.HolderIdentity), slog.Duration("again_in", wait))
+		log.Info("the release's lock was taken first; looking again later", slog.String("taken_by", le.HolderIdentity), slog.Duration("again_in", wait))
 		return reconcile.Result{RequeueAfter: wait}, nil
 	}
 	if err != nil {
@@ -218,8 +223,14 @@ func (r *Reconciler) recorded(ctx context.Context, log *slog.Logger, out protoco
 		strategy = string(recovery.StrategyFail)
 	}
 	r.metrics.recoveries.WithLabelValues(reason, strategy).Inc()
-	if !became.IsZero() && out.At.After(became) {
-		r.metrics.delay.Observe(out.At.Sub(became).Seconds())
+	// The server time of the recovery is known within bounds (the Date
+	// header's second, the request's round trip): their midpoint.
+	at := out.At
+	if !out.AtEarliest.IsZero() {
+		at = out.AtEarliest.Add(out.At.Sub(out.AtEarliest) / 2)
+	}
+	if !became.IsZero() && at.After(became) {
+		r.metrics.delay.Observe(at.Sub(became).Seconds())
 	}
 	revs := make([]string, 0, len(out.Marked))
 	for _, m := range out.Marked {
@@ -331,7 +342,7 @@ func (r *Reconciler) notYet(key string) time.Duration {
 	if !ok {
 		return 0
 	}
-	return max(0, time.Until(b.next))
+	return max(0, b.next.Sub(r.now()))
 }
 
 // failed counts a failure and returns the wait before the next attempt.
@@ -345,9 +356,16 @@ func (r *Reconciler) failed(key string) time.Duration {
 	b.failures++
 	wait := backoffFirst << min(b.failures-1, 20)
 	wait = min(wait, backoffMax)
-	b.next = time.Now().Add(wait)
+	b.next = r.now().Add(wait)
 	r.backoff[key] = b
 	return wait
+}
+
+func (r *Reconciler) now() time.Time {
+	if r.Clock == nil {
+		return time.Now()
+	}
+	return r.Clock.Now()
 }
 
 func (r *Reconciler) succeeded(key string) {

@@ -112,6 +112,7 @@ func TestFailedRecoveryBacksOff(t *testing.T) {
 		},
 		metrics: newMetrics(prometheus.NewRegistry()),
 		kind:    "Secret",
+		Clock:   clk,
 	}
 	req := reconcile.Request{NamespacedName: types.NamespacedName{Namespace: "shop", Name: "web"}}
 	writes := func() int {
@@ -142,8 +143,18 @@ func TestFailedRecoveryBacksOff(t *testing.T) {
 	if n := writes(); n != 0 {
 		t.Errorf("%d writes during the backoff; want none", n)
 	}
-	if got := r.failed("shop/web"); got != 2*backoffFirst {
-		t.Errorf("second failure waits %s, want %s", got, 2*backoffFirst)
+	// Once the backoff has passed, the release is attempted again, and a
+	// second failure waits twice as long.
+	clk.Step(backoffFirst)
+	res, err = r.Reconcile(t.Context(), req)
+	if err != nil || res.RequeueAfter != 2*backoffFirst {
+		t.Fatalf("attempt after the backoff: %+v, %v; want a retry after %s", res, err, 2*backoffFirst)
+	}
+	if writes() == 0 {
+		t.Error("no attempt after the backoff had passed")
+	}
+	if got := r.failed("shop/web"); got != 4*backoffFirst {
+		t.Errorf("third failure waits %s, want %s", got, 4*backoffFirst)
 	}
 	if st, _ := cs.CoreV1().Secrets("shop").Get(t.Context(), pending.Name, metav1.GetOptions{}); st.Labels[helmx.LabelStatus] != "pending-upgrade" {
 		t.Errorf("status %s: a failed recovery marked the revision", st.Labels[helmx.LabelStatus])

@@ -72,8 +72,9 @@ type Outcome struct {
 	Converged recovery.ConvergeReport
 	// RolledBack is set when Rollback ran and succeeded.
 	RolledBack bool
-	// At is the server time (upper bound) the recovery was judged at.
-	At time.Time
+	// At is the server time (upper bound) the recovery was judged at;
+	// AtEarliest its lower bound.
+	At, AtEarliest time.Time
 }
 
 // Mark is one revision recovery marked failed.
@@ -152,7 +153,7 @@ func (c *Conn) Recover(ctx context.Context, p Procedure) (Outcome, error) {
 		if err != nil {
 			return out, fmt.Errorf("%s: %w", subject, err)
 		}
-		out.At = now.Latest
+		out.At, out.AtEarliest = now.Latest, now.Earliest
 		out.Decision = recovery.Decide(recovery.Input{
 			Release:   p.Release,
 			Namespace: p.Namespace,
