@@ -211,13 +211,13 @@ func (c *lockCmds) runRecover(ctx context.Context, o *recoverOptions, rel string
 		Log:        c.errOut,
 		DeleteData: o.opts.RecoverDeleteData,
 	})
-	rep := inspect.Report{Release: rel, Namespace: ns, Decision: out.Decision, RolledBack: out.RolledBack}
+	rep := inspect.Report{Release: rel, Namespace: ns, Decision: out.Decision, RolledBack: out.RolledBack, Said: out.Said()}
 	for _, m := range out.Marked {
 		rep.Writes = append(rep.Writes, inspect.Write{Revision: m.Release.Revision, RecordKind: m.Release.RecordKind, RecordName: m.Release.RecordName, From: m.Release.Status, Description: m.Description})
 	}
 	if len(out.Marked) > 0 {
 		rep.Event = events.ReasonRecovered
-		note := fmt.Sprintf("Recovered by %s with helm-autorecover recover (session %s): %s", c.who(), held.Session(), out.Decision.Said(true))
+		note := fmt.Sprintf("Recovered by %s with helm-autorecover recover (session %s): %s", c.who(), held.Session(), out.Said())
 		if eerr := events.Emit(ctx, cn.Client(), events.Event{
 			Regarding: out.Marked[0].Record.Ref(), Type: corev1.EventTypeNormal, Reason: events.ReasonRecovered,
 			Action: "Recover", Note: note, At: out.At, Instance: c.who(),

@@ -71,12 +71,13 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 }
 
 func (r *Reconciler) reconcile(ctx context.Context, log *slog.Logger, key, ns, rel string) (reconcile.Result, error) {
-	if ignored, err := r.ignored(ctx, ns, rel); err != nil {
+	switch skip, err := r.skip(ctx, ns, rel); {
+	case err != nil:
 		r.metrics.errors.WithLabelValues("read").Inc()
 		return reconcile.Result{}, err
-	} else if ignored {
+	case skip != "":
 		r.metrics.observe(key, "", 0)
-		log.Debug("opted out", slog.String("annotation", AnnotationIgnore))
+		log.Debug("not judged", slog.String("why", skip))
 		return reconcile.Result{}, nil
 	}
 	_, stores, err := r.Conn.Stores(ctx, ns, r.Options.LockBackend)
@@ -128,9 +129,13 @@ func (r *Reconciler) reconcile(ctx context.Context, log *slog.Logger, key, ns, r
 func (r *Reconciler) recover(ctx context.Context, log *slog.Logger, key, ns, rel string, stores []*lock.Backend, rollsBack bool) (reconcile.Result, error) {
 	if rollsBack && r.Options.Rollback != nil {
 		// One rollback at a time (helm's clients share one write fence),
-		// waited for before the lock is taken, so that no release stays
-		// locked while it waits.
-		r.rollbacks.Lock()
+		// settled before the lock is taken, so that no release stays locked
+		// while it waits; a busy worker does not wait either, it looks again
+		// shortly, so that slow rollbacks do not hold up other releases.
+		if !r.rollbacks.TryLock() {
+			log.Debug("another release is being rolled back; looking again shortly", slog.Duration("again_in", waitersRequeue))
+			return reconcile.Result{RequeueAfter: waitersRequeue}, nil
+		}
 		defer r.rollbacks.Unlock()
 	}
 	req := lock.Request{
@@ -218,9 +223,11 @@ func (r *Reconciler) recorded(ctx context.Context, log *slog.Logger, out protoco
 	} else if !dec.Target.PendingSince.IsZero() {
 		became = dec.Target.PendingSince.Add(r.Options.Policy.LegacyAfter)
 	}
-	strategy := string(r.Options.Policy.Strategy)
-	if strategy == "" {
-		strategy = string(recovery.StrategyFail)
+	// What was done, not what was configured: a rollback recovery kept
+	// from rolling back (or whose rollback failed) only marked failed.
+	strategy := string(recovery.StrategyFail)
+	if out.RolledBack {
+		strategy = string(recovery.StrategyRollback)
 	}
 	r.metrics.recoveries.WithLabelValues(reason, strategy).Inc()
 	// The server time of the recovery is known within bounds (the Date
@@ -236,8 +243,8 @@ func (r *Reconciler) recorded(ctx context.Context, log *slog.Logger, out protoco
 	for _, m := range out.Marked {
 		revs = append(revs, fmt.Sprintf("%d", m.Release.Revision))
 	}
-	log.Info("recovered", slog.String("reason", reason), slog.String("marked_failed", strings.Join(revs, ",")), slog.Bool("rolled_back", out.RolledBack), slog.String("why", dec.Said(true)))
-	note := fmt.Sprintf("Recovered by the helm-autorecover controller %s (session %s): %s", r.Options.Who, session, dec.Said(true))
+	log.Info("recovered", slog.String("reason", reason), slog.String("marked_failed", strings.Join(revs, ",")), slog.Bool("rolled_back", out.RolledBack), slog.String("why", out.Said()))
+	note := fmt.Sprintf("Recovered by the helm-autorecover controller %s (session %s): %s", r.Options.Who, session, out.Said())
 	if err := events.Emit(ctx, r.Conn.Client(), events.Event{
 		Regarding: out.Marked[0].Record.Ref(), Type: corev1.EventTypeNormal, Reason: events.ReasonRecovered,
 		Action: "Recover", Note: note, At: out.At, Instance: r.Options.Who,
@@ -246,35 +253,46 @@ func (r *Reconciler) recorded(ctx context.Context, log *slog.Logger, out protoco
 	}
 }
 
-// ignored reports whether the release or its namespace opted out.
-func (r *Reconciler) ignored(ctx context.Context, ns, rel string) (bool, error) {
-	// Read live, not cached: a controller limited to some namespaces may
-	// not list namespaces, and only releases being judged are read.
-	switch nsObj, err := r.Conn.Client().CoreV1().Namespaces().Get(ctx, ns, metav1.GetOptions{}); {
-	case err == nil:
-		if nsObj.Annotations[AnnotationIgnore] == "true" {
-			return true, nil
-		}
-	case apierrors.IsNotFound(err):
-		return true, nil // gone
-	case apierrors.IsForbidden(err):
-		// No right to read namespaces (per-namespace Roles): release
-		// annotations still opt out.
-	default:
-		return false, err
-	}
+// skip says why a release is not judged ("" when it is): no pending record
+// of it is cached (it left pending: every helm operation ends so, and
+// nothing is read for it), it or its namespace opted out, or its namespace
+// is gone or being deleted.
+func (r *Reconciler) skip(ctx context.Context, ns, rel string) (string, error) {
+	// The cache holds the pending records only; the events that bring a
+	// release here come from it, so it has seen what they announce.
 	list := &metav1.PartialObjectMetadataList{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: r.kind + "List"}}
-	if err := r.Cache.List(ctx, list, client.InNamespace(ns), client.MatchingLabels{"name": rel}); err != nil {
-		return false, err
+	if err := r.Cache.List(ctx, list, client.InNamespace(ns), client.MatchingLabels{helmx.LabelName: rel}); err != nil {
+		return "", err
+	}
+	if len(list.Items) == 0 {
+		return "no pending record", nil
 	}
 	for _, it := range list.Items {
 		// A label set with helm's --labels is copied to every revision; an
 		// annotation set by hand is on that record only.
 		if it.Labels[AnnotationIgnore] == "true" || it.Annotations[AnnotationIgnore] == "true" {
-			return true, nil
+			return "opted out: " + AnnotationIgnore, nil
 		}
 	}
-	return false, nil
+	// Read live, not cached: a controller limited to some namespaces may
+	// not list namespaces, and only releases being judged are read.
+	switch nsObj, err := r.Conn.Client().CoreV1().Namespaces().Get(ctx, ns, metav1.GetOptions{}); {
+	case err == nil:
+		if nsObj.Annotations[AnnotationIgnore] == "true" {
+			return "namespace opted out: " + AnnotationIgnore, nil
+		}
+		if nsObj.DeletionTimestamp != nil || nsObj.Status.Phase == corev1.NamespaceTerminating {
+			return "namespace being deleted", nil
+		}
+	case apierrors.IsNotFound(err):
+		return "namespace gone", nil
+	case apierrors.IsForbidden(err):
+		// No right to read namespaces (per-namespace Roles): release
+		// annotations still opt out.
+	default:
+		return "", err
+	}
+	return "", nil
 }
 
 func (r *Reconciler) countError(err error) {

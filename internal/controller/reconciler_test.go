@@ -56,14 +56,31 @@ func fixtureRevision(t *testing.T, rev int, status common.Status, created time.T
 	}
 }
 
-// emptyCache is a metadata cache with nothing opted out.
-type emptyCache struct{}
+// metaCache is a metadata cache of pending records: it lists what it holds
+// (the namespace and label filters are not applied: one release per test).
+type metaCache struct {
+	items []metav1.PartialObjectMetadata
+}
 
-func (emptyCache) Get(context.Context, client.ObjectKey, client.Object, ...client.GetOption) error {
+func (metaCache) Get(context.Context, client.ObjectKey, client.Object, ...client.GetOption) error {
+	return errors.New("not cached")
+}
+
+func (c metaCache) List(_ context.Context, list client.ObjectList, _ ...client.ListOption) error {
+	if l, ok := list.(*metav1.PartialObjectMetadataList); ok {
+		l.Items = append(l.Items[:0], c.items...)
+	}
 	return nil
 }
 
-func (emptyCache) List(context.Context, client.ObjectList, ...client.ListOption) error { return nil }
+// cached is the metadata of records, as the controller's cache holds them.
+func cached(objs ...*corev1.Secret) metaCache {
+	var c metaCache
+	for _, o := range objs {
+		c.items = append(c.items, metav1.PartialObjectMetadata{ObjectMeta: o.ObjectMeta})
+	}
+	return c
+}
 
 // TestSelectorIncludesUninstalling: an uninstall killed mid-way leaves its
 // revision "uninstalling", pending for the protocol: the controller watches
@@ -104,7 +121,7 @@ func TestFailedRecoveryBacksOff(t *testing.T) {
 	})
 	r := &Reconciler{
 		Conn:  conn,
-		Cache: emptyCache{},
+		Cache: cached(pending),
 		Options: Options{
 			LockBackend: "release",
 			Policy:      recovery.Policy{Autorecover: true, LegacyAfter: 15 * time.Minute, Hints: recovery.CLIHints},
@@ -161,4 +178,49 @@ func TestFailedRecoveryBacksOff(t *testing.T) {
 	}
 }
 
-var _ client.Reader = emptyCache{}
+var _ client.Reader = metaCache{}
+
+// TestSkipReadsNothing: a release whose records left pending (every helm
+// operation ends so, and the cache's delete event brings it here), and one
+// that opted out, cost no request to the API server; a namespace being
+// deleted is not judged either.
+func TestSkipReadsNothing(t *testing.T) {
+	deployed := fixtureRevision(t, 1, common.StatusDeployed, rt0.Add(-2*time.Hour))
+	pending := fixtureRevision(t, 2, common.StatusPendingUpgrade, rt0.Add(-time.Hour))
+	optedOut := pending.DeepCopy()
+	optedOut.Labels[AnnotationIgnore] = "true"
+	live := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "shop"}}
+	terminating := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "shop"}, Status: corev1.NamespaceStatus{Phase: corev1.NamespaceTerminating}}
+	for _, c := range []struct {
+		name     string
+		ns       *corev1.Namespace
+		cache    metaCache
+		requests int
+	}{
+		{"left pending", live, cached(), 0},
+		{"opted out", live, cached(optedOut), 0},
+		{"namespace being deleted", terminating, cached(pending), 1},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cs := fake.NewClientset(c.ns, deployed, pending)
+			clk := clocktesting.NewFakeClock(rt0)
+			est := servertime.New(clk)
+			est.Observe(clk.Now(), clk.Now(), rt0)
+			r := &Reconciler{
+				Conn:    protocol.NewConn(cs, est, clk, "", nil),
+				Cache:   c.cache,
+				Options: Options{LockBackend: "release", Policy: recovery.Policy{Autorecover: true, LegacyAfter: time.Minute}, Who: "controller@test"},
+				metrics: newMetrics(prometheus.NewRegistry()),
+				kind:    "Secret",
+				Clock:   clk,
+			}
+			res, err := r.Reconcile(t.Context(), reconcile.Request{NamespacedName: types.NamespacedName{Namespace: "shop", Name: "web"}})
+			if err != nil || res.RequeueAfter != 0 {
+				t.Fatalf("Reconcile = %+v, %v; want done", res, err)
+			}
+			if n := len(cs.Actions()); n != c.requests {
+				t.Errorf("%d requests (%v), want %d", n, cs.Actions(), c.requests)
+			}
+		})
+	}
+}

@@ -343,10 +343,10 @@ func (r *run) recover(ctx context.Context) (latest int, err error) {
 		}
 		return 0, &exitcode.Error{Code: exitcode.Pending, Err: errors.New(dec.Reason)}
 	case recovery.Recover, recovery.RecoverThenRollback:
-		fmt.Fprintf(r.g.Stderr, "helm-autorecover: recovered: %s\n", dec.Said(true))
+		fmt.Fprintf(r.g.Stderr, "helm-autorecover: recovered: %s\n", out.Said())
 		// The Event is for people reading later: it is written beside
 		// helm's operation rather than before it (run.do waits for it).
-		target, reason, session := dec.Target.Release, dec.Said(true), r.held.Session()
+		target, reason, session := dec.Target.Release, out.Said(), r.held.Session()
 		recs, _ := r.conn.Records()
 		r.background.Add(1)
 		go func() {

@@ -35,6 +35,9 @@ type Report struct {
 	RolledBack bool
 	// Event is the reason of the Event recorded (or to be).
 	Event string
+	// Said, when set, is what the recovery did (protocol.Outcome.Said),
+	// told instead of the decision's own words.
+	Said string
 }
 
 // Verdict says the decision's verdict in plain words.
@@ -67,8 +70,15 @@ func Verdict(dec recovery.Decision, dryRun bool) string {
 // would be) written.
 func WriteReport(out io.Writer, r Report) error {
 	var b strings.Builder
-	fmt.Fprintf(&b, "Release %q in namespace %q: %s.\n", r.Release, r.Namespace, Verdict(r.Decision, r.DryRun))
-	fmt.Fprintf(&b, "Why: %s.\n", strings.TrimSuffix(r.Decision.Said(!r.DryRun && len(r.Writes) > 0), "."))
+	verdict, why := Verdict(r.Decision, r.DryRun), r.Decision.Said(!r.DryRun && len(r.Writes) > 0)
+	if !r.DryRun && len(r.Writes) > 0 && r.Said != "" {
+		why = r.Said
+		if r.Decision.Verdict == recovery.RecoverThenRollback && !r.RolledBack {
+			verdict = "recovered, not rolled back"
+		}
+	}
+	fmt.Fprintf(&b, "Release %q in namespace %q: %s.\n", r.Release, r.Namespace, verdict)
+	fmt.Fprintf(&b, "Why: %s.\n", strings.TrimSuffix(why, "."))
 	recovers := r.Decision.Verdict == recovery.Recover || r.Decision.Verdict == recovery.RecoverThenRollback
 	if recovers {
 		if r.DryRun {

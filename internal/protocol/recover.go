@@ -18,6 +18,9 @@ import (
 type Writer interface {
 	Valid() error
 	Session() string
+	// SetRevision records the revision helm's rollback is about to write,
+	// so that whoever finds it abandoned recovers it at once.
+	SetRevision(ctx context.Context, rev int) error
 }
 
 // Procedure describes one recovery: which release, what was found of its
@@ -72,9 +75,27 @@ type Outcome struct {
 	Converged recovery.ConvergeReport
 	// RolledBack is set when Rollback ran and succeeded.
 	RolledBack bool
+	// NotRolledBack says why a RecoverThenRollback verdict was carried out
+	// without its rollback (objects recovery keeps that helm's rollback
+	// would delete or rewrite); empty otherwise.
+	NotRolledBack string
 	// At is the server time (upper bound) the recovery was judged at;
 	// AtEarliest its lower bound.
 	At, AtEarliest time.Time
+}
+
+// Said tells what the recovery did, for the Event, the log and the
+// report: the decision as carried out, and why a rollback it called for was
+// left out.
+func (o Outcome) Said() string {
+	if o.Decision.Verdict == recovery.RecoverThenRollback && !o.RolledBack && o.Decision.DoneMarked != "" {
+		why := o.NotRolledBack
+		if why == "" {
+			why = "no rollback ran"
+		}
+		return o.Decision.DoneMarked + "; not rolled back: " + why
+	}
+	return o.Decision.Said(true)
 }
 
 // Mark is one revision recovery marked failed.
@@ -106,10 +127,7 @@ const maxRecoverAttempts = 5
 // last deployed revision and would keep those leftovers, and with no
 // operation to follow the release must end as it was last deployed; helm's
 // rollback and uninstall diff against the abandoned revision themselves.
-func converges(next lock.Operation, rollingBack bool) bool {
-	if rollingBack {
-		return false
-	}
+func converges(next lock.Operation) bool {
 	switch next {
 	case lock.OpUpgrade, lock.OpInstall, lock.OpRecover:
 		return true
@@ -184,9 +202,11 @@ func (c *Conn) Recover(ctx context.Context, p Procedure) (Outcome, error) {
 		rollingBack := dec.Verdict == recovery.RecoverThenRollback && p.Rollback != nil && p.Next != lock.OpRollback
 		// Undo what the abandoned revision applied before marking it failed,
 		// so that a failure here leaves it pending and the next attempt
-		// converges again.
-		if converges(p.Next, rollingBack) {
-			if err := c.converge(ctx, p, &out, dec.Target.Release); err != nil {
+		// converges again. Before a rollback too: converge applies the keep
+		// rules (data holders, adopted objects) that helm's rollback does
+		// not, and a rollback that fails then leaves the last deployed state.
+		if converges(p.Next) {
+			if err := c.converge(ctx, p, &out, dec.Target.Release, rollingBack); err != nil {
 				return out, err
 			}
 		}
@@ -199,13 +219,29 @@ func (c *Conn) Recover(ctx context.Context, p Procedure) (Outcome, error) {
 			continue
 		}
 		if rollingBack {
+			if held := out.Converged.HeldBack(); len(held) > 0 {
+				// helm's rollback deletes what only the abandoned revision
+				// rendered, and rewrites what it adopted: keep them, and say so.
+				out.NotRolledBack = fmt.Sprintf("helm's rollback would delete or rewrite %s, which recovery keeps; the release was set back to revision %d's state instead; once they are safe to lose, run helm rollback %s %d", recovery.ObjectList(held), dec.RollbackTo, p.Release, dec.RollbackTo)
+				if p.Log != nil {
+					fmt.Fprintf(p.Log, "helm-autorecover: release %q in namespace %q not rolled back: %s\n", p.Release, p.Namespace, out.NotRolledBack)
+				}
+				return out, nil
+			}
 			if err := p.Writer.Valid(); err != nil {
+				return out, fmt.Errorf("%s: stopped before rolling back to revision %d: %w", subject, dec.RollbackTo, err)
+			}
+			// The lock names the revision helm's rollback writes: if this
+			// process dies during it, the next client recovers that revision
+			// at once, as an abandoned one, not as stock helm's.
+			if err := p.Writer.SetRevision(ctx, out.Latest+1); err != nil {
 				return out, fmt.Errorf("%s: stopped before rolling back to revision %d: %w", subject, dec.RollbackTo, err)
 			}
 			if p.Log != nil {
 				fmt.Fprintf(p.Log, "helm-autorecover: rolling release %q back to revision %d, the last deployed\n", p.Release, dec.RollbackTo)
 			}
 			if err := p.Rollback(p.Release, dec.RollbackTo); err != nil {
+				out.NotRolledBack = fmt.Sprintf("helm's rollback failed (%v); the release was set back to revision %d's state before it", err, dec.RollbackTo)
 				return out, fmt.Errorf("%s: rollback to revision %d after recovery: %w", subject, dec.RollbackTo, err)
 			}
 			out.RolledBack = true
@@ -235,9 +271,12 @@ func (c *Conn) sleep(ctx context.Context, d time.Duration) error {
 // has written its revision (Outcome.Converged.Deferred): it may render them
 // again, and a delete-then-recreate loses a volume's data, a CRD's custom
 // resources, a Namespace's contents, a LoadBalancer's address.
-func (c *Conn) converge(ctx context.Context, p Procedure, out *Outcome, abandoned helmx.Summary) error {
+//
+// Before a rollback (rollingBack) nothing is deferred: helm's rollback
+// removes those objects at once anyway.
+func (c *Conn) converge(ctx context.Context, p Procedure, out *Outcome, abandoned helmx.Summary, rollingBack bool) error {
 	rep, err := recovery.ConvergeAbandoned(ctx, c.clusterAccess, c.records, abandoned,
-		recovery.ConvergeOptions{BeforeWrite: p.Writer.Valid, DeferRemovals: defersRemovals(p.Next), DeleteData: p.DeleteData})
+		recovery.ConvergeOptions{BeforeWrite: p.Writer.Valid, DeferRemovals: defersRemovals(p.Next) && !rollingBack, DeleteData: p.DeleteData})
 	out.Converged = rep
 	if (rep.Notable() || err != nil) && p.Log != nil {
 		fmt.Fprintf(p.Log, "helm-autorecover: %s\n", rep.Summary())

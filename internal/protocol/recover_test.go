@@ -23,22 +23,19 @@ import (
 	"github.com/helm-autorecover/helm-autorecover/internal/servertime"
 )
 
+// TestConverges: recovery undoes the abandoned revision before an upgrade,
+// an install, or no operation, whatever the strategy (before a rollback
+// too: converge keeps what helm's rollback would not).
 func TestConverges(t *testing.T) {
-	for _, c := range []struct {
-		next        lock.Operation
-		rollingBack bool
-		want        bool
-	}{
-		{lock.OpUpgrade, false, true},
-		{lock.OpInstall, false, true},
-		{lock.OpRecover, false, true},
-		{lock.OpRollback, false, false},
-		{lock.OpUninstall, false, false},
-		{lock.OpUpgrade, true, false},
-		{lock.OpRecover, true, false},
+	for op, want := range map[lock.Operation]bool{
+		lock.OpUpgrade:   true,
+		lock.OpInstall:   true,
+		lock.OpRecover:   true,
+		lock.OpRollback:  false,
+		lock.OpUninstall: false,
 	} {
-		if got := converges(c.next, c.rollingBack); got != c.want {
-			t.Errorf("converges(%s, rollingBack %v) = %v, want %v", c.next, c.rollingBack, got, c.want)
+		if got := converges(op); got != want {
+			t.Errorf("converges(%s) = %v, want %v", op, got, want)
 		}
 	}
 }
@@ -98,6 +95,8 @@ type writer struct{ err error }
 
 func (w *writer) Valid() error    { return w.err }
 func (w *writer) Session() string { return "rec-session" }
+
+func (w *writer) SetRevision(context.Context, int) error { return w.err }
 
 func fakeConn(t *testing.T, objs ...runtime.Object) (*Conn, *fake.Clientset) {
 	t.Helper()

@@ -130,3 +130,25 @@ func methodName(m ApplyMethod) string {
 	}
 	return "client-side"
 }
+
+// HeldBack lists the objects converge kept on purpose for a reason helm's
+// rollback does not honour (everything but helm.sh/resource-policy: keep,
+// which it honours): a rollback would delete or rewrite them.
+func (r ConvergeReport) HeldBack() []ObjectRef {
+	var out []ObjectRef
+	for _, o := range r.Objects {
+		if o.Action == ActionKept && !strings.HasPrefix(o.Reason, AnnotationResourcePolicy+": ") {
+			out = append(out, o.Object)
+		}
+	}
+	return out
+}
+
+// ObjectList names objects for people: "Kind ns/name, Kind ns/name".
+func ObjectList(objs []ObjectRef) string {
+	names := make([]string, 0, len(objs))
+	for _, o := range objs {
+		names = append(names, o.String())
+	}
+	return strings.Join(names, ", ")
+}

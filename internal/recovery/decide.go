@@ -215,6 +215,9 @@ type Decision struct {
 	// verdict has been carried out ("was marked failed"), for the Event,
 	// the log and the report written after the fact; empty otherwise.
 	Done string
+	// DoneMarked is Done without the rollback a RecoverThenRollback verdict
+	// calls for, for a recovery whose rollback did not happen.
+	DoneMarked string
 	// Target is the latest revision when it is pending (the one to mark
 	// failed under a Recover verdict); its Release.Revision is 0 otherwise.
 	Target Abandonment
@@ -419,6 +422,7 @@ func Decide(in Input) Decision {
 		done += ", with older pending revisions " + strings.Join(revs, ", ")
 	}
 
+	d.DoneMarked = done
 	// Rule 6.
 	if in.Policy.Strategy == StrategyRollback {
 		if to, ok := lastDeployed(hist[1:]); ok {

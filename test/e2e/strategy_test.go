@@ -5,6 +5,9 @@ import (
 	"testing"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
 	"github.com/helm-autorecover/helm-autorecover/internal/exitcode"
 	"github.com/helm-autorecover/helm-autorecover/internal/testenv"
 )
@@ -34,6 +37,56 @@ func TestRecoverStrategyRollback(t *testing.T) {
 	revs := wantHistory(t, env, ns, rel, "1:superseded 2:failed 3:superseded 4:deployed")
 	if !strings.Contains(revs[2].Description, "Rollback to 1") {
 		t.Fatalf("revision 3 description = %q, want helm's rollback to 1", revs[2].Description)
+	}
+}
+
+// TestRecoverStrategyRollbackKeepsData: helm's rollback would delete a
+// PersistentVolumeClaim that only the abandoned revision created; recovery
+// keeps it (S7, without --recover-delete-data), so the release is set back
+// to the last deployed state without helm's rollback, and stderr says why.
+func TestRecoverStrategyRollbackKeepsData(t *testing.T) {
+	env := testenv.Get(t)
+	bin := env.Bin(t)
+	ns := env.Namespace(t)
+	const rel = "keepdata"
+	chart := env.Chart("app")
+	lease := []string{"--lease-duration", "3s"}
+	mustRun(t, env, bin, args([]string{"install", rel, chart, "-n", ns, "--wait", "--timeout", "60s"}, lease)...)
+	p := env.Start(t, bin, args([]string{"upgrade", rel, chart, "-n", ns, "--wait", "--timeout", "5m", "--set", "claim=true"}, lease)...)
+	env.WaitForStatus(t, ns, rel, 2, "pending-upgrade", 60*time.Second)
+	claim := waitForClaim(t, env, ns, rel+"-data")
+	p.Kill(t)
+
+	res := mustRun(t, env, bin, args([]string{
+		"upgrade", rel, chart, "-n", ns, "--set", "message=v3", "--wait", "--timeout", "60s",
+		"--lock-timeout", "30s", "--recover-strategy", "rollback",
+	}, lease)...)
+	if !strings.Contains(res.Stderr, "not rolled back") || !strings.Contains(res.Stderr, "PersistentVolumeClaim "+ns+"/"+rel+"-data") {
+		t.Fatalf("stderr does not say why the release was not rolled back:\n%s", res.Stderr)
+	}
+	wantHistory(t, env, ns, rel, "1:superseded 2:failed 3:deployed")
+	after, err := env.Client.CoreV1().PersistentVolumeClaims(ns).Get(t.Context(), rel+"-data", metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("the claim only the abandoned revision created is gone: %v", err)
+	}
+	if after.UID != claim {
+		t.Fatalf("the claim was deleted and created again (uid %s, was %s)", after.UID, claim)
+	}
+}
+
+// waitForClaim waits until helm has created the claim and returns its UID.
+func waitForClaim(t *testing.T, env *testenv.Env, ns, name string) types.UID {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		c, err := env.Client.CoreV1().PersistentVolumeClaims(ns).Get(t.Context(), name, metav1.GetOptions{})
+		if err == nil {
+			return c.UID
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("claim %s/%s not created: %v", ns, name, err)
+		}
+		time.Sleep(200 * time.Millisecond)
 	}
 }
 
