@@ -136,6 +136,7 @@ func runGuarded(c *cobra.Command, args []string, op lock.Operation, opts *guard.
 		Rollback:   rollbackFunc(settings),
 		HelmDriver: os.Getenv("HELM_DRIVER"),
 		Fence:      helmx.DefaultWriteFence,
+		AutoMemory: protocol.DefaultAutoMemory(),
 	}
 	ctx := context.Background()
 	if op != lock.OpUninstall {

@@ -65,6 +65,9 @@ type Guard struct {
 	// lock into the revision records they create (helmx.DefaultWriteFence
 	// for the CLI).
 	Fence *helmx.WriteFence
+	// AutoMemory, when set, remembers --lock-backend=auto's choice across
+	// runs (protocol.AutoMemory): no access reviews on every deploy.
+	AutoMemory *protocol.AutoMemory
 }
 
 // Run takes the lock for t, recovers the release when the recovery decision
@@ -82,17 +85,42 @@ func (g *Guard) Run(ctx context.Context, t Target, op func() error) error {
 	if err != nil {
 		return fmt.Errorf("release %q in namespace %q: %w", t.Release, t.Namespace, err)
 	}
-	if ok, err := g.ensureNamespace(ctx, conn.Client(), t); err != nil {
-		return err
-	} else if !ok {
+	if t.CreateNamespace {
+		// The lock lives in the namespace: it is created first. Without
+		// --create-namespace nothing is read for it: a missing namespace
+		// shows when the lock is taken (namespaceMissing).
+		if ok, err := g.ensureNamespace(ctx, conn.Client(), t); err != nil {
+			return err
+		} else if !ok {
+			return op()
+		}
+	}
+
+	conn.RememberAuto(g.AutoMemory)
+	held, req, err := g.take(ctx, conn, t)
+	if g.Options.LockBackend == protocol.BackendAuto && req.Backend == protocol.BackendLease && protocol.LeaseForbidden(err) {
+		// The lease backend auto remembered choosing is refused now (a
+		// right taken away): choose again, asking the API server.
+		conn.ForgetAuto(t.Namespace)
+		held, req, err = g.take(ctx, conn, t)
+	}
+	if namespaceMissing(err, t.Namespace) {
 		// No namespace: helm fails with its own message; there is nothing
 		// to lock or recover.
 		return op()
 	}
+	if err != nil {
+		return err
+	}
+	r := &run{g: g, t: t, conn: conn, held: held, opDone: make(chan struct{})}
+	return r.do(ctx, op)
+}
 
+// take chooses the lock backend and takes the release's lock.
+func (g *Guard) take(ctx context.Context, conn *protocol.Conn, t Target) (*protocol.Lock, lock.Request, error) {
 	backend, stores, err := conn.Stores(ctx, t.Namespace, g.Options.LockBackend)
 	if err != nil {
-		return &exitcode.Error{Code: exitcode.Usage, Err: fmt.Errorf("release %q in namespace %q: --lock-backend=%s: %w", t.Release, t.Namespace, g.Options.LockBackend, err)}
+		return nil, lock.Request{}, &exitcode.Error{Code: exitcode.Usage, Err: fmt.Errorf("release %q in namespace %q: --lock-backend=%s: %w", t.Release, t.Namespace, g.Options.LockBackend, err)}
 	}
 	maxHold := g.Options.LockMaxHold
 	if maxHold == 0 {
@@ -110,11 +138,7 @@ func (g *Guard) Run(ctx context.Context, t Target, op func() error) error {
 		Session:       lock.NewSession(),
 	}
 	held, err := g.acquire(ctx, conn, stores, req)
-	if err != nil {
-		return err
-	}
-	r := &run{g: g, t: t, conn: conn, held: held, opDone: make(chan struct{})}
-	return r.do(ctx, op)
+	return held, req, err
 }
 
 func (g *Guard) acquire(ctx context.Context, conn *protocol.Conn, stores []*lock.Backend, req lock.Request) (*protocol.Lock, error) {
@@ -183,6 +207,17 @@ func lockError(err error, req lock.Request, chosen string) error {
 		advice += ", or use --lock-backend=release, which needs no right on Leases"
 	}
 	return fmt.Errorf("%w; %s needs %s in namespace %q: %s", err, backend, need, req.Namespace, advice)
+}
+
+// namespaceMissing reports whether err is the API server saying that
+// namespace ns does not exist (a write into it was refused).
+func namespaceMissing(err error, ns string) bool {
+	var st apierrors.APIStatus
+	if err == nil || !errors.As(err, &st) {
+		return false
+	}
+	s := st.Status()
+	return s.Reason == metav1.StatusReasonNotFound && s.Details != nil && s.Details.Kind == "namespaces" && s.Details.Name == ns
 }
 
 // ensureNamespace creates the namespace when the operation asks for it and

@@ -61,6 +61,10 @@ func (c *Conn) chooseAuto(ctx context.Context, ns string) Choice {
 	if ch, ok := c.autoChoice.Load(ns); ok {
 		return ch.(Choice)
 	}
+	if ch, ok := c.memory.load(ns); ok {
+		c.autoChoice.Store(ns, ch)
+		return ch
+	}
 	client := c.client
 	allowed := map[string]bool{}
 	var reviewErr error
@@ -78,6 +82,10 @@ func (c *Conn) chooseAuto(ctx context.Context, ns string) Choice {
 	}
 	ch := DecideAuto(allowed, reviewErr)
 	c.autoChoice.Store(ns, ch)
+	if reviewErr == nil {
+		// A review that failed is not remembered: it is asked again.
+		c.memory.store(ns, ch)
+	}
 	return ch
 }
 

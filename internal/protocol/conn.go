@@ -40,6 +40,36 @@ type Conn struct {
 
 	// autoChoice caches BackendAuto's decision per namespace.
 	autoChoice sync.Map
+	// memory remembers it across processes (RememberAuto); nil does not.
+	memory *AutoMemory
+	// id identifies the server and credentials (for memory).
+	id string
+}
+
+// RememberAuto makes --lock-backend=auto's choice last across processes in
+// m (nil: asked once per connection, as before). Call it before the first
+// Stores.
+func (c *Conn) RememberAuto(m *AutoMemory) {
+	if m == nil {
+		c.memory = nil
+		return
+	}
+	mm := *m
+	mm.id = c.id
+	if mm.now == nil {
+		mm.now = c.clock.Now
+	}
+	if mm.TTL <= 0 {
+		mm.TTL = DefaultAutoTTL
+	}
+	c.memory = &mm
+}
+
+// ForgetAuto drops auto's choice for ns (the API server refused the backend
+// it chose): the next Stores asks again.
+func (c *Conn) ForgetAuto(ns string) {
+	c.autoChoice.Delete(ns)
+	c.memory.forget(ns)
 }
 
 // Connect returns a connection to the cluster cfg points at, for helm's
@@ -58,7 +88,9 @@ func Connect(cfg *rest.Config, clk clock.Clock, helmDriver string) (*Conn, error
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes client: %w", err)
 	}
-	return NewConn(client, est, clk, helmDriver, func() (*recovery.Kube, error) { return recovery.NewKube(cfg) }), nil
+	c := NewConn(client, est, clk, helmDriver, func() (*recovery.Kube, error) { return recovery.NewKube(cfg) })
+	c.id = identity(cfg)
+	return c, nil
 }
 
 // NewConn returns a connection over client, whose responses must feed est

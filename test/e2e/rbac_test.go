@@ -10,6 +10,7 @@ import (
 	"time"
 
 	authenticationv1 "k8s.io/api/authentication/v1"
+	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -198,3 +199,67 @@ func restrictedKubeconfig(ctx context.Context, t *testing.T, env *testenv.Env, n
 }
 
 func ptrTo[T any](v T) *T { return &v }
+
+// TestAutoBackendRightsTakenAway: --lock-backend=auto remembers its choice
+// (no access reviews on every deploy); when the Lease rights it chose the
+// lease backend for are taken away, the next deploy is refused once by the
+// API server, forgets the choice, asks again and runs with the release
+// backend.
+func TestAutoBackendRightsTakenAway(t *testing.T) {
+	env := testenv.Get(t)
+	bin := env.Bin(t)
+	ns := env.Namespace(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	kc := restrictedKubeconfig(ctx, t, env, ns, "deployer", append(append([]rbacv1.PolicyRule{}, leaseBackendRules...), chartRules...))
+	run := func(a ...string) testenv.Result {
+		return env.RunEnv(t, []string{"KUBECONFIG=" + kc}, bin, a...)
+	}
+	chart := env.Chart("app")
+	const rel = "rights"
+	for i, want := range []string{"lock backend auto chose lease", "remembered from"} {
+		res := run("upgrade", "--install", rel, chart, "-n", ns, "--set", fmt.Sprintf("message=m%d", i), "--debug")
+		if res.ExitCode != 0 || !strings.Contains(res.Stderr, want) {
+			t.Fatalf("deploy %d with Lease rights: exit %d, want %q in:\n%s", i+1, res.ExitCode, want, res.Stderr)
+		}
+	}
+	role, err := env.Client.RbacV1().Roles(ns).Get(ctx, "deployer", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var kept []rbacv1.PolicyRule
+	for _, r := range role.Rules {
+		if len(r.APIGroups) == 0 || r.APIGroups[0] != "coordination.k8s.io" {
+			kept = append(kept, r)
+		}
+	}
+	role.Rules = append(kept, releaseBackendRules...)
+	if _, err := env.Client.RbacV1().Roles(ns).Update(ctx, role, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// The authorizer's view of the Role follows a watch: wait until it
+	// denies the update of Leases.
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		sar, err := env.Client.AuthorizationV1().SubjectAccessReviews().Create(ctx, &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
+			User:               "system:serviceaccount:" + ns + ":deployer",
+			ResourceAttributes: &authorizationv1.ResourceAttributes{Namespace: ns, Verb: "update", Group: "coordination.k8s.io", Resource: "leases"},
+		}}, metav1.CreateOptions{})
+		if err == nil && !sar.Status.Allowed {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the Lease rights were not taken away: %v", err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	res := run("upgrade", rel, chart, "-n", ns, "--set", "message=after", "--debug")
+	if res.ExitCode != 0 {
+		t.Fatalf("deploy after the Lease rights were taken away: exit %d:\n%s", res.ExitCode, res.Stderr)
+	}
+	if !strings.Contains(res.Stderr, "lock backend auto chose release") {
+		t.Errorf("auto did not choose again:\n%s", res.Stderr)
+	}
+	if got := strings.Join(env.Summary(t, ns, rel), " "); got != "1:superseded 2:superseded 3:deployed" {
+		t.Fatalf("history = %s", got)
+	}
+}
