@@ -51,8 +51,7 @@ func TestRecoverDryRunGolden(t *testing.T) {
 }
 
 // TestRecoverExpired takes the lock (the release record's: its beat
-// claimed, then its gate; then the Lease; then confirms the record's on its
-// beat), marks the abandoned revision failed, records an Event and
+// claimed, then its gate; then the Lease), marks the abandoned revision failed, records an Event and
 // releases both locks, the Lease first.
 func TestRecoverExpired(t *testing.T) {
 	e := newFakeEnv(t, fixture(t)...)
@@ -61,7 +60,7 @@ func TestRecoverExpired(t *testing.T) {
 		t.Fatalf("exit %d: %v\nstderr: %s", code, err, e.errOut.String())
 	}
 	golden(t, "recover-expired.txt", e.out.Bytes())
-	if got, want := strings.Join(e.writes(), ", "), "create secrets, update secrets, update leases, update secrets, update secrets, create events, update leases, update secrets"; got != want {
+	if got, want := strings.Join(e.writes(), ", "), "create secrets, update secrets, update leases, update secrets, create events, update leases, update secrets"; got != want {
 		t.Errorf("writes: %s; want %s", got, want)
 	}
 	s, err := e.client.CoreV1().Secrets("prod").Get(t.Context(), helmx.ReleaseSecretName("api", 3), metav1.GetOptions{})

@@ -532,22 +532,30 @@ func (f *fenceRT) update(req *http.Request, g *GuardedWrites, name string) (_ *h
 		if err := newestAllows(metas, g); err != nil {
 			return nil, status, err
 		}
-		cur, resp, err := f.get(req)
-		if err != nil || resp != nil {
-			return resp, status, err // the read failed: helm sees why
+		// The record's metadata (its resourceVersion, the lock on it) comes
+		// with the list, which is as current as a read of the record: only
+		// a record the list does not name (deleted meanwhile) is read, so
+		// that helm sees why.
+		cur := metaNamed(metas, name)
+		if cur == nil {
+			d, resp, err := f.get(req)
+			if err != nil || resp != nil {
+				return resp, status, err // the read failed: helm sees why
+			}
+			cur = d.meta
 		}
 		isNewest := len(metas) > 0 && metas[len(metas)-1].Name == name
-		own, curRec, err := checkLock(cur.meta, g, isNewest)
+		own, curRec, err := checkLock(cur, g, isNewest)
 		if err != nil {
 			return nil, status, err
 		}
 		if err := g.Lock.Valid(); err != nil {
 			return nil, status, fmt.Errorf("helm-autorecover: refused helm's update of revision %d of release %q in namespace %q: %w", rev, g.Release, g.Namespace, err)
 		}
-		d.meta.ResourceVersion = cur.meta.ResourceVersion
+		d.meta.ResourceVersion = cur.ResourceVersion
 		d.meta.Annotations = map[string]string{}
 		for _, k := range []string{lock.AnnotationRecord, lock.AnnotationQueue} {
-			if v, ok := cur.meta.Annotations[k]; ok {
+			if v, ok := cur.Annotations[k]; ok {
 				d.meta.Annotations[k] = v
 			}
 		}
@@ -562,7 +570,7 @@ func (f *fenceRT) update(req *http.Request, g *GuardedWrites, name string) (_ *h
 		if err != nil {
 			return nil, status, fmt.Errorf("helm-autorecover: encoding revision %d of release %q: %w", rev, g.Release, err)
 		}
-		resp, err = f.send(withBody(req, out))
+		resp, err := f.send(withBody(req, out))
 		if err != nil || resp.StatusCode != http.StatusConflict || attempt >= maxPutRetries {
 			return resp, status, err
 		}
@@ -682,6 +690,16 @@ func (f *fenceRT) listRecords(req *http.Request, g *GuardedWrites) ([]metav1.Obj
 	// take the same record for the newest.
 	slices.SortFunc(out, func(a, b metav1.ObjectMeta) int { return records.Compare(a.Name, a.Labels, b.Name, b.Labels) })
 	return out, nil
+}
+
+// metaNamed returns the metadata of record name in metas, nil when absent.
+func metaNamed(metas []metav1.ObjectMeta, name string) *metav1.ObjectMeta {
+	for i := range metas {
+		if metas[i].Name == name {
+			return &metas[i]
+		}
+	}
+	return nil
 }
 
 // newestAllows refuses a write of helm's when the lock on the release's
