@@ -314,10 +314,9 @@ func (s *releaseStore) Update(ctx context.Context, l *coordinationv1.Lease, _ me
 		return l.DeepCopy(), nil
 	case !ok:
 		return nil, apierrors.NewNotFound(leaseResource, l.Name)
-	case anchor == "" || r.Meta.Name != anchor || r.Meta.ResourceVersion != gateRV || beat.rv() != beatRV:
+	case anchor == "" || beat.rv() != beatRV:
 		return nil, apierrors.NewConflict(leaseResource, l.Name, fmt.Errorf("the lock of release %q is now on %s at resourceVersion %s with beat at %q, not on %s at %s with beat at %q", rel, r.Meta.Name, r.Meta.ResourceVersion, beat.rv(), anchor, gateRV, beatRV))
 	}
-	cur := s.virtual(rel, r, beat, listRV)
 	want, _ := DecodeRecord(l.Annotations[AnnotationRecord])
 	if _, ok := l.Annotations[AnnotationRecord]; !ok {
 		want = nil
@@ -326,6 +325,21 @@ func (s *releaseStore) Update(ctx context.Context, l *coordinationv1.Lease, _ me
 	if _, ok := r.Meta.Annotations[AnnotationRecord]; !ok {
 		have = nil
 	}
+	if r.Meta.Name != anchor || r.Meta.ResourceVersion != gateRV {
+		// The gate moved or changed since the caller read it. With the
+		// beat unchanged, a gate that still carries the caller's own
+		// unreleased record was rewritten by the holder's own writes
+		// (helm's records, carrying the lock through the fence): the
+		// holder's renewal, revision or release goes on from the gate as
+		// read now. Anything else (a take, another session's record, a
+		// release by someone else, no record) is a conflict: the caller
+		// reads again and decides anew.
+		if want == nil || have == nil || want.Session != have.Session || !have.ReleasedAt.IsZero() {
+			return nil, apierrors.NewConflict(leaseResource, l.Name, fmt.Errorf("the lock of release %q is now on %s at resourceVersion %s with beat at %q, not on %s at %s with beat at %q", rel, r.Meta.Name, r.Meta.ResourceVersion, beat.rv(), anchor, gateRV, beatRV))
+		}
+		gateRV = r.Meta.ResourceVersion
+	}
+	cur := s.virtual(rel, r, beat, listRV)
 	gateChange := want != nil && (have == nil || want.Session != have.Session ||
 		!want.ReleasedAt.Equal(have.ReleasedAt) || want.ReleasedBy != have.ReleasedBy)
 	// Any write of an unreleased record to the gate is a take (of another
