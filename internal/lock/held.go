@@ -197,6 +197,14 @@ func (h *Held) loseGone(err error) error {
 // isGone reports whether the lock was lost to someone else (taken, released
 // by a person, or vanished with its record), not merely at its renew
 // deadline.
+// isVirtual reports whether the lock is a record lock taken while the
+// release had no record (nothing was written to take it).
+func (h *Held) isVirtual() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.b.store == StoreRelease && h.lease.Annotations[annotationAnchor] == ""
+}
+
 func (h *Held) isGone() bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()

@@ -56,8 +56,11 @@ func AcquireJoint(ctx context.Context, req Request, wait bool, onProgress func(*
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()
 		for i := len(held) - 1; i >= 0; i-- {
-			if held[i] != nil {
-				_ = held[i].Release(rctx)
+			if h := held[i]; h != nil {
+				// A part taken over from an expired holder names it again, so
+				// that the next client (this one retrying included) recovers
+				// what it abandoned at once rather than judge it stock helm's.
+				_ = h.ReleaseAbandoning(rctx, expiredOnly(Found(h.Previous, h.PreviousState)))
 			}
 		}
 		return nil, err
@@ -95,12 +98,14 @@ func AcquireJoint(ctx context.Context, req Request, wait bool, onProgress func(*
 	// taking it again would queue behind our own session. Without waiting
 	// (wait false) the parts were taken one right after the other, each
 	// kept renewed since: checking each is enough, as for the last part,
-	// and the happy path makes no request for it.
+	// and the happy path makes no request for it; but a virtual record lock
+	// (a release with no record: its take wrote nothing) is read again,
+	// since a first revision someone created meanwhile shows nowhere else.
 	for range maxJointRetries {
 		lost := -1
 		for i, h := range held {
 			confirm := h.Renew
-			if i == len(held)-1 || !wait {
+			if i == len(held)-1 || (!wait && !h.isVirtual()) {
 				confirm = func(context.Context) error { return h.Valid() }
 			}
 			if err := confirm(ctx); err != nil {

@@ -50,6 +50,13 @@ func identity(cfg *rest.Config) string {
 	}
 	parts := []string{cfg.Host, cfg.APIPath, cfg.Username, cfg.BearerToken, cfg.BearerTokenFile,
 		cfg.CertFile, string(cfg.CertData), cfg.Impersonate.UserName, cfg.Impersonate.UID, strings.Join(cfg.Impersonate.Groups, ",")}
+	if cfg.BearerTokenFile != "" {
+		// In a pod every service account's token has the same path: the
+		// token tells them apart (a rotated token only costs a new entry).
+		if b, err := os.ReadFile(cfg.BearerTokenFile); err == nil {
+			parts = append(parts, string(b))
+		}
+	}
 	if cfg.ExecProvider != nil {
 		parts = append(parts, cfg.ExecProvider.Command, strings.Join(cfg.ExecProvider.Args, " "))
 		for _, e := range cfg.ExecProvider.Env {
