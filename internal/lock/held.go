@@ -469,6 +469,10 @@ func (h *Held) writeLocked(ctx context.Context, release bool, mutate func(*Recor
 		if err := setHolder(l, &rec); err != nil {
 			return err
 		}
+		if h.b.store == StoreRelease {
+			// The holder's own write (see releaseStore.Update); never stored.
+			l.Annotations[annotationHolderWrite] = h.req.Session
+		}
 		updated, err := leases.Update(ctx, l, metav1.UpdateOptions{})
 		switch {
 		case err == nil:

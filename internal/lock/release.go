@@ -49,6 +49,11 @@ const annotationAnchorRef = "helm-autorecover.io/anchor-ref"
 // the one it was on knows the newer record was deleted under it.
 const annotationAnchorRevision = "helm-autorecover.io/anchor-revision"
 
+// annotationHolderWrite marks, on a virtual Lease only (never stored), a
+// write by the holder itself (Held), naming its session: only such a write
+// goes on when the holder's own writes moved the gate (see Update).
+const annotationHolderWrite = "helm-autorecover.io/holder-write"
+
 // unreadableHolder stands for the holder of a lock record that is not JSON
 // at all: the lock is judged Live (its expiry cannot be told) until someone
 // unlocks it with --force naming this session.
@@ -334,7 +339,17 @@ func (s *releaseStore) Update(ctx context.Context, l *coordinationv1.Lease, _ me
 		// read now. Anything else (a take, another session's record, a
 		// release by someone else, no record) is a conflict: the caller
 		// reads again and decides anew.
-		if want == nil || have == nil || want.Session != have.Session || !have.ReleasedAt.IsZero() {
+		//
+		// Only the holder's own write (a waiter's queue write or a forced
+		// release carries the holder's record from a view of its own), only
+		// while the beat still names the holder unreleased, and only when
+		// the gate did not move back to an older record (the newest was
+		// deleted under the holder: Held's vanished check decides).
+		wasRev, _ := strconv.Atoi(l.Annotations[annotationAnchorRevision])
+		bt := beatRecord(beat)
+		if want == nil || have == nil || want.Session != have.Session || !have.ReleasedAt.IsZero() ||
+			l.Annotations[annotationHolderWrite] != want.Session || r.Revision() < wasRev ||
+			bt == nil || bt.Session != want.Session || !bt.ReleasedAt.IsZero() {
 			return nil, apierrors.NewConflict(leaseResource, l.Name, fmt.Errorf("the lock of release %q is now on %s at resourceVersion %s with beat at %q, not on %s at %s with beat at %q", rel, r.Meta.Name, r.Meta.ResourceVersion, beat.rv(), anchor, gateRV, beatRV))
 		}
 		gateRV = r.Meta.ResourceVersion
