@@ -49,6 +49,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/utils/clock"
 
+	"github.com/helm-autorecover/helm-autorecover/hack/internal/countproxy"
 	"github.com/helm-autorecover/helm-autorecover/internal/helmx"
 	"github.com/helm-autorecover/helm-autorecover/internal/protocol"
 )
@@ -253,13 +254,15 @@ func run(ctx context.Context, o options) error {
 		return err
 	}
 	ctrlKubeconfig := kubeconfig
-	var px *proxy
+	var px *countproxy.Proxy
 	if !o.direct {
-		if px, err = startProxy(cfg); err != nil {
+		if px, err = countproxy.Start(cfg); err != nil {
 			return err
 		}
-		defer px.close()
-		if ctrlKubeconfig, err = writeKubeconfig(dir, px.url); err != nil {
+		defer px.Close()
+		px.SetPhase("startup")
+		ctrlKubeconfig = filepath.Join(dir, "controller.kubeconfig")
+		if err = countproxy.WriteKubeconfig(ctrlKubeconfig, px.URL(), ""); err != nil {
 			return err
 		}
 		f.proxied = true
@@ -313,7 +316,7 @@ func run(ctx context.Context, o options) error {
 	fmt.Fprintf(os.Stderr, "ready after %s, workers started after %s, all pending judged: %s\n",
 		f.toReady.Round(time.Millisecond), f.toWorkers.Round(time.Millisecond), orNA(f.judgedSeen, f.toJudged.Round(time.Millisecond).String()))
 	if px != nil {
-		px.setPhase("recovery")
+		px.SetPhase("recovery")
 	}
 	c.setPhase("recovery")
 
@@ -386,7 +389,7 @@ func run(ctx context.Context, o options) error {
 		return err
 	}
 	if px != nil {
-		px.setPhase("steady")
+		px.SetPhase("steady")
 	}
 	c.setPhase("steady")
 	steadyStart := time.Now()
@@ -445,12 +448,12 @@ func run(ctx context.Context, o options) error {
 	agents := map[string]bool{}
 	isController := func(ua string) bool { return agents[ua] }
 	if px != nil {
-		f.startupReqs, f.recoveryReqs, f.steadyReqs = px.snapshot("startup"), px.snapshot("recovery"), px.snapshot("steady")
-		f.agents = px.userAgents()
+		f.startupReqs, f.recoveryReqs, f.steadyReqs = phaseCounts(px, "startup"), phaseCounts(px, "recovery"), phaseCounts(px, "steady")
+		f.agents = px.UserAgents()
 		for _, a := range f.agents {
 			agents[a] = true
 		}
-		f.fullReads = px.fullSecretReads()
+		f.fullReads = px.Requests(fullSecretRead)
 		for _, rq := range f.fullReads {
 			if byKey[rq.Namespace+"/"+releaseOfRead(rq)] == nil {
 				f.foreignFull = append(f.foreignFull, rq)

@@ -182,7 +182,7 @@ func quantile(q float64, bs []bucket) (est, upper float64, ok bool) {
 }
 
 // requestTotals sums apiserver_request_total by verb and resource
-// (resource.group/subresource, as proxy.classify names them).
+// (resource.group/subresource, as countproxy.Classify names them).
 func requestTotals(m promText) map[reqKey]float64 {
 	out := map[reqKey]float64{}
 	for _, s := range m {
