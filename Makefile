@@ -40,11 +40,17 @@ demo: build
 
 ## bench: figures for docs/benchmarks.md, on the local control plane.
 ## BENCH_BASELINE=path/to/older/helm-autorecover adds its rows.
+## The side-by-side suite (hack/benchsuite, issue 13) writes its section of
+## docs/benchmarks.md and docs/bench/; BENCH_SUITE_FLAGS='--scenarios=handoff'
+## runs one scenario (see go run ./hack/benchsuite --help).
+BENCH_SUITE_FLAGS ?=
 bench: build cluster-up
 	KUBECONFIG=$(CURDIR)/.local-cluster/kubeconfig $(GO) run ./hack/benchlocks --bin $(BIN) \
 		--helm $${HELM4:-$$HOME/.cache/helm-autorecover/bin/helm-v4} $(if $(BENCH_BASELINE),--baseline $(BENCH_BASELINE))
 	KUBECONFIG=$(CURDIR)/.local-cluster/kubeconfig $(GO) run ./hack/benchtraffic --bin $(BIN) \
 		--helm $${HELM4:-$$HOME/.cache/helm-autorecover/bin/helm-v4} $(if $(BENCH_BASELINE),--baseline $(BENCH_BASELINE))
+	KUBECONFIG=$(CURDIR)/.local-cluster/kubeconfig $(GO) run ./hack/benchsuite --bin $(BIN) \
+		--helm $${HELM4:-$$HOME/.cache/helm-autorecover/bin/helm-v4} $(BENCH_SUITE_FLAGS)
 
 ## bench-controller: the controller at scale (issue 12 item 7): 10,000 releases
 ## in 100 namespaces, 100 left stuck under dead holders' locks; time to sync,
