@@ -48,8 +48,10 @@ func identity(cfg *rest.Config) string {
 	if cfg == nil {
 		return ""
 	}
-	parts := []string{cfg.Host, cfg.APIPath, cfg.Username, cfg.BearerToken, cfg.BearerTokenFile,
-		cfg.CertFile, string(cfg.CertData), cfg.Impersonate.UserName, cfg.Impersonate.UID, strings.Join(cfg.Impersonate.Groups, ",")}
+	parts := []string{
+		cfg.Host, cfg.APIPath, cfg.Username, cfg.BearerToken, cfg.BearerTokenFile,
+		cfg.CertFile, string(cfg.CertData), cfg.Impersonate.UserName, cfg.Impersonate.UID, strings.Join(cfg.Impersonate.Groups, ","),
+	}
 	if cfg.BearerTokenFile != "" {
 		// In a pod every service account's token has the same path: the
 		// token tells them apart (a rotated token only costs a new entry).
