@@ -62,7 +62,9 @@ func (s *suite) handoff(ctx context.Context) (*handoffResult, error) {
 	}
 	const rel = "handoff"
 	tags := []string{"handoff-a", "handoff-b"}
-	values := []string{"--set", "deployments=1", "--set", "schedulerName=" + holdScheduler}
+	// Each upgrade rolls its pods out (rollPods), and they wait for the
+	// hold scheduler.
+	values := []string{"--set", "deployments=1", "--set", "rollPods=true", "--set", "schedulerName=" + holdScheduler}
 	if _, err := s.mustRun(ctx, "", s.o.bin, append([]string{"install", rel, s.o.mediumChart, "-n", ns}, values...)...); err != nil {
 		return nil, err
 	}

@@ -16,7 +16,6 @@ import (
 
 // machineInfo is where the figures were measured, and with what.
 type machineInfo struct {
-	when    time.Time
 	cores   int
 	cpu     string
 	memMiB  int64
@@ -29,7 +28,7 @@ type machineInfo struct {
 }
 
 func readMachine(ctx context.Context, cs kubernetes.Interface, o options) machineInfo {
-	m := machineInfo{when: time.Now(), cores: runtime.NumCPU(), cpu: "unknown CPU", kernel: "unknown kernel"}
+	m := machineInfo{cores: runtime.NumCPU(), cpu: "unknown CPU", kernel: "unknown kernel"}
 	if v := procField("/proc/cpuinfo", "model name", ":"); v != "" {
 		m.cpu = v
 	}

@@ -234,7 +234,7 @@ func (s *suite) recoveryReport(r *recoveryResult) (section, error) {
 	p := func(format string, a ...any) { fmt.Fprintf(&b, format, a...) }
 	p("### Recovery after SIGKILL\n\n")
 	p("An `upgrade --wait` of the small chart whose pods match no node (it never ends) is killed with SIGKILL after its pending revision appeared ")
-	p("(and 0, 1/8, 2/8 or 3/8 of the lease later, in turn, so the kills fall at different points of the renewal period), then the upgrade is run again at once without the values that hold it. ")
+	p("(and 0, 1/8, 2/8 or 3/8 of the lease later, in turn, so the kills fall at different points of the renewal period), then the upgrade is run again at once without the values that hold it (and without `--wait`). ")
 	p("helm-autorecover (`--lease-duration` as below, the retry with `--lock-timeout` lease + 1 min) waits for the dead holder's lock to expire, marks the abandoned revision failed and upgrades; the time is from the kill to the retry's exit 0, and every cycle's history is checked (abandoned revision `failed`, the retry's `deployed`). ")
 	p("Stock helm, killed the same way on a release of its own, is retried every 200 ms through the window the goal allows helm-autorecover (lease + 2 s).\n\n")
 	var trows [][]string
@@ -264,7 +264,7 @@ func (s *suite) recoveryReport(r *recoveryResult) (section, error) {
 			lease.String(), strconv.Itoa(len(xs)),
 			fmt.Sprintf("%s / %s / %s / %s", secs(minOf(xs)), secs(median(xs)), secs(percentile(xs, 0.9)), secs(maxOf(xs))),
 			fmt.Sprintf("%s: %d of %d over, %s", secs(window(lease).Seconds()), over, len(xs), verdict(over == 0)),
-			fmt.Sprintf("%d cycles: %d of %d retries refused, %d of %d releases still pending after %s", len(stock), refused, attempts, stuck, len(stock), secs(window(lease).Seconds())),
+			fmt.Sprintf("%s: %d of %d retries refused, %d of %d releases still pending after %s", plural(len(stock), "cycle"), refused, attempts, stuck, len(stock), secs(window(lease).Seconds())),
 		})
 		summary = append(summary, fmt.Sprintf("  lease %s: kill-to-success median %s max %s (goal %s, %d over); stock: %d of %d retries refused",
 			lease, secs(median(xs)), secs(maxOf(xs)), secs(window(lease).Seconds()), over, refused, attempts))

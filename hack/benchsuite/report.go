@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"time"
 )
 
 // section is what a scenario writes into the document, and says on stderr.
@@ -118,8 +119,8 @@ func (s *suite) footer(scenario string, flags []string, files ...string) string 
 	if len(flags) > 0 {
 		cmd += " " + strings.Join(flags, " ")
 	}
-	return fmt.Sprintf("Raw data: %s. Measured %s on %s; %s. Rerun: `make build cluster-up && KUBECONFIG=$PWD/.local-cluster/kubeconfig %s` (or `make bench BENCH_SUITE_FLAGS='--scenarios=%s ...'`).\n",
-		strings.Join(links, ", "), s.machine.when.UTC().Format("2006-01-02 15:04 UTC"), s.machine.hardware(), s.machine.versions(), cmd, scenario)
+	return fmt.Sprintf("Raw data: %s. Measured %s on %s; %s. Rerun: `make build cluster-up && KUBECONFIG=$PWD/.local-cluster/kubeconfig %s` (`make bench` runs every scenario, with `BENCH_SUITE_FLAGS`).\n",
+		strings.Join(links, ", "), time.Now().UTC().Format("2006-01-02 15:04 UTC"), s.machine.hardware(), s.machine.versions(), cmd)
 }
 
 // image is the document's reference to a plot.
