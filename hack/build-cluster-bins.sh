@@ -7,7 +7,10 @@
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 mkdir -p "$BIN_CACHE"
-
+# One builder at a time per cache (a test run and `make cluster-up` may both
+# start cold): the second waits, then finds every binary built.
+exec 9>"$BIN_CACHE/.build.lock"
+flock 9
 
 # build NAME MODDIR PKG LDFLAGS: builds PKG from MODDIR into $BIN_CACHE/NAME
 # unless the stamp of MODDIR's go.mod+go.sum matches the last build.

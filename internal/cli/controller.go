@@ -180,10 +180,10 @@ func controllerRollback(settings *helmcli.EnvSettings, driver string) (func(ctx 
 }
 
 // qpsSet reports whether the user chose a client-side rate limit (helm's
-// --qps flag or HELM_QPS).
+// --qps flag or HELM_QPS, as helm parsed them: 0, empty or unparsable
+// leave none chosen, as they leave helm's client-go default).
 func qpsSet(settings *helmcli.EnvSettings) bool {
-	_, env := os.LookupEnv("HELM_QPS")
-	return env || settings.QPS != 0
+	return settings.QPS != 0
 }
 
 func hostnameOr(def string) string {

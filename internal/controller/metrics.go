@@ -50,7 +50,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "helm_autorecover_errors_total",
-			Help: "Failures of the controller, by kind (read, recover, forbidden, conflict): each is retried with backoff.",
+			Help: "Failures of the controller, by kind: read, recover, forbidden and conflict are retried with backoff; rollback (helm's rollback after a recovery failed; the release stays marked failed) is not.",
 		}, []string{"kind"}),
 		state:  map[string]string{},
 		queued: map[string]int{},

@@ -2,6 +2,7 @@ package controller
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -49,6 +50,10 @@ type Reconciler struct {
 	// rollbacks serializes recoveries that roll back with helm's action:
 	// the write fence on helm's clients guards one release at a time.
 	rollbacks sync.Mutex
+	// parked holds the releases (namespace/name) found to need a rollback
+	// while another release was rolling back: they are looked at again
+	// without a read until rollbacks is free (guarded by mu).
+	parked map[string]bool
 }
 
 // Reconcile implements reconcile.Reconciler.
@@ -58,6 +63,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	key := ns + "/" + rel
 	if wait := r.notYet(key); wait > 0 {
 		return reconcile.Result{RequeueAfter: wait}, nil
+	}
+	if r.stillParked(key) {
+		return reconcile.Result{RequeueAfter: waitersRequeue}, nil
 	}
 	res, err := r.reconcile(ctx, log, key, ns, rel)
 	if err != nil {
@@ -133,10 +141,12 @@ func (r *Reconciler) recover(ctx context.Context, log *slog.Logger, key, ns, rel
 		// while it waits; a busy worker does not wait either, it looks again
 		// shortly, so that slow rollbacks do not hold up other releases.
 		if !r.rollbacks.TryLock() {
+			r.park(key, true)
 			log.Debug("another release is being rolled back; looking again shortly", slog.Duration("again_in", waitersRequeue))
 			return reconcile.Result{RequeueAfter: waitersRequeue}, nil
 		}
 		defer r.rollbacks.Unlock()
+		r.park(key, false)
 	}
 	req := lock.Request{
 		Release:     rel,
@@ -195,6 +205,14 @@ func (r *Reconciler) recover(ctx context.Context, log *slog.Logger, key, ns, rel
 	})
 	if len(out.Marked) > 0 {
 		r.recorded(ctx, log, out, held.Session())
+	}
+	if errors.Is(err, protocol.ErrRollback) {
+		// Recovered (marked failed, set back to the last deployed state),
+		// and said so in the Event; helm's rollback failed and is not
+		// retried: the release is no longer pending.
+		r.metrics.errors.WithLabelValues("rollback").Inc()
+		log.Warn("recovered, but helm's rollback failed; not retried", slog.Any("error", err))
+		return reconcile.Result{}, nil
 	}
 	if err != nil {
 		r.countError(err)
@@ -384,6 +402,38 @@ func (r *Reconciler) now() time.Time {
 		return time.Now()
 	}
 	return r.Clock.Now()
+}
+
+// park marks key as waiting for the rollback slot (on), or not.
+func (r *Reconciler) park(key string, on bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !on {
+		delete(r.parked, key)
+		return
+	}
+	if r.parked == nil {
+		r.parked = map[string]bool{}
+	}
+	r.parked[key] = true
+}
+
+// stillParked reports whether key waits for the rollback slot and another
+// release still holds it: then nothing is read for key yet. A free slot
+// unparks it, and it is judged again from a fresh read.
+func (r *Reconciler) stillParked(key string) bool {
+	r.mu.Lock()
+	parked := r.parked[key]
+	r.mu.Unlock()
+	if !parked {
+		return false
+	}
+	if !r.rollbacks.TryLock() {
+		return true
+	}
+	r.rollbacks.Unlock()
+	r.park(key, false)
+	return false
 }
 
 func (r *Reconciler) succeeded(key string) {

@@ -224,3 +224,70 @@ func TestSkipReadsNothing(t *testing.T) {
 		})
 	}
 }
+
+// TestParkedWhileRollingBack: a release found to need a rollback while
+// another release holds the rollback slot is looked at again without a
+// single request until the slot is free, then judged from a fresh read.
+func TestParkedWhileRollingBack(t *testing.T) {
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "shop"}}
+	deployed := fixtureRevision(t, 1, common.StatusDeployed, rt0.Add(-2*time.Hour))
+	pending := fixtureRevision(t, 2, common.StatusPendingUpgrade, rt0.Add(-time.Hour))
+	cs := fake.NewClientset(ns, deployed, pending)
+	clk := clocktesting.NewFakeClock(rt0)
+	est := servertime.New(clk)
+	est.Observe(clk.Now(), clk.Now(), rt0)
+	conn := protocol.NewConn(cs, est, clk, "", func() (*recovery.Kube, error) {
+		return nil, errors.New("converge cannot reach the cluster")
+	})
+	r := &Reconciler{
+		Conn:  conn,
+		Cache: cached(pending),
+		Options: Options{
+			LockBackend: "release",
+			Policy:      recovery.Policy{Autorecover: true, LegacyAfter: 15 * time.Minute, Strategy: recovery.StrategyRollback, Hints: recovery.CLIHints},
+			Who:         "controller@test",
+			Rollback: func(context.Context, string, string, int) error {
+				t.Error("rolled back while another rollback held the slot")
+				return nil
+			},
+		},
+		metrics: newMetrics(prometheus.NewRegistry()),
+		kind:    "Secret",
+		Clock:   clk,
+	}
+	req := reconcile.Request{NamespacedName: types.NamespacedName{Namespace: "shop", Name: "web"}}
+
+	r.rollbacks.Lock() // another release is rolling back
+	res, err := r.Reconcile(t.Context(), req)
+	if err != nil || res.RequeueAfter != waitersRequeue {
+		t.Fatalf("first look: %+v, %v; want a look again after %s", res, err, waitersRequeue)
+	}
+	if len(cs.Actions()) == 0 {
+		t.Fatal("the first look read nothing: the fixture is not judged")
+	}
+	cs.ClearActions()
+	for range 3 {
+		res, err = r.Reconcile(t.Context(), req)
+		if err != nil || res.RequeueAfter != waitersRequeue {
+			t.Fatalf("look while parked: %+v, %v", res, err)
+		}
+	}
+	if n := len(cs.Actions()); n != 0 {
+		t.Fatalf("%d requests while parked behind another rollback; want none: %v", n, cs.Actions())
+	}
+
+	r.rollbacks.Unlock() // the slot is free: judged again, and the lock taken
+	_, _ = r.Reconcile(t.Context(), req)
+	var wrote bool
+	for _, a := range cs.Actions() {
+		if a.GetVerb() == "update" || a.GetVerb() == "create" {
+			wrote = true
+		}
+	}
+	if !wrote {
+		t.Errorf("not judged again once the rollback slot was free: %v", cs.Actions())
+	}
+	if r.stillParked("shop/web") {
+		t.Error("still parked after the slot was taken")
+	}
+}

@@ -114,6 +114,14 @@ func (o Outcome) Recovered() bool { return len(o.Marked) > 0 }
 // and wrote it; nothing was overwritten. Read again and decide again.
 var ErrConflict = errors.New("the release kept changing during recovery")
 
+// ErrRollback wraps a failure of helm's rollback after a recovery
+// (--recover-strategy=rollback): the abandoned revision was marked failed
+// (Outcome.Marked) and the release was set back to its last deployed state
+// before the rollback ran; helm records its failed rollback as a failed
+// revision. Retrying does not roll back again: the release is no longer
+// pending.
+var ErrRollback = errors.New("helm's rollback after recovery failed")
+
 // ErrConverge wraps a failure to undo what the abandoned revision applied:
 // the revision stays pending and the next attempt converges again.
 var ErrConverge = errors.New("undoing what the abandoned revision applied failed")
@@ -206,7 +214,7 @@ func (c *Conn) Recover(ctx context.Context, p Procedure) (Outcome, error) {
 		// rules (data holders, adopted objects) that helm's rollback does
 		// not, and a rollback that fails then leaves the last deployed state.
 		if converges(p.Next) {
-			if err := c.converge(ctx, p, &out, dec.Target.Release, rollingBack); err != nil {
+			if err := c.converge(ctx, p, &out, dec.Target.Release); err != nil {
 				return out, err
 			}
 		}
@@ -218,11 +226,21 @@ func (c *Conn) Recover(ctx context.Context, p Procedure) (Outcome, error) {
 			attempt++
 			continue
 		}
+		if dec.Verdict == recovery.RecoverThenRollback && p.Next == lock.OpRollback {
+			out.NotRolledBack = "the rollback requested follows instead"
+		}
 		if rollingBack {
 			if held := out.Converged.HeldBack(); len(held) > 0 {
 				// helm's rollback deletes what only the abandoned revision
 				// rendered, and rewrites what it adopted: keep them, and say so.
-				out.NotRolledBack = fmt.Sprintf("helm's rollback would delete or rewrite %s, which recovery keeps; the release was set back to revision %d's state instead; once they are safe to lose, run helm rollback %s %d", recovery.ObjectList(held), dec.RollbackTo, p.Release, dec.RollbackTo)
+				if defersRemovals(p.Next) {
+					// Before an upgrade or install those objects wait for
+					// its revision (deferred): a rollback first would delete
+					// what it may render again.
+					out.NotRolledBack = fmt.Sprintf("helm's rollback would delete or rewrite %s, which wait for helm's %s to say whether it renders them again; the release was set back to revision %d's state instead, and the %s follows", recovery.ObjectList(held), p.Next, dec.RollbackTo, p.Next)
+				} else {
+					out.NotRolledBack = fmt.Sprintf("helm's rollback would delete or rewrite %s, which recovery keeps; the release was set back to revision %d's state instead; once they are safe to lose, run helm rollback %s %d", recovery.ObjectList(held), dec.RollbackTo, p.Release, dec.RollbackTo)
+				}
 				if p.Log != nil {
 					fmt.Fprintf(p.Log, "helm-autorecover: release %q in namespace %q not rolled back: %s\n", p.Release, p.Namespace, out.NotRolledBack)
 				}
@@ -242,7 +260,7 @@ func (c *Conn) Recover(ctx context.Context, p Procedure) (Outcome, error) {
 			}
 			if err := p.Rollback(p.Release, dec.RollbackTo); err != nil {
 				out.NotRolledBack = fmt.Sprintf("helm's rollback failed (%v); the release was set back to revision %d's state before it", err, dec.RollbackTo)
-				return out, fmt.Errorf("%s: rollback to revision %d after recovery: %w", subject, dec.RollbackTo, err)
+				return out, fmt.Errorf("%s: %w to revision %d: %w", subject, ErrRollback, dec.RollbackTo, err)
 			}
 			out.RolledBack = true
 			out.Latest = -1
@@ -272,11 +290,12 @@ func (c *Conn) sleep(ctx context.Context, d time.Duration) error {
 // again, and a delete-then-recreate loses a volume's data, a CRD's custom
 // resources, a Namespace's contents, a LoadBalancer's address.
 //
-// Before a rollback (rollingBack) nothing is deferred: helm's rollback
-// removes those objects at once anyway.
-func (c *Conn) converge(ctx context.Context, p Procedure, out *Outcome, abandoned helmx.Summary, rollingBack bool) error {
+// With --recover-strategy=rollback before an upgrade or install, they are
+// deferred too, and the rollback is left out (HeldBack): deleting them
+// first would lose what the operation may render again.
+func (c *Conn) converge(ctx context.Context, p Procedure, out *Outcome, abandoned helmx.Summary) error {
 	rep, err := recovery.ConvergeAbandoned(ctx, c.clusterAccess, c.records, abandoned,
-		recovery.ConvergeOptions{BeforeWrite: p.Writer.Valid, DeferRemovals: defersRemovals(p.Next) && !rollingBack, DeleteData: p.DeleteData})
+		recovery.ConvergeOptions{BeforeWrite: p.Writer.Valid, DeferRemovals: defersRemovals(p.Next), DeleteData: p.DeleteData})
 	out.Converged = rep
 	if (rep.Notable() || err != nil) && p.Log != nil {
 		fmt.Fprintf(p.Log, "helm-autorecover: %s\n", rep.Summary())

@@ -17,6 +17,12 @@ const (
 	AnnotationResourcePolicy   = "helm.sh/resource-policy"
 	ResourcePolicyKeep         = "keep"
 
+	// ReasonPolicyKeep is why converge keeps an object whose live
+	// annotation is exactly helm.sh/resource-policy: keep, the one spelling
+	// helm's own upgrade and rollback honour (they delete an object their
+	// target revision no longer renders unless its live annotation is that).
+	ReasonPolicyKeep = AnnotationResourcePolicy + ": " + ResourcePolicyKeep
+
 	// HelmFieldManager is the field manager stock helm 3 and 4, and this
 	// tool, write objects under.
 	HelmFieldManager = "helm"
@@ -68,8 +74,14 @@ func keepReason(live, rendered *unstructured.Unstructured, release, ns string, a
 	if why := notOwned(live, release, ns); why != "" {
 		return why
 	}
+	if live.GetAnnotations()[AnnotationResourcePolicy] == ResourcePolicyKeep {
+		return ReasonPolicyKeep
+	}
 	if hasKeepPolicy(live) || hasKeepPolicy(rendered) {
-		return AnnotationResourcePolicy + ": " + ResourcePolicyKeep
+		// Kept, but helm's own rollback and upgrade would delete it: the
+		// reason must not read as ReasonPolicyKeep (ConvergeReport.HeldBack).
+		return fmt.Sprintf("%s asks to keep it (the live value is %q; helm itself honours only an exact %q on the live object)",
+			AnnotationResourcePolicy, live.GetAnnotations()[AnnotationResourcePolicy], ResourcePolicyKeep)
 	}
 	if kind := dataHolder(live); kind != "" && !deleteData {
 		return "a " + kind + " holds data that a delete destroys with it; recovery deletes one only with --recover-delete-data"

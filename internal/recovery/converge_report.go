@@ -131,13 +131,17 @@ func methodName(m ApplyMethod) string {
 	return "client-side"
 }
 
-// HeldBack lists the objects converge kept on purpose for a reason helm's
-// rollback does not honour (everything but helm.sh/resource-policy: keep,
-// which it honours): a rollback would delete or rewrite them.
+// HeldBack lists the objects a helm rollback run after this converge would
+// delete or rewrite against recovery's keep rules: those converge kept on
+// purpose for a reason helm does not honour (every reason but
+// ReasonPolicyKeep, an exact keep on the live object), and those it
+// deferred (ConvergeOptions.DeferRemovals: the operation that follows
+// decides whether they stay, and a rollback first would delete them).
 func (r ConvergeReport) HeldBack() []ObjectRef {
 	var out []ObjectRef
 	for _, o := range r.Objects {
-		if o.Action == ActionKept && !strings.HasPrefix(o.Reason, AnnotationResourcePolicy+": ") {
+		switch {
+		case o.Action == ActionKept && o.Reason != ReasonPolicyKeep, o.Action == ActionDeferred:
 			out = append(out, o.Object)
 		}
 	}

@@ -3,6 +3,9 @@ package recovery
 import (
 	"strings"
 	"testing"
+	"time"
+
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 )
 
 func TestConvergeReportSummary(t *testing.T) {
@@ -63,5 +66,40 @@ func TestConvergeReportSummaryDeferred(t *testing.T) {
 	}
 	if got := before.Deferred.Names(); got != "ConfigMap shop/web-extra" {
 		t.Errorf("Names() = %q", got)
+	}
+}
+
+// TestHeldBack: a rollback after converge may go on only when helm itself
+// would keep what recovery kept: an exact keep on the live object. Any
+// other reason to keep, and a deferred object, holds it back.
+func TestHeldBack(t *testing.T) {
+	ref := func(name string) ObjectRef { return ObjectRef{Kind: "ConfigMap", Namespace: "shop", Name: name} }
+	at := time.Date(2026, 12, 5, 10, 0, 0, 0, time.UTC)
+	rendered := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "v1", "kind": "ConfigMap", "metadata": map[string]any{"name": "web-extra"}}}
+	keep := keepReason(
+		liveObj(map[string]string{AnnotationReleaseName: "web", AnnotationReleaseNamespace: "shop", AnnotationResourcePolicy: "keep"}, map[string]string{LabelManagedBy: ManagedByHelm}, at),
+		rendered, "web", "shop", at, false)
+	spaced := keepReason(
+		liveObj(map[string]string{AnnotationReleaseName: "web", AnnotationReleaseNamespace: "shop", AnnotationResourcePolicy: " Keep"}, map[string]string{LabelManagedBy: ManagedByHelm}, at),
+		rendered, "web", "shop", at, false)
+	if keep != ReasonPolicyKeep || spaced == ReasonPolicyKeep || spaced == "" {
+		t.Fatalf("keep reasons: exact %q, spaced %q", keep, spaced)
+	}
+	for _, c := range []struct {
+		name string
+		obj  ObjectResult
+		held bool
+	}{
+		{"exact keep on the live object", ObjectResult{Object: ref("a"), Action: ActionKept, Reason: keep}, false},
+		{"keep spelled loosely", ObjectResult{Object: ref("b"), Action: ActionKept, Reason: spaced}, true},
+		{"a data holder", ObjectResult{Object: ref("c"), Action: ActionKept, Reason: "a PersistentVolumeClaim holds data"}, true},
+		{"deferred", ObjectResult{Object: ref("d"), Action: ActionDeferred}, true},
+		{"deleted", ObjectResult{Object: ref("e"), Action: ActionDeleted}, false},
+		{"reverted", ObjectResult{Object: ref("f"), Action: ActionReverted}, false},
+	} {
+		got := ConvergeReport{Objects: []ObjectResult{c.obj}}.HeldBack()
+		if (len(got) > 0) != c.held {
+			t.Errorf("%s: held back %v, want %v", c.name, got, c.held)
+		}
 	}
 }

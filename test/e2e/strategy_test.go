@@ -74,6 +74,58 @@ func TestRecoverStrategyRollbackKeepsData(t *testing.T) {
 	}
 }
 
+// TestRecoverStrategyRollbackBeforeUpgrade: an object only the abandoned
+// revision created, which the upgrade that follows renders again, is not
+// deleted by a rollback first and created again by the upgrade (a
+// LoadBalancer's address, a volume's data would go with it): the rollback
+// is left out, and said; the upgrade adopts the object as it is.
+func TestRecoverStrategyRollbackBeforeUpgrade(t *testing.T) {
+	env := testenv.Get(t)
+	bin := env.Bin(t)
+	ns := env.Namespace(t)
+	const rel = "rbupgrade"
+	chart := env.Chart("app")
+	lease := []string{"--lease-duration", "3s"}
+	mustRun(t, env, bin, args([]string{"install", rel, chart, "-n", ns, "--wait", "--timeout", "60s"}, lease)...)
+	p := env.Start(t, bin, args([]string{"upgrade", rel, chart, "-n", ns, "--wait", "--timeout", "5m", "--set", "extraConfigMap=true", "--set", "nodeSelector.never=matches"}, lease)...)
+	env.WaitForStatus(t, ns, rel, 2, "pending-upgrade", 60*time.Second)
+	extra := waitForConfigMap(t, env, ns, rel+"-extra")
+	p.Kill(t)
+
+	res := mustRun(t, env, bin, args([]string{
+		"upgrade", rel, chart, "-n", ns, "--set", "extraConfigMap=true", "--wait", "--timeout", "60s",
+		"--lock-timeout", "30s", "--recover-strategy", "rollback",
+	}, lease)...)
+	if !strings.Contains(res.Stderr, "not rolled back") || !strings.Contains(res.Stderr, "ConfigMap "+ns+"/"+rel+"-extra") {
+		t.Fatalf("stderr does not say why the release was not rolled back:\n%s", res.Stderr)
+	}
+	wantHistory(t, env, ns, rel, "1:superseded 2:failed 3:deployed")
+	after, err := env.Client.CoreV1().ConfigMaps(ns).Get(t.Context(), rel+"-extra", metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("the ConfigMap the upgrade renders again is gone: %v", err)
+	}
+	if after.UID != extra {
+		t.Fatalf("the ConfigMap was deleted and created again (uid %s, was %s)", after.UID, extra)
+	}
+}
+
+// waitForConfigMap waits until helm has created the ConfigMap and returns
+// its UID.
+func waitForConfigMap(t *testing.T, env *testenv.Env, ns, name string) types.UID {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		c, err := env.Client.CoreV1().ConfigMaps(ns).Get(t.Context(), name, metav1.GetOptions{})
+		if err == nil {
+			return c.UID
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("ConfigMap %s/%s not created: %v", ns, name, err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
 // waitForClaim waits until helm has created the claim and returns its UID.
 func waitForClaim(t *testing.T, env *testenv.Env, ns, name string) types.UID {
 	t.Helper()
