@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -83,10 +84,49 @@ const unreadableHolder = "unreadable-lock-record"
 func NewReleaseBackend(client kubernetes.Interface, est *servertime.Estimator, clk clock.Clock, driver records.Driver) *Backend {
 	store := records.New(client, driver)
 	bt := beats{client: client, kind: store.Kind()}
+	seen := &lastReads{}
 	return &Backend{
 		client: client, time: est, clock: clk, Margin: TakeoverMargin, RenewMargin: RenewMargin, store: StoreRelease,
-		api: func(ns string) leaseAPI { return &releaseStore{records: store, beats: bt, ns: ns} },
+		api: func(ns string) leaseAPI { return &releaseStore{records: store, beats: bt, ns: ns, seen: seen} },
 	}
+}
+
+// lastReads keeps, per lock, what the store's last Get read, for a take
+// that follows it: a take's writes are conditional on what was read (the
+// beat's put on the beat's resourceVersion; the gate's on the newest
+// record's, checked again by the full read of that record the write needs
+// anyway), so reading it all again first would only narrow a window the
+// protocol already tolerates (a beat claimed from a view whose gate write
+// then conflicts is a claim from a stale view; see virtual). Each entry
+// serves one Update at most, and only a take; anything else reads afresh.
+type lastReads struct {
+	mu sync.Mutex
+	m  map[string]lastRead
+}
+
+type lastRead struct {
+	rv     string // the virtual Lease's resourceVersion, as Get returned it
+	r      records.Record
+	listRV string
+	beat   beatObj
+}
+
+func (c *lastReads) put(key string, lr lastRead) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.m == nil {
+		c.m = map[string]lastRead{}
+	}
+	c.m[key] = lr
+}
+
+// take returns and forgets the entry of key when it was read at rv.
+func (c *lastReads) take(key, rv string) (lastRead, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	lr, ok := c.m[key]
+	delete(c.m, key)
+	return lr, ok && lr.rv == rv
 }
 
 // releaseStore shows each release's lock to the protocol as a virtual Lease
@@ -98,6 +138,7 @@ type releaseStore struct {
 	records records.Store
 	beats   beats
 	ns      string
+	seen    *lastReads
 }
 
 func historySelector(release string) string {
@@ -272,7 +313,11 @@ func (s *releaseStore) Get(ctx context.Context, name string, _ metav1.GetOptions
 	if !ok {
 		return nil, apierrors.NewNotFound(leaseResource, name)
 	}
-	return s.virtual(rel, r, beat, listRV), nil
+	out := s.virtual(rel, r, beat, listRV)
+	if s.seen != nil {
+		s.seen.put(s.ns+"/"+name, lastRead{rv: out.ResourceVersion, r: r, listRV: listRV, beat: beat})
+	}
+	return out, nil
 }
 
 // Create takes the lock of a release that has no stored revision: nothing is
@@ -310,7 +355,18 @@ func (s *releaseStore) Update(ctx context.Context, l *coordinationv1.Lease, _ me
 	rel := releaseOf(l.Name)
 	anchor := l.Annotations[annotationAnchor]
 	gateRV, beatRV, _ := splitRV(l.ResourceVersion)
-	r, ok, listRV, beat, err := s.read(ctx, rel)
+	var (
+		r      records.Record
+		ok     bool
+		listRV string
+		beat   beatObj
+		err    error
+	)
+	if lr, hit := s.lastRead(l); hit {
+		r, ok, listRV, beat = lr.r, true, lr.listRV, lr.beat
+	} else {
+		r, ok, listRV, beat, err = s.read(ctx, rel)
+	}
 	switch {
 	case err != nil:
 		return nil, err
@@ -355,12 +411,7 @@ func (s *releaseStore) Update(ctx context.Context, l *coordinationv1.Lease, _ me
 		gateRV = r.Meta.ResourceVersion
 	}
 	cur := s.virtual(rel, r, beat, listRV)
-	gateChange := want != nil && (have == nil || want.Session != have.Session ||
-		!want.ReleasedAt.Equal(have.ReleasedAt) || want.ReleasedBy != have.ReleasedBy)
-	// Any write of an unreleased record to the gate is a take (of another
-	// session's lock, or again of our own released one): the beat is
-	// claimed first, so no beat left from before stands for it.
-	take := gateChange && want.ReleasedAt.IsZero()
+	gateChange, take := gateWrite(want, have)
 
 	meta := beat.meta.DeepCopy()
 	if !beat.exists {
@@ -454,6 +505,43 @@ func (s *releaseStore) Update(ctx context.Context, l *coordinationv1.Lease, _ me
 		}
 	}
 	return s.virtual(rel, r, beat, listRV), nil
+}
+
+// gateWrite says whether writing want over the gate's record have changes
+// the gate (another holder, or a release mark), and whether that write is a
+// take: any write of an unreleased record to the gate is one (of another
+// session's lock, or again of our own released one), and the beat is
+// claimed first, so no beat left from before stands for it.
+func gateWrite(want, have *Record) (gateChange, take bool) {
+	gateChange = want != nil && (have == nil || want.Session != have.Session ||
+		!want.ReleasedAt.Equal(have.ReleasedAt) || want.ReleasedBy != have.ReleasedBy)
+	return gateChange, gateChange && want.ReleasedAt.IsZero()
+}
+
+// lastRead returns what the Get just before read of the lock l, when l was
+// read at it and writing l is a take of it (lastReads); the caller reads
+// afresh otherwise.
+func (s *releaseStore) lastRead(l *coordinationv1.Lease) (lastRead, bool) {
+	if s.seen == nil {
+		return lastRead{}, false
+	}
+	lr, ok := s.seen.take(s.ns+"/"+l.Name, l.ResourceVersion)
+	if !ok || lr.r.Meta.Name != l.Annotations[annotationAnchor] {
+		return lastRead{}, false
+	}
+	raw, set := l.Annotations[AnnotationRecord]
+	if !set {
+		return lastRead{}, false
+	}
+	want, _ := DecodeRecord(raw)
+	var have *Record
+	if raw, set := lr.r.Meta.Annotations[AnnotationRecord]; set {
+		have, _ = DecodeRecord(raw)
+	}
+	if _, take := gateWrite(want, have); !take {
+		return lastRead{}, false
+	}
+	return lr, true
 }
 
 // ensureBeat makes the beat name rec's holder, for a lock taken while the
