@@ -230,7 +230,17 @@ func (h *Held) Renew(ctx context.Context) error {
 
 // SetRevision records the revision being written, renewing the lock in the
 // same write.
+//
+// It writes nothing when the record already names rev and no abandoned
+// holder (the take named it: nextRevision), beyond checking the lock is
+// still valid.
 func (h *Held) SetRevision(ctx context.Context, rev int) error {
+	h.mu.Lock()
+	named := h.rec.Revision == rev && h.rec.Abandoned == nil && !h.released
+	h.mu.Unlock()
+	if named {
+		return h.Valid()
+	}
 	return h.write(ctx, false, func(r *Record) { r.Revision, r.Abandoned = rev, nil })
 }
 

@@ -77,6 +77,10 @@ func AcquireJoint(ctx context.Context, req Request, wait bool, onProgress func(*
 			return err
 		}
 		held[i] = h
+		if rec := h.Record(); i == 0 && rec.Abandoned == nil && rec.Revision > 0 && req.Revision == 0 {
+			// The later parts name the revision the first found.
+			req.nextRevision = rec.Revision
+		}
 		// Every part is renewed from the moment it is taken until the
 		// joint lock is handed over: while a later part is awaited, and
 		// while an earlier part that was lost is awaited again (the last

@@ -7,6 +7,8 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/helm-autorecover/helm-autorecover/internal/servertime"
 )
 
 // TestTakeReadsOnce: a take of a free record lock reads the newest record's
@@ -110,5 +112,97 @@ func TestTakeFromStaleReadConflicts(t *testing.T) {
 				t.Errorf("the second update did not read afresh: %v", w.cs.Actions()[n:])
 			}
 		})
+	}
+}
+
+// TestTakeNamesNextRevision: a take of a record lock whose newest revision
+// is settled names the revision the operation writes next, so that the
+// holder's SetRevision of it writes nothing; a pending newest revision (to
+// be recovered first), an uninstall and a recovery name none, and a
+// different revision is still written.
+func TestTakeNamesNextRevision(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		status string
+		op     Operation
+		want   int
+	}{
+		{"upgrade over deployed", "deployed", OpUpgrade, 2},
+		{"rollback over failed", "failed", OpRollback, 2},
+		{"install over uninstalled", "uninstalled", OpInstall, 2},
+		{"upgrade over pending", "pending-upgrade", OpUpgrade, 0},
+		{"uninstall", "deployed", OpUninstall, 0},
+		{"recover", "deployed", OpRecover, 0},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			w := newRWorld(t)
+			ctx := context.Background()
+			g, _ := w.cs.CoreV1().Secrets(ns).Get(ctx, "sh.helm.release.v1.web.v1", metav1.GetOptions{})
+			g.Labels["status"] = c.status
+			if _, err := w.cs.CoreV1().Secrets(ns).Update(ctx, g, metav1.UpdateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			h, _, err := w.b.TryAcquire(ctx, req(c.op, 15*time.Second))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := h.Record().Revision; got != c.want {
+				t.Fatalf("the take named revision %d, want %d", got, c.want)
+			}
+			if c.want == 0 {
+				return
+			}
+			n := len(w.cs.Actions())
+			if err := h.SetRevision(ctx, c.want); err != nil {
+				t.Fatal(err)
+			}
+			if got := len(w.cs.Actions()) - n; got != 0 {
+				t.Errorf("naming the revision the take named made %d requests, want none", got)
+			}
+			if err := h.SetRevision(ctx, c.want+1); err != nil {
+				t.Fatal(err)
+			}
+			if got := len(w.cs.Actions()) - n; got == 0 {
+				t.Error("naming another revision wrote nothing")
+			}
+			if got := h.Record().Revision; got != c.want+1 {
+				t.Errorf("record names revision %d after SetRevision(%d)", got, c.want+1)
+			}
+		})
+	}
+}
+
+// TestJointNamesNextRevision: the Lease, taken after the record lock, names
+// the revision the record lock found, so the joint SetRevision of it writes
+// nothing to either.
+func TestJointNamesNextRevision(t *testing.T) {
+	w := newRWorld(t)
+	ctx := context.Background()
+	est := servertime.New(w.clk)
+	est.Observe(w.clk.Now(), w.clk.Now(), t0.Truncate(time.Second))
+	lb := NewLeaseBackend(w.cs, est, w.clk)
+	lb.Margin = time.Second
+	j, err := AcquireJoint(ctx, req(OpUpgrade, 15*time.Second), false, nil, w.b, lb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, h := range j.parts {
+		if got := h.Record().Revision; got != 2 {
+			t.Errorf("part %d names revision %d, want 2", i, got)
+		}
+	}
+	l, err := w.cs.CoordinationV1().Leases(ns).Get(ctx, LeaseName("web"), metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec, err := DecodeRecord(l.Annotations[AnnotationRecord]); err != nil || rec.Revision != 2 {
+		t.Errorf("the stored Lease names %+v (%v), want revision 2", rec, err)
+	}
+	n := len(w.cs.Actions())
+	if err := j.SetRevision(ctx, 2); err != nil {
+		t.Fatal(err)
+	}
+	if got := len(w.cs.Actions()) - n; got != 0 {
+		t.Errorf("the joint SetRevision of the named revision made %d requests, want none", got)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"math"
 	"os"
 	"slices"
+	"strconv"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -43,6 +44,9 @@ type Request struct {
 	// Revision is the revision the operation will write, when known; see
 	// Held.SetRevision.
 	Revision int
+	// nextRevision is the revision a part taken first (AcquireJoint) found
+	// the operation will write, for the parts after it (see nextRevision).
+	nextRevision int
 	// Timeout is the operation's --timeout, recorded for humans.
 	Timeout time.Duration
 	// LeaseDuration defaults to DefaultLeaseDuration and must exceed twice
@@ -454,6 +458,35 @@ func ceilMilli(t time.Time) time.Time {
 	return r.UTC()
 }
 
+// nextRevision is the revision req's operation will write when the lock
+// (its virtual Lease's anchor annotations) shows it before any recovery: req's hint (Request.nextRevision, from a
+// part taken first), else, on a record lock, the one after the newest
+// record's when that record is settled (deployed, failed, superseded,
+// uninstalled: no operation is writing it). 0 when unknown: an uninstall
+// or a recovery writes no new revision, a pending newest record may be
+// recovered first (the holder names its revision once it knows it), and a
+// Lease does not show the newest record.
+func nextRevision(req *Request, anchor map[string]string) int {
+	switch req.Operation {
+	case OpInstall, OpUpgrade, OpRollback:
+	default:
+		return 0
+	}
+	if req.nextRevision > 0 {
+		return req.nextRevision
+	}
+	switch anchor[annotationAnchorStatus] {
+	case "deployed", "failed", "superseded", "uninstalled":
+	default:
+		return 0
+	}
+	n, err := strconv.Atoi(anchor[annotationAnchorRevision])
+	if err != nil || n <= 0 {
+		return 0
+	}
+	return n + 1
+}
+
 func newRecord(req *Request, now servertime.Bounds) Record {
 	rec := Record{
 		Schema:        SchemaVersion,
@@ -527,6 +560,9 @@ func (b *Backend) create(ctx context.Context, req *Request, maybe *maybeTaken) (
 		return nil, fmt.Errorf("lock release %q in namespace %q: %w", req.Release, req.Namespace, err)
 	}
 	rec := newRecord(req, now)
+	if rec.Revision == 0 {
+		rec.Revision = nextRevision(req, nil)
+	}
 	l := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{
 		Name:      LeaseName(req.Release),
 		Namespace: req.Namespace,
@@ -567,6 +603,11 @@ func (b *Backend) take(ctx context.Context, req *Request, v view, maybe *maybeTa
 			a.Abandoned = nil
 			rec.Abandoned = &a
 		}
+	}
+	if rec.Revision == 0 && rec.Abandoned == nil {
+		// Nothing to recover: the revision the operation writes is known
+		// now, and named in the take (Held.SetRevision then writes nothing).
+		rec.Revision = nextRevision(req, v.lease.Annotations)
 	}
 	l := v.lease.DeepCopy()
 	if err := setHolder(l, &rec); err != nil {

@@ -29,6 +29,8 @@ import (
 const (
 	recordLabelOwner = "owner"
 	recordLabelName  = "name"
+	// recordLabelStatus is helm's status label on every stored record.
+	recordLabelStatus = "status"
 	recordOwnerHelm  = "helm"
 )
 
@@ -49,6 +51,11 @@ const annotationAnchorRef = "helm-autorecover.io/anchor-ref"
 // virtual Lease only: a holder whose lock is found on an older revision than
 // the one it was on knows the newer record was deleted under it.
 const annotationAnchorRevision = "helm-autorecover.io/anchor-revision"
+
+// annotationAnchorStatus is the status label of the anchor record, on a
+// virtual Lease only: a take of a lock whose newest revision is settled
+// names the revision its operation will write (nextRevision).
+const annotationAnchorStatus = "helm-autorecover.io/anchor-status"
 
 // annotationHolderWrite marks, on a virtual Lease only (never stored), a
 // write by the holder itself (Held), naming its session: only such a write
@@ -264,6 +271,7 @@ func virtualLease(release string, r records.Record) *coordinationv1.Lease {
 			annotationAnchor:         r.Meta.Name,
 			annotationAnchorRef:      strings.ToLower(r.Kind) + "/" + r.Meta.Name,
 			annotationAnchorRevision: strconv.Itoa(r.Revision()),
+			annotationAnchorStatus:   r.Meta.Labels[recordLabelStatus],
 		},
 	}}
 	for _, k := range []string{AnnotationRecord, AnnotationQueue} {
