@@ -31,7 +31,7 @@ const (
 	recordLabelName  = "name"
 	// recordLabelStatus is helm's status label on every stored record.
 	recordLabelStatus = "status"
-	recordOwnerHelm  = "helm"
+	recordOwnerHelm   = "helm"
 )
 
 // FieldManager names the lock's writes to release records in managedFields.
