@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -50,6 +51,9 @@ type Reconciler struct {
 	// rollbacks serializes recoveries that roll back with helm's action:
 	// the write fence on helm's clients guards one release at a time.
 	rollbacks sync.Mutex
+	// rollingBack is set while rollbacks is held: a parked release reads
+	// it without contending for the slot.
+	rollingBack atomic.Bool
 	// parked holds the releases (namespace/name) found to need a rollback
 	// while another release was rolling back: they are looked at again
 	// without a read until rollbacks is free (guarded by mu).
@@ -145,7 +149,11 @@ func (r *Reconciler) recover(ctx context.Context, log *slog.Logger, key, ns, rel
 			log.Debug("another release is being rolled back; looking again shortly", slog.Duration("again_in", waitersRequeue))
 			return reconcile.Result{RequeueAfter: waitersRequeue}, nil
 		}
-		defer r.rollbacks.Unlock()
+		r.rollingBack.Store(true)
+		defer func() {
+			r.rollingBack.Store(false)
+			r.rollbacks.Unlock()
+		}()
 		r.park(key, false)
 	}
 	req := lock.Request{
@@ -211,6 +219,7 @@ func (r *Reconciler) recover(ctx context.Context, log *slog.Logger, key, ns, rel
 		// and said so in the Event; helm's rollback failed and is not
 		// retried: the release is no longer pending.
 		r.metrics.errors.WithLabelValues("rollback").Inc()
+		r.metrics.observe(key, "", 0)
 		log.Warn("recovered, but helm's rollback failed; not retried", slog.Any("error", err))
 		return reconcile.Result{}, nil
 	}
@@ -428,10 +437,9 @@ func (r *Reconciler) stillParked(key string) bool {
 	if !parked {
 		return false
 	}
-	if !r.rollbacks.TryLock() {
+	if r.rollingBack.Load() {
 		return true
 	}
-	r.rollbacks.Unlock()
 	r.park(key, false)
 	return false
 }

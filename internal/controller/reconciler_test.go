@@ -258,6 +258,7 @@ func TestParkedWhileRollingBack(t *testing.T) {
 	req := reconcile.Request{NamespacedName: types.NamespacedName{Namespace: "shop", Name: "web"}}
 
 	r.rollbacks.Lock() // another release is rolling back
+	r.rollingBack.Store(true)
 	res, err := r.Reconcile(t.Context(), req)
 	if err != nil || res.RequeueAfter != waitersRequeue {
 		t.Fatalf("first look: %+v, %v; want a look again after %s", res, err, waitersRequeue)
@@ -276,6 +277,7 @@ func TestParkedWhileRollingBack(t *testing.T) {
 		t.Fatalf("%d requests while parked behind another rollback; want none: %v", n, cs.Actions())
 	}
 
+	r.rollingBack.Store(false)
 	r.rollbacks.Unlock() // the slot is free: judged again, and the lock taken
 	_, _ = r.Reconcile(t.Context(), req)
 	var wrote bool

@@ -68,6 +68,12 @@ func AcquireJoint(ctx context.Context, req Request, wait bool, onProgress func(*
 	take := func(i int) error {
 		var h *Held
 		var err error
+		if i == 0 {
+			// A hint comes only from this take of the first part, never
+			// from an earlier one (lost since: the newest record may have
+			// changed).
+			req.nextRevision = 0
+		}
 		if wait {
 			h, err = backends[i].Wait(ctx, req, onProgress)
 		} else {

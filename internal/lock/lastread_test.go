@@ -2,19 +2,23 @@ package lock
 
 import (
 	"context"
+	"strconv"
 	"testing"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/helm-autorecover/helm-autorecover/internal/servertime"
 )
 
 // TestTakeReadsOnce: a take of a free record lock reads the newest record's
-// metadata and the beat once (the Get), then writes the beat and the gate
-// (the gate's full record read for its write): five requests, not a second
-// list and beat read before the writes.
+// metadata and the beat once (the Get), claims the beat, checks the anchor
+// is still the newest record (a metadata list), then writes the gate (its
+// full record read for the write): six requests, not a second read of the
+// beat.
 func TestTakeReadsOnce(t *testing.T) {
 	w := newRWorld(t)
 	n := len(w.cs.Actions())
@@ -26,8 +30,8 @@ func TestTakeReadsOnce(t *testing.T) {
 	for _, a := range w.cs.Actions()[n:] {
 		verbs = append(verbs, a.GetVerb())
 	}
-	if len(verbs) != 5 {
-		t.Errorf("the take made %d requests %v, want 5 (list, get beat, put beat, get gate, put gate)", len(verbs), verbs)
+	if len(verbs) != 6 {
+		t.Errorf("the take made %d requests %v, want 6 (list, get beat, put beat, list, get gate, put gate)", len(verbs), verbs)
 	}
 	gate, err := w.cs.CoreV1().Secrets(ns).Get(context.Background(), "sh.helm.release.v1.web.v1", metav1.GetOptions{})
 	if err != nil {
@@ -204,5 +208,72 @@ func TestJointNamesNextRevision(t *testing.T) {
 	}
 	if got := len(w.cs.Actions()) - n; got != 0 {
 		t.Errorf("the joint SetRevision of the named revision made %d requests, want none", got)
+	}
+}
+
+// TestTakeLandsOnlyOnNewest: a record created (by stock helm, say) between
+// a take's Get and its writes makes the take from that Get conflict: the
+// lock is taken on the newest record, and a second taker is refused.
+func TestTakeLandsOnlyOnNewest(t *testing.T) {
+	w := newRWorld(t)
+	ctx := context.Background()
+	p, _, err := w.b.TryAcquire(ctx, req(OpUpgrade, 15*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	fired := false
+	w.cs.PrependReactor("get", "secrets", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if !fired && a.(k8stesting.GetAction).GetName() == LeaseName("web") {
+			// Right after the Get's read of the beat.
+			fired = true
+			w.s.mu.Lock()
+			w.s.rv++
+			o := recSecret(2, "pending-upgrade", nil)
+			o.ResourceVersion = strconv.Itoa(w.s.rv)
+			w.s.objs[o.Name] = o
+			w.s.mu.Unlock()
+		}
+		return false, nil, nil
+	})
+	ra := req(OpUpgrade, 15*time.Second)
+	ra.Session = "A"
+	a, _, err := w.b.TryAcquire(ctx, ra)
+	if err != nil {
+		t.Fatalf("A's take: %v", err)
+	}
+	if got := a.lease.Annotations[annotationAnchor]; got != "sh.helm.release.v1.web.v2" {
+		t.Errorf("A holds the lock on %s, want the newest record", got)
+	}
+	if got := a.Record().Revision; got != 0 {
+		t.Errorf("A's take over a pending revision named revision %d, want none", got)
+	}
+	rb := req(OpUpgrade, 15*time.Second)
+	rb.Session = "B"
+	if b, _, err := w.b.TryAcquire(ctx, rb); err == nil {
+		t.Errorf("two holders: A valid=%v, B valid=%v (B on %s)", a.Valid(), b.Valid(), b.lease.Annotations[annotationAnchor])
+	}
+}
+
+// TestStaleHintIgnoredOnRecordLock: a record lock names the next revision
+// only from its own read of the newest record, never from a hint (one left
+// by an earlier take, when the newest record has since become a pending
+// revision of someone else's).
+func TestStaleHintIgnoredOnRecordLock(t *testing.T) {
+	w := newRWorld(t)
+	ctx := context.Background()
+	if _, err := w.cs.CoreV1().Secrets(ns).Create(ctx, recSecret(2, "pending-upgrade", nil), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	r := req(OpUpgrade, 15*time.Second)
+	r.nextRevision = 2
+	h, _, err := w.b.TryAcquire(ctx, r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := h.Record().Revision; got != 0 {
+		t.Errorf("the take over pending revision 2 named revision %d, want none", got)
 	}
 }

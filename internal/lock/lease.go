@@ -460,8 +460,8 @@ func ceilMilli(t time.Time) time.Time {
 
 // nextRevision is the revision req's operation will write when the lock
 // (its virtual Lease's anchor annotations) shows it before any recovery: req's hint (Request.nextRevision, from a
-// part taken first), else, on a record lock, the one after the newest
-// record's when that record is settled (deployed, failed, superseded,
+// record lock taken first, for a Lease), or, on a record lock, the one
+// after the newest record's as this take read it, when that record is settled (deployed, failed, superseded,
 // uninstalled: no operation is writing it). 0 when unknown: an uninstall
 // or a recovery writes no new revision, a pending newest record may be
 // recovered first (the holder names its revision once it knows it), and a
@@ -472,7 +472,9 @@ func nextRevision(req *Request, anchor map[string]string) int {
 	default:
 		return 0
 	}
-	if req.nextRevision > 0 {
+	if _, record := anchor[annotationAnchorRevision]; !record {
+		// A Lease shows no record: the hint of the record lock taken
+		// just before, in the same AcquireJoint, if any.
 		return req.nextRevision
 	}
 	switch anchor[annotationAnchorStatus] {

@@ -100,12 +100,14 @@ func NewReleaseBackend(client kubernetes.Interface, est *servertime.Estimator, c
 
 // lastReads keeps, per lock, what the store's last Get read, for a take
 // that follows it: a take's writes are conditional on what was read (the
-// beat's put on the beat's resourceVersion; the gate's on the newest
-// record's, checked again by the full read of that record the write needs
-// anyway), so reading it all again first would only narrow a window the
-// protocol already tolerates (a beat claimed from a view whose gate write
-// then conflicts is a claim from a stale view; see virtual). Each entry
-// serves one Update at most, and only a take; anything else reads afresh.
+// beat's put on the beat's resourceVersion; the gate's on the anchor
+// record's, which is checked to be still the newest by a metadata list
+// after the beat is claimed, and whose full read the write needs anyway),
+// so reading it all again before the beat is claimed would only narrow a
+// window the protocol already tolerates (a beat claimed from a view whose
+// gate write then conflicts is a claim from a stale view; see virtual).
+// Each entry serves one Update at most, and only a take; anything else
+// reads afresh.
 type lastReads struct {
 	mu sync.Mutex
 	m  map[string]lastRead
@@ -370,7 +372,8 @@ func (s *releaseStore) Update(ctx context.Context, l *coordinationv1.Lease, _ me
 		beat   beatObj
 		err    error
 	)
-	if lr, hit := s.lastRead(l); hit {
+	lr, cached := s.lastRead(l)
+	if cached {
 		r, ok, listRV, beat = lr.r, true, lr.listRV, lr.beat
 	} else {
 		r, ok, listRV, beat, err = s.read(ctx, rel)
@@ -486,6 +489,18 @@ func (s *releaseStore) Update(ctx context.Context, l *coordinationv1.Lease, _ me
 	if writeBeat {
 		if beat, err = s.beats.put(ctx, beat, *meta); err != nil {
 			return nil, err
+		}
+	}
+	if gateChange && cached {
+		// Written from the Get's read: the anchor must still be the
+		// newest record (a record created since, by stock helm, say,
+		// would carry no gate, and a second taker would take it there).
+		rs, _, err := s.records.ListMeta(ctx, s.ns, historySelector(rel))
+		if err != nil {
+			return nil, err
+		}
+		if n, ok := records.NewestOf(rs); !ok || n.Meta.Name != r.Meta.Name || n.Meta.ResourceVersion != gateRV {
+			return nil, apierrors.NewConflict(leaseResource, l.Name, fmt.Errorf("the newest record of release %q is no longer %s at resourceVersion %s", rel, r.Meta.Name, gateRV))
 		}
 	}
 	if gateChange {

@@ -207,7 +207,11 @@ func (c *Conn) Recover(ctx context.Context, p Procedure) (Outcome, error) {
 		if p.Writer == nil {
 			return out, nil
 		}
-		rollingBack := dec.Verdict == recovery.RecoverThenRollback && p.Rollback != nil && p.Next != lock.OpRollback
+		// helm's rollback runs before an upgrade, or on its own: before an
+		// install it would make the install refuse the name (in use), and
+		// before a rollback or an uninstall it is undone at once.
+		rollsBackBefore := p.Next == lock.OpUpgrade || p.Next == lock.OpRecover
+		rollingBack := dec.Verdict == recovery.RecoverThenRollback && p.Rollback != nil && rollsBackBefore
 		// Undo what the abandoned revision applied before marking it failed,
 		// so that a failure here leaves it pending and the next attempt
 		// converges again. Before a rollback too: converge applies the keep
@@ -226,8 +230,18 @@ func (c *Conn) Recover(ctx context.Context, p Procedure) (Outcome, error) {
 			attempt++
 			continue
 		}
-		if dec.Verdict == recovery.RecoverThenRollback && p.Next == lock.OpRollback {
-			out.NotRolledBack = "the rollback requested follows instead"
+		if dec.Verdict == recovery.RecoverThenRollback {
+			switch held := out.Converged.HeldBack(); {
+			case !rollsBackBefore:
+				out.NotRolledBack = fmt.Sprintf("helm's %s, the operation requested, follows instead", p.Next)
+			case p.Rollback == nil && len(held) > 0:
+				// The caller rolls back itself (pkg/autorecover): told not to.
+				out.NotRolledBack = fmt.Sprintf("helm's rollback would delete or rewrite %s, which recovery keeps; the release was set back to revision %d's state instead", recovery.ObjectList(held), dec.RollbackTo)
+			}
+			if p.Rollback == nil && out.NotRolledBack != "" {
+				out.Decision.Verdict, out.Decision.RollbackTo = recovery.Recover, 0
+				out.Decision.Reason += "; not rolled back: " + out.NotRolledBack
+			}
 		}
 		if rollingBack {
 			if held := out.Converged.HeldBack(); len(held) > 0 {
@@ -369,6 +383,10 @@ func (c *Conn) markAbandoned(ctx context.Context, p Procedure, out *Outcome, des
 		switch {
 		case err == nil:
 			out.Marked = append(out.Marked, Mark{Abandonment: a, Description: desc, Record: rec})
+		case errors.Is(err, recovery.ErrNotPending) && a.Release.Revision == dec.Target.Release.Revision:
+			// The target left pending since it was read (its writer ended
+			// it): decide again, rather than roll back what it deployed.
+			return true, nil
 		case errors.Is(err, recovery.ErrNotPending):
 		case errors.Is(err, recovery.ErrConflict):
 			return true, nil

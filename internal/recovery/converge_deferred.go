@@ -62,7 +62,7 @@ func (c *converger) deferAll(objs []resolved, created time.Time) {
 	}
 	for _, o := range objs {
 		if o.mapping == nil {
-			c.record(o.ref, ActionInSync, "its kind is not served by the cluster")
+			c.record(o.ref, ActionInSync, ReasonKindNotServed)
 			continue
 		}
 		c.record(o.ref, ActionDeferred, "removed once helm's operation has written its revision, unless that revision renders it again")

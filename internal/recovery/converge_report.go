@@ -131,6 +131,11 @@ func methodName(m ApplyMethod) string {
 	return "client-side"
 }
 
+// ReasonKindNotServed: an object the abandoned revision rendered whose kind
+// the cluster does not serve (its CRD is gone): nothing to undo, and
+// nothing helm's rollback can build.
+const ReasonKindNotServed = "its kind is not served by the cluster"
+
 // HeldBack lists the objects a helm rollback run after this converge would
 // delete or rewrite against recovery's keep rules: those converge kept on
 // purpose for a reason helm does not honour (every reason but
@@ -141,7 +146,8 @@ func (r ConvergeReport) HeldBack() []ObjectRef {
 	var out []ObjectRef
 	for _, o := range r.Objects {
 		switch {
-		case o.Action == ActionKept && o.Reason != ReasonPolicyKeep, o.Action == ActionDeferred:
+		case o.Action == ActionKept && o.Reason != ReasonPolicyKeep, o.Action == ActionDeferred,
+			o.Reason == ReasonKindNotServed: // helm's rollback fails on it, after writing its revision
 			out = append(out, o.Object)
 		}
 	}

@@ -33,7 +33,7 @@ func (c *converger) revert(ctx context.Context, ab, base resolved) error {
 		return nil
 	}
 	if base.mapping == nil {
-		c.record(ref, ActionKept, "its kind is not served by the cluster")
+		c.record(ref, ActionKept, ReasonKindNotServed)
 		return nil
 	}
 	original := withOwnership(ab.obj, c.release, c.ns)
@@ -162,7 +162,7 @@ func isStale(err error) bool {
 func (c *converger) remove(ctx context.Context, ab resolved) error {
 	ref := ab.ref
 	if ab.mapping == nil {
-		c.record(ref, ActionInSync, "its kind is not served by the cluster")
+		c.record(ref, ActionInSync, ReasonKindNotServed)
 		return nil
 	}
 	res := c.resource(ab)
