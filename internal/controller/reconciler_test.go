@@ -108,7 +108,12 @@ func TestSelectorIncludesUninstalling(t *testing.T) {
 // taken (converge refused) rewrites the watched record (the lock's take and
 // release), whose events bring the release straight back: the reconciler
 // itself waits out its backoff, writing nothing until then.
-func TestFailedRecoveryBacksOff(t *testing.T) {
+// stuckFixture is a reconciler over release shop/web: revision 1 deployed
+// two hours ago, revision 2 pending an upgrade for an hour (past the legacy
+// threshold), with no lock; converge cannot reach the cluster (it stands
+// for a forbidden patch), so a recovery fails after its lock is taken.
+func stuckFixture(t *testing.T, opts Options) (*Reconciler, *fake.Clientset, *clocktesting.FakeClock, *corev1.Secret) {
+	t.Helper()
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "shop"}}
 	deployed := fixtureRevision(t, 1, common.StatusDeployed, rt0.Add(-2*time.Hour))
 	pending := fixtureRevision(t, 2, common.StatusPendingUpgrade, rt0.Add(-time.Hour))
@@ -119,18 +124,17 @@ func TestFailedRecoveryBacksOff(t *testing.T) {
 	conn := protocol.NewConn(cs, est, clk, "", func() (*recovery.Kube, error) {
 		return nil, errors.New("converge cannot reach the cluster (stands for a forbidden patch)")
 	})
+	opts.LockBackend, opts.Who = "release", "controller@test"
+	opts.Policy.Autorecover, opts.Policy.LegacyAfter, opts.Policy.Hints = true, 15*time.Minute, recovery.CLIHints
 	r := &Reconciler{
-		Conn:  conn,
-		Cache: cached(pending),
-		Options: Options{
-			LockBackend: "release",
-			Policy:      recovery.Policy{Autorecover: true, LegacyAfter: 15 * time.Minute, Hints: recovery.CLIHints},
-			Who:         "controller@test",
-		},
-		metrics: newMetrics(prometheus.NewRegistry()),
-		kind:    "Secret",
-		Clock:   clk,
+		Conn: conn, Cache: cached(pending), Options: opts,
+		metrics: newMetrics(prometheus.NewRegistry()), kind: "Secret", Clock: clk,
 	}
+	return r, cs, clk, pending
+}
+
+func TestFailedRecoveryBacksOff(t *testing.T) {
+	r, cs, clk, pending := stuckFixture(t, Options{})
 	req := reconcile.Request{NamespacedName: types.NamespacedName{Namespace: "shop", Name: "web"}}
 	writes := func() int {
 		n := 0
@@ -229,32 +233,13 @@ func TestSkipReadsNothing(t *testing.T) {
 // another release holds the rollback slot is looked at again without a
 // single request until the slot is free, then judged from a fresh read.
 func TestParkedWhileRollingBack(t *testing.T) {
-	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "shop"}}
-	deployed := fixtureRevision(t, 1, common.StatusDeployed, rt0.Add(-2*time.Hour))
-	pending := fixtureRevision(t, 2, common.StatusPendingUpgrade, rt0.Add(-time.Hour))
-	cs := fake.NewClientset(ns, deployed, pending)
-	clk := clocktesting.NewFakeClock(rt0)
-	est := servertime.New(clk)
-	est.Observe(clk.Now(), clk.Now(), rt0)
-	conn := protocol.NewConn(cs, est, clk, "", func() (*recovery.Kube, error) {
-		return nil, errors.New("converge cannot reach the cluster")
-	})
-	r := &Reconciler{
-		Conn:  conn,
-		Cache: cached(pending),
-		Options: Options{
-			LockBackend: "release",
-			Policy:      recovery.Policy{Autorecover: true, LegacyAfter: 15 * time.Minute, Strategy: recovery.StrategyRollback, Hints: recovery.CLIHints},
-			Who:         "controller@test",
-			Rollback: func(context.Context, string, string, int) error {
-				t.Error("rolled back while another rollback held the slot")
-				return nil
-			},
+	r, cs, _, _ := stuckFixture(t, Options{
+		Policy: recovery.Policy{Strategy: recovery.StrategyRollback},
+		Rollback: func(context.Context, string, string, int) error {
+			t.Error("rolled back while another rollback held the slot")
+			return nil
 		},
-		metrics: newMetrics(prometheus.NewRegistry()),
-		kind:    "Secret",
-		Clock:   clk,
-	}
+	})
 	req := reconcile.Request{NamespacedName: types.NamespacedName{Namespace: "shop", Name: "web"}}
 
 	r.rollbacks.Lock() // another release is rolling back
