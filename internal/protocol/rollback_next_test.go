@@ -44,8 +44,10 @@ var rollbackPolicy = recovery.Policy{Autorecover: true, Strategy: recovery.Strat
 func TestNoRollbackBeforeUninstall(t *testing.T) {
 	c, _ := rollbackConn(t, rollbackFixture(t)...)
 	ran := false
-	out, err := c.Recover(context.Background(), Procedure{Release: "web", Namespace: "shop", Lock: dead, Policy: rollbackPolicy, Next: lock.OpUninstall, Writer: &writer{},
-		Rollback: func(string, int) error { ran = true; return nil }})
+	out, err := c.Recover(context.Background(), Procedure{
+		Release: "web", Namespace: "shop", Lock: dead, Policy: rollbackPolicy, Next: lock.OpUninstall, Writer: &writer{},
+		Rollback: func(string, int) error { ran = true; return nil },
+	})
 	t.Logf("verdict %v marked %d rolledBack %v err %v", out.Decision.Verdict, len(out.Marked), out.RolledBack, err)
 	if ran {
 		t.Errorf("helm's rollback ran before a helm uninstall")
@@ -61,8 +63,10 @@ func TestNoRollbackBeforeUninstall(t *testing.T) {
 func TestNoRollbackBeforeInstall(t *testing.T) {
 	c, _ := rollbackConn(t, rollbackFixture(t)...)
 	ran := false
-	out, err := c.Recover(context.Background(), Procedure{Release: "web", Namespace: "shop", Lock: dead, Policy: rollbackPolicy, Next: lock.OpInstall, Writer: &writer{},
-		Rollback: func(string, int) error { ran = true; return nil }})
+	out, err := c.Recover(context.Background(), Procedure{
+		Release: "web", Namespace: "shop", Lock: dead, Policy: rollbackPolicy, Next: lock.OpInstall, Writer: &writer{},
+		Rollback: func(string, int) error { ran = true; return nil },
+	})
 	t.Logf("verdict %v marked %d rolledBack %v err %v", out.Decision.Verdict, len(out.Marked), out.RolledBack, err)
 	if ran {
 		t.Errorf("helm's rollback ran before a helm install --replace, which then refuses a deployed release")
@@ -85,8 +89,10 @@ func TestNoRollbackAfterTargetResolvedElsewhere(t *testing.T) {
 		return false, nil, nil
 	})
 	ran := false
-	out, err := c.Recover(context.Background(), Procedure{Release: "web", Namespace: "shop", Lock: dead, Policy: rollbackPolicy, Next: lock.OpRecover, Writer: &writer{},
-		Rollback: func(string, int) error { ran = true; return nil }})
+	out, err := c.Recover(context.Background(), Procedure{
+		Release: "web", Namespace: "shop", Lock: dead, Policy: rollbackPolicy, Next: lock.OpRecover, Writer: &writer{},
+		Rollback: func(string, int) error { ran = true; return nil },
+	})
 	t.Logf("verdict %v marked %d rolledBack %v err %v said %q", out.Decision.Verdict, len(out.Marked), out.RolledBack, err, out.Said())
 	if ran || len(out.Marked) != 0 {
 		t.Errorf("rolled back (%v) or marked (%d) a release whose revision 2 was found deployed when marking", ran, len(out.Marked))
