@@ -39,11 +39,15 @@ type holdingProxy struct {
 	once    sync.Once
 	// inFlight counts held requests not yet forwarded (or refused).
 	inFlight sync.WaitGroup
+	// givenUp is closed once a held request's deadline (its timeout
+	// parameter, from its arrival) has passed or its client went away.
+	givenUp     chan struct{}
+	givenUpOnce sync.Once
 }
 
 func newHoldingProxy(t *testing.T, env *testenv.Env, hold func(*http.Request) bool) *holdingProxy {
 	t.Helper()
-	p := &holdingProxy{arrived: make(chan url.Values, 16), release: make(chan struct{})}
+	p := &holdingProxy{arrived: make(chan url.Values, 16), release: make(chan struct{}), givenUp: make(chan struct{})}
 	p.cfg = env.Proxy(t, func(w http.ResponseWriter, r *http.Request, forward http.Handler) {
 		if hold(r) {
 			p.inFlight.Add(1)
@@ -60,6 +64,10 @@ func newHoldingProxy(t *testing.T, env *testenv.Env, hold func(*http.Request) bo
 				ctx, cancel = context.WithTimeout(ctx, d)
 				defer cancel()
 			}
+			go func() {
+				<-ctx.Done()
+				p.givenUpOnce.Do(func() { close(p.givenUp) })
+			}()
 			p.arrived <- r.URL.Query()
 			<-p.release
 			r = r.WithContext(ctx)
@@ -70,6 +78,21 @@ func newHoldingProxy(t *testing.T, env *testenv.Env, hold func(*http.Request) bo
 	// the server closes.
 	t.Cleanup(p.Release)
 	return p
+}
+
+// ReleaseGivenUp lets the held requests through once one of them has been
+// given up (its server-side deadline passed, or its client went away), as
+// a queue in the API server would after the deadline it set on arrival:
+// the deadline runs from the proxy's arrival, a little after the client
+// sent it, so letting it through at the client's cut-off would race.
+func (p *holdingProxy) ReleaseGivenUp(t *testing.T) {
+	t.Helper()
+	select {
+	case <-p.givenUp:
+	case <-time.After(60 * time.Second):
+		t.Errorf("no held request was given up within 60s of the cut-off")
+	}
+	p.Release()
 }
 
 // Release lets every held request (and every later one) through.
@@ -142,7 +165,7 @@ func TestIntegrationFenceCutsChartWriteAtDeadline(t *testing.T) {
 	if !errors.Is(err, lock.ErrLost) {
 		t.Fatalf("a chart write held past the lock's renew deadline: %v; want an error wrapping ErrLost", err)
 	}
-	p.Release()
+	p.ReleaseGivenUp(t)
 	p.inFlight.Wait()
 	if _, err := env.Client.CoreV1().ConfigMaps(ns).Get(context.Background(), "chart-object", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 		t.Fatalf("the chart object after its cut-off write was let through: %v; want NotFound (written after the lock's deadline)", err)
@@ -174,7 +197,7 @@ func TestIntegrationFenceCutsRecordWriteAtDeadline(t *testing.T) {
 	if !errors.Is(err, lock.ErrLost) {
 		t.Fatalf("helm's update held past the lock's renew deadline: %v; want an error wrapping ErrLost", err)
 	}
-	p.Release()
+	p.ReleaseGivenUp(t)
 	p.inFlight.Wait()
 	if st := env.History(t, ns, "web")[0].Status; st != string(common.StatusPendingInstall) {
 		t.Fatalf("revision 1 after the cut-off update was let through is %s; want it untouched (pending-install)", st)
