@@ -125,6 +125,27 @@ func (h *Held) Carry(write func(Record) error) error {
 // Session is the holder's session ID.
 func (h *Held) Session() string { return h.req.Session }
 
+// ReadFloor is a resourceVersion of the release's records written at or
+// after this lock was taken: the gate's, when this part is a record lock
+// whose gate (the newest record) names this session, which only this
+// session's take can have written. A read of the records "not older than"
+// it sees every record written before the take, without the wait a fully
+// consistent read may cost right after a write. "" when there is none (a
+// Lease, a virtual record lock).
+func (h *Held) ReadFloor() string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.b.store != StoreRelease || h.lease.Annotations[annotationAnchor] == "" {
+		return ""
+	}
+	rec, err := DecodeRecord(h.lease.Annotations[AnnotationRecord])
+	if err != nil || rec == nil || rec.Session != h.req.Session {
+		return ""
+	}
+	gate, _, _ := splitRV(h.lease.ResourceVersion)
+	return gate
+}
+
 // Record returns a copy of the record as last written.
 func (h *Held) Record() Record {
 	h.mu.Lock()
@@ -231,12 +252,16 @@ func (h *Held) Renew(ctx context.Context) error {
 // SetRevision records the revision being written, renewing the lock in the
 // same write.
 //
-// It writes nothing when the record already names rev and no abandoned
-// holder (the take named it: nextRevision), beyond checking the lock is
-// still valid.
+// On a Lease it writes nothing when the record already names rev and no
+// abandoned holder (the take named it: nextRevision), beyond checking the
+// lock is still valid. A record lock always writes: its take left the
+// beat as a claim (claimed from the gate's previous holder), and this
+// write turns it into the holder's own beat; a claim left standing would
+// count as a live lock against any later gate-less newest record (stock
+// helm's) until it ran out (TestUnreadableRecordIsSkipped).
 func (h *Held) SetRevision(ctx context.Context, rev int) error {
 	h.mu.Lock()
-	named := h.rec.Revision == rev && h.rec.Abandoned == nil && !h.released
+	named := h.rec.Revision == rev && h.rec.Abandoned == nil && !h.released && h.b.store != StoreRelease
 	h.mu.Unlock()
 	if named {
 		return h.Valid()

@@ -206,6 +206,16 @@ func (j *Joint) Previous() (*Record, State) {
 	return best.rec, best.state
 }
 
+// ReadFloor is the first part's Held.ReadFloor that is not "".
+func (j *Joint) ReadFloor() string {
+	for _, h := range j.parts {
+		if rv := h.ReadFloor(); rv != "" {
+			return rv
+		}
+	}
+	return ""
+}
+
 // Renew extends every part by one lease from now; the first error stops it
 // (see Held.Renew).
 func (j *Joint) Renew(ctx context.Context) error {

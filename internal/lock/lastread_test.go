@@ -120,10 +120,11 @@ func TestTakeFromStaleReadConflicts(t *testing.T) {
 }
 
 // TestTakeNamesNextRevision: a take of a record lock whose newest revision
-// is settled names the revision the operation writes next, so that the
-// holder's SetRevision of it writes nothing; a pending newest revision (to
-// be recovered first), an uninstall and a recovery name none, and a
-// different revision is still written.
+// is settled names the revision the operation writes next (the Lease taken
+// after it names it too, and its SetRevision then writes nothing,
+// TestJointNamesNextRevision); a pending newest revision (to be recovered
+// first), an uninstall and a recovery name none, and a different revision
+// is written.
 func TestTakeNamesNextRevision(t *testing.T) {
 	for _, c := range []struct {
 		name   string
@@ -156,13 +157,15 @@ func TestTakeNamesNextRevision(t *testing.T) {
 			if c.want == 0 {
 				return
 			}
-			n := len(w.cs.Actions())
 			if err := h.SetRevision(ctx, c.want); err != nil {
 				t.Fatal(err)
 			}
-			if got := len(w.cs.Actions()) - n; got != 0 {
-				t.Errorf("naming the revision the take named made %d requests, want none", got)
+			// A record lock writes its beat anyway: from the take's claim
+			// to the holder's own.
+			if from := w.beat(t).Annotations[annotationClaimedFrom]; from != h.Session() {
+				t.Errorf("after SetRevision the beat is claimed from %q, want the holder's own session", from)
 			}
+			n := len(w.cs.Actions())
 			if err := h.SetRevision(ctx, c.want+1); err != nil {
 				t.Fatal(err)
 			}
@@ -177,8 +180,9 @@ func TestTakeNamesNextRevision(t *testing.T) {
 }
 
 // TestJointNamesNextRevision: the Lease, taken after the record lock, names
-// the revision the record lock found, so the joint SetRevision of it writes
-// nothing to either.
+// the revision the record lock found, so the joint SetRevision of it does
+// not write the Lease (the record lock's beat is written: see
+// Held.SetRevision).
 func TestJointNamesNextRevision(t *testing.T) {
 	w := newRWorld(t)
 	ctx := context.Background()
@@ -206,8 +210,10 @@ func TestJointNamesNextRevision(t *testing.T) {
 	if err := j.SetRevision(ctx, 2); err != nil {
 		t.Fatal(err)
 	}
-	if got := len(w.cs.Actions()) - n; got != 0 {
-		t.Errorf("the joint SetRevision of the named revision made %d requests, want none", got)
+	for _, a := range w.cs.Actions()[n:] {
+		if a.GetResource().Resource == "leases" {
+			t.Errorf("the joint SetRevision of the named revision wrote the Lease: %v", a)
+		}
 	}
 }
 
@@ -275,5 +281,45 @@ func TestStaleHintIgnoredOnRecordLock(t *testing.T) {
 	}
 	if got := h.Record().Revision; got != 0 {
 		t.Errorf("the take over pending revision 2 named revision %d, want none", got)
+	}
+}
+
+// TestReadFloorIsTheTakesGate: a record lock's read floor is the
+// resourceVersion of the gate its take wrote; a Lease and a virtual record
+// lock (no record yet) have none.
+func TestReadFloorIsTheTakesGate(t *testing.T) {
+	w := newRWorld(t)
+	ctx := context.Background()
+	h, _, err := w.b.TryAcquire(ctx, req(OpUpgrade, 15*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := w.cs.CoreV1().Secrets(ns).Get(ctx, "sh.helm.release.v1.web.v1", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := h.ReadFloor(); got == "" || got != g.ResourceVersion {
+		t.Errorf("read floor %q, want the gate's resourceVersion %q", got, g.ResourceVersion)
+	}
+
+	empty := newRWorld(t)
+	if err := empty.cs.CoreV1().Secrets(ns).Delete(ctx, "sh.helm.release.v1.web.v1", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	v, _, err := empty.b.TryAcquire(ctx, req(OpInstall, 15*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := v.ReadFloor(); got != "" {
+		t.Errorf("a virtual record lock has read floor %q, want none", got)
+	}
+	est := servertime.New(w.clk)
+	est.Observe(w.clk.Now(), w.clk.Now(), t0.Truncate(time.Second))
+	l, _, err := NewLeaseBackend(w.cs, est, w.clk).TryAcquire(ctx, req(OpUpgrade, 15*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := l.ReadFloor(); got != "" {
+		t.Errorf("a Lease has read floor %q, want none", got)
 	}
 }

@@ -33,6 +33,10 @@ func (c *Conn) Acquire(ctx context.Context, req lock.Request, stores []*lock.Bac
 	return l, nil
 }
 
+// ReadFloor is a resourceVersion of the release's records written at or
+// after this lock was taken ("" when none): see lock.Held.ReadFloor.
+func (l *Lock) ReadFloor() string { return l.joint.ReadFloor() }
+
 // Lock is a release lock taken through Acquire: every store's part under
 // one session, and what it was taken from. Its methods are safe for
 // concurrent use.

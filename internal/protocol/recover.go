@@ -9,6 +9,7 @@ import (
 
 	"github.com/helm-autorecover/helm-autorecover/internal/helmx"
 	"github.com/helm-autorecover/helm-autorecover/internal/lock"
+	"github.com/helm-autorecover/helm-autorecover/internal/records"
 	"github.com/helm-autorecover/helm-autorecover/internal/recovery"
 )
 
@@ -167,8 +168,23 @@ func (c *Conn) Recover(ctx context.Context, p Procedure) (Outcome, error) {
 		describe = recovery.DescribeAbandoned
 	}
 	var out Outcome
+	// The first read under a lock is served as soon as the API server's
+	// cache holds the take's own write (and so everything before it):
+	// right after a write, a fully consistent list can wait for the cache
+	// to confirm it is current (about 80 ms a read on the local cluster).
+	// Reads after a conflict are consistent.
+	floor := ""
+	if f, ok := p.Writer.(interface{ ReadFloor() string }); ok {
+		floor = f.ReadFloor()
+	}
 	for attempt := 0; attempt < maxRecoverAttempts; {
-		hist, err := c.History(ctx, p.Namespace, p.Release)
+		hist, err := c.History(records.WithNotOlderThan(ctx, floor), p.Namespace, p.Release)
+		if err != nil && floor != "" {
+			// A cache that cannot catch up (a timeout), or a server that
+			// refuses the option: read consistently.
+			hist, err = c.History(ctx, p.Namespace, p.Release)
+		}
+		floor = ""
 		if err != nil {
 			return out, err
 		}

@@ -173,10 +173,31 @@ func (s Store) Kubectl() string {
 	return "kubectl get secret"
 }
 
+// notOlderThanKey carries, in a context, the resourceVersion List reads
+// "not older than" (WithNotOlderThan).
+type notOlderThanKey struct{}
+
+// WithNotOlderThan returns ctx for a List that may be served from the API
+// server's cache as soon as it holds everything up to resourceVersion rv
+// (resourceVersionMatch NotOlderThan), instead of a fully consistent read,
+// which right after a write can wait for the cache to confirm it is
+// current. Use it only with the resourceVersion of a write whose effects
+// (and everything before it) the read must see. An empty rv changes
+// nothing.
+func WithNotOlderThan(ctx context.Context, rv string) context.Context {
+	if rv == "" {
+		return ctx
+	}
+	return context.WithValue(ctx, notOlderThanKey{}, rv)
+}
+
 // List returns the records in namespace ns ("" for all) that match the
-// label selector, and the list's resourceVersion.
+// label selector, and the list's resourceVersion (see WithNotOlderThan).
 func (s Store) List(ctx context.Context, ns, selector string) ([]Record, string, error) {
 	opts := metav1.ListOptions{LabelSelector: selector}
+	if rv, _ := ctx.Value(notOlderThanKey{}).(string); rv != "" {
+		opts.ResourceVersion, opts.ResourceVersionMatch = rv, metav1.ResourceVersionMatchNotOlderThan
+	}
 	if s.kind == KindConfigMap {
 		l, err := s.client.CoreV1().ConfigMaps(ns).List(ctx, opts)
 		if err != nil {
