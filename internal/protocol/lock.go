@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -34,8 +35,16 @@ func (c *Conn) Acquire(ctx context.Context, req lock.Request, stores []*lock.Bac
 }
 
 // ReadFloor is a resourceVersion of the release's records written at or
-// after this lock was taken ("" when none): see lock.Held.ReadFloor.
-func (l *Lock) ReadFloor() string { return l.joint.ReadFloor() }
+// after this lock was taken ("" when none): see lock.Held.ReadFloor. It is
+// given once per lock, to the first read under it: helm's writes through
+// the fence do not move it, so a later read (a second Recover after helm
+// wrote a revision) must be consistent.
+func (l *Lock) ReadFloor() string {
+	if l.floorGiven.Swap(true) {
+		return ""
+	}
+	return l.joint.ReadFloor()
+}
 
 // Lock is a release lock taken through Acquire: every store's part under
 // one session, and what it was taken from. Its methods are safe for
@@ -44,6 +53,9 @@ type Lock struct {
 	conn               *Conn
 	joint              *lock.Joint
 	release, namespace string
+
+	// floorGiven is set once ReadFloor has given the take's floor.
+	floorGiven atomic.Bool
 
 	mu sync.Mutex
 	// handOn is set while the lock was taken over from an expired holder
