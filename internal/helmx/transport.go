@@ -59,6 +59,34 @@ type HelmLock interface {
 	Deadline() time.Time
 }
 
+// RecordWriteNoter is implemented by a HelmLock that wants the
+// resourceVersion of each record write of the guarded release the fence
+// made and the server accepted: a read of the records not older than it
+// (records.WithNotOlderThan) sees that write without waiting for the API
+// server's cache to confirm it is current.
+type RecordWriteNoter interface {
+	RecordWritten(resourceVersion string)
+}
+
+// noteWrite tells the lock the resourceVersion an accepted record write
+// returned (RecordWriteNoter). The answer's body is read and put back for
+// helm.
+func (f *fenceRT) noteWrite(g *GuardedWrites, resp *http.Response, err error) {
+	n, ok := g.Lock.(RecordWriteNoter)
+	if !ok || err != nil || resp == nil || resp.StatusCode/100 != 2 || resp.Body == nil {
+		return
+	}
+	body, rerr := io.ReadAll(resp.Body)
+	_ = resp.Body.Close()
+	resp.Body = io.NopCloser(bytes.NewReader(body))
+	if rerr != nil {
+		return
+	}
+	if d, derr := decode(body); derr == nil && d.meta.ResourceVersion != "" {
+		n.RecordWritten(d.meta.ResourceVersion)
+	}
+}
+
 // OwnRecordReporter is implemented by a HelmLock that wants to know how
 // helm's writes of the holder's own revision records ended: the revision
 // the lock record names, and every revision the fence created under it.
@@ -270,6 +298,7 @@ func (f *fenceRT) route(req *http.Request, g *GuardedWrites) (*http.Response, er
 		return f.create(req, g)
 	case req.Method == http.MethodPut && rev > 0:
 		resp, status, err := f.update(req, g, m[3])
+		f.noteWrite(g, resp, err)
 		f.report(g, rev, resp, err, status)
 		return resp, err
 	case req.Method == http.MethodDelete && rev > 0:
@@ -500,6 +529,7 @@ func (f *fenceRT) create(req *http.Request, g *GuardedWrites) (*http.Response, e
 		f.w.mu.Unlock()
 		return resp, err
 	}
+	f.noteWrite(g, resp, err)
 	f.report(g, rev, resp, err, d.meta.Labels[LabelStatus])
 	return resp, err
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/helm-autorecover/helm-autorecover/internal/helmx"
 	"github.com/helm-autorecover/helm-autorecover/internal/lock"
+	"github.com/helm-autorecover/helm-autorecover/internal/records"
 	"github.com/helm-autorecover/helm-autorecover/internal/recovery"
 )
 
@@ -56,6 +57,9 @@ type Lock struct {
 
 	// floorGiven is set once ReadFloor has given the take's floor.
 	floorGiven atomic.Bool
+	// lastRecordWrite is the resourceVersion of the fence's last accepted
+	// write of a record of the release (guarded by mu).
+	lastRecordWrite string
 
 	mu sync.Mutex
 	// handOn is set while the lock was taken over from an expired holder
@@ -123,6 +127,15 @@ func (l *Lock) Deadline() time.Time {
 	// overstated.
 	now := time.Now()
 	return now.Add(d.Sub(l.conn.clock.Now()))
+}
+
+// RecordWritten is how the write fence (helmx.RecordWriteNoter) tells the
+// lock the resourceVersion of each record write it made: Release reads not
+// older than the last.
+func (l *Lock) RecordWritten(rv string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.lastRecordWrite = rv
 }
 
 // OwnRecordWrite is how the write fence (helmx.OwnRecordReporter) tells the
@@ -203,6 +216,10 @@ func (l *Lock) Keep(ctx context.Context, onLost func(error)) { l.joint.Keep(ctx,
 func (l *Lock) Release(ctx context.Context) error {
 	l.mu.Lock()
 	handOn := l.handOn
+	// The release's first read of the records is served once the API
+	// server's cache holds helm's last write through the fence (see
+	// RecordWritten).
+	ctx = records.WithNotOlderThan(ctx, l.lastRecordWrite)
 	l.mu.Unlock()
 	if err := l.joint.Valid(); err != nil {
 		return err

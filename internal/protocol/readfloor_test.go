@@ -67,3 +67,34 @@ func TestFirstReadFromTheTake(t *testing.T) {
 		t.Errorf("history reads %+v, want the floored one then a consistent one", lists)
 	}
 }
+
+// TestReleaseReadsFromHelmsLastWrite: the release's first read of the
+// records is not older than the last record write the fence reported
+// (RecordWritten), so it does not wait for the API server's cache to
+// confirm it is current right after helm's final write.
+func TestReleaseReadsFromHelmsLastWrite(t *testing.T) {
+	c, cs := fakeConn(t, revision(t, 1, common.StatusDeployed, t0.Add(-time.Hour)))
+	ctx := context.Background()
+	_, stores, err := c.Stores(ctx, "shop", BackendRelease)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := c.Acquire(ctx, lock.Request{Release: "web", Namespace: "shop", Operation: lock.OpUpgrade, Who: "test"}, stores, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.RecordWritten("77")
+	cs.ClearActions()
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	lists := historyLists(cs)
+	if len(lists) == 0 || lists[0].ResourceVersion != "77" || lists[0].ResourceVersionMatch != metav1.ResourceVersionMatchNotOlderThan {
+		t.Errorf("the release's reads %+v: want the first not older than 77", lists)
+	}
+	for _, o := range lists[1:] {
+		if o.ResourceVersion != "" {
+			t.Errorf("a later read of the release was floored too: %+v", lists)
+		}
+	}
+}

@@ -178,12 +178,8 @@ func (c *Conn) Recover(ctx context.Context, p Procedure) (Outcome, error) {
 		floor = f.ReadFloor()
 	}
 	for attempt := 0; attempt < maxRecoverAttempts; {
+		// A floored read that fails is read again consistently (records).
 		hist, err := c.History(records.WithNotOlderThan(ctx, floor), p.Namespace, p.Release)
-		if err != nil && floor != "" {
-			// A cache that cannot catch up (a timeout), or a server that
-			// refuses the option: read consistently.
-			hist, err = c.History(ctx, p.Namespace, p.Release)
-		}
 		floor = ""
 		if err != nil {
 			return out, err

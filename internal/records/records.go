@@ -16,6 +16,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -173,31 +174,53 @@ func (s Store) Kubectl() string {
 	return "kubectl get secret"
 }
 
-// notOlderThanKey carries, in a context, the resourceVersion List reads
-// "not older than" (WithNotOlderThan).
+// notOlderThanKey carries, in a context, the resourceVersion the first
+// List or ListMeta under it reads "not older than" (WithNotOlderThan).
 type notOlderThanKey struct{}
 
-// WithNotOlderThan returns ctx for a List that may be served from the API
-// server's cache as soon as it holds everything up to resourceVersion rv
-// (resourceVersionMatch NotOlderThan), instead of a fully consistent read,
-// which right after a write can wait for the cache to confirm it is
-// current. Use it only with the resourceVersion of a write whose effects
-// (and everything before it) the read must see. An empty rv changes
-// nothing.
+type floor struct {
+	rv   string
+	used atomic.Bool
+}
+
+// WithNotOlderThan returns ctx for reads of which the first List or
+// ListMeta may be served from the API server's cache as soon as it holds
+// everything up to resourceVersion rv (resourceVersionMatch NotOlderThan),
+// instead of a fully consistent read, which right after a write can wait
+// for the cache to confirm it is current (40-90 ms on the local cluster).
+// Later reads under ctx are consistent (a conflict's re-read must see the
+// write that caused it), and so is the first when the floored read fails
+// (a cache that cannot catch up, a server that refuses the option). Use it
+// only with the resourceVersion of a write whose effects (and everything
+// before it) the read must see. An empty rv changes nothing.
 func WithNotOlderThan(ctx context.Context, rv string) context.Context {
 	if rv == "" {
 		return ctx
 	}
-	return context.WithValue(ctx, notOlderThanKey{}, rv)
+	return context.WithValue(ctx, notOlderThanKey{}, &floor{rv: rv})
+}
+
+// floorOf returns the floor of ctx for the first read under it, "" after.
+func floorOf(ctx context.Context) string {
+	f, _ := ctx.Value(notOlderThanKey{}).(*floor)
+	if f == nil || f.used.Swap(true) {
+		return ""
+	}
+	return f.rv
 }
 
 // List returns the records in namespace ns ("" for all) that match the
 // label selector, and the list's resourceVersion (see WithNotOlderThan).
 func (s Store) List(ctx context.Context, ns, selector string) ([]Record, string, error) {
-	opts := metav1.ListOptions{LabelSelector: selector}
-	if rv, _ := ctx.Value(notOlderThanKey{}).(string); rv != "" {
-		opts.ResourceVersion, opts.ResourceVersionMatch = rv, metav1.ResourceVersionMatchNotOlderThan
+	if rv := floorOf(ctx); rv != "" {
+		if rs, listRV, err := s.list(ctx, metav1.ListOptions{LabelSelector: selector, ResourceVersion: rv, ResourceVersionMatch: metav1.ResourceVersionMatchNotOlderThan}, ns); err == nil {
+			return rs, listRV, nil
+		}
 	}
+	return s.list(ctx, metav1.ListOptions{LabelSelector: selector}, ns)
+}
+
+func (s Store) list(ctx context.Context, opts metav1.ListOptions, ns string) ([]Record, string, error) {
 	if s.kind == KindConfigMap {
 		l, err := s.client.CoreV1().ConfigMaps(ns).List(ctx, opts)
 		if err != nil {
@@ -344,13 +367,22 @@ func (s Store) ListMeta(ctx context.Context, ns, selector string) ([]Record, str
 	rc := s.client.CoreV1().RESTClient()
 	if c, ok := rc.(*rest.RESTClient); !ok || c == nil {
 		// A client without REST access (a fake clientset): read it all.
-		rs, listRV, err := s.List(ctx, ns, selector)
+		rs, listRV, err := s.List(ctx, ns, selector) // the floor, if any, goes with it
 		for i := range rs {
 			rs[i] = Record{Kind: rs[i].Kind, Meta: rs[i].Meta}
 		}
 		return rs, listRV, err
 	}
-	l, err := s.listMeta(ctx, rc, ns, selector)
+	opts := metav1.ListOptions{LabelSelector: selector}
+	l, err := MetadataList{}, errors.New("not read")
+	if rv := floorOf(ctx); rv != "" {
+		floored := opts
+		floored.ResourceVersion, floored.ResourceVersionMatch = rv, metav1.ResourceVersionMatchNotOlderThan
+		l, err = s.listMeta(ctx, rc, ns, floored)
+	}
+	if err != nil {
+		l, err = s.listMeta(ctx, rc, ns, opts)
+	}
 	if err != nil {
 		return nil, "", err
 	}
@@ -361,9 +393,9 @@ func (s Store) ListMeta(ctx context.Context, ns, selector string) ([]Record, str
 	return out, l.Metadata.ResourceVersion, nil
 }
 
-func (s Store) listMeta(ctx context.Context, rc rest.Interface, ns, selector string) (MetadataList, error) {
+func (s Store) listMeta(ctx context.Context, rc rest.Interface, ns string, opts metav1.ListOptions) (MetadataList, error) {
 	req := rc.Get().Resource(s.Resource()).
-		VersionedParams(&metav1.ListOptions{LabelSelector: selector}, scheme.ParameterCodec).
+		VersionedParams(&opts, scheme.ParameterCodec).
 		SetHeader("Accept", MetadataAccept)
 	if ns != "" {
 		req = req.Namespace(ns)
@@ -395,7 +427,7 @@ func (s Store) Newest(ctx context.Context, ns, selector string) (Record, bool, s
 		return r, ok, listRV, nil
 	}
 	for attempt := 0; ; attempt++ {
-		l, err := s.listMeta(ctx, rc, ns, selector)
+		l, err := s.listMeta(ctx, rc, ns, metav1.ListOptions{LabelSelector: selector})
 		if err != nil {
 			return Record{}, false, "", err
 		}
