@@ -78,14 +78,21 @@ func (f *fenceRT) noteWrite(g *GuardedWrites, resp *http.Response, err error) {
 	}
 	body, rerr := io.ReadAll(resp.Body)
 	_ = resp.Body.Close()
-	resp.Body = io.NopCloser(bytes.NewReader(body))
 	if rerr != nil {
+		// helm reads what arrived, then the same error.
+		resp.Body = io.NopCloser(io.MultiReader(bytes.NewReader(body), errReader{rerr}))
 		return
 	}
+	resp.Body = io.NopCloser(bytes.NewReader(body))
 	if d, derr := decode(body); derr == nil && d.meta.ResourceVersion != "" {
 		n.RecordWritten(d.meta.ResourceVersion)
 	}
 }
+
+// errReader fails every read with err.
+type errReader struct{ err error }
+
+func (r errReader) Read([]byte) (int, error) { return 0, r.err }
 
 // OwnRecordReporter is implemented by a HelmLock that wants to know how
 // helm's writes of the holder's own revision records ended: the revision

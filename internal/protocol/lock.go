@@ -218,8 +218,12 @@ func (l *Lock) Release(ctx context.Context) error {
 	handOn := l.handOn
 	// The release's first read of the records is served once the API
 	// server's cache holds helm's last write through the fence (see
-	// RecordWritten).
-	ctx = records.WithNotOlderThan(ctx, l.lastRecordWrite)
+	// RecordWritten), unless a write of a revision of ours ended unsettled:
+	// its outcome may be unknown (a create whose answer was lost may have
+	// committed after that write), and only a consistent read sees it.
+	if len(l.unsettled) == 0 {
+		ctx = records.WithNotOlderThan(ctx, l.lastRecordWrite)
+	}
 	l.mu.Unlock()
 	if err := l.joint.Valid(); err != nil {
 		return err

@@ -98,3 +98,29 @@ func TestReleaseReadsFromHelmsLastWrite(t *testing.T) {
 		}
 	}
 }
+
+// TestReleaseAfterUnsettledWriteReadsConsistently: when a write of a
+// revision of ours ended unsettled (its outcome may be unknown: a create
+// whose answer was lost may have committed), the release reads the records
+// consistently, so that it finds the newest record wherever it is.
+func TestReleaseAfterUnsettledWriteReadsConsistently(t *testing.T) {
+	c, cs := fakeConn(t, revision(t, 1, common.StatusDeployed, t0.Add(-time.Hour)))
+	ctx := context.Background()
+	_, stores, err := c.Stores(ctx, "shop", BackendRelease)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := c.Acquire(ctx, lock.Request{Release: "web", Namespace: "shop", Operation: lock.OpUpgrade, Who: "test"}, stores, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.RecordWritten("77")
+	l.OwnRecordWrite(2, false) // its answer was lost
+	cs.ClearActions()
+	_ = l.Release(ctx)
+	for _, o := range historyLists(cs) {
+		if o.ResourceVersion != "" {
+			t.Errorf("the release read %+v not older than helm's last noted write after an unsettled one", o)
+		}
+	}
+}
