@@ -9,6 +9,7 @@ import (
 	"helm.sh/helm/v4/pkg/release/common"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/helm-autorecover/helm-autorecover/internal/lock"
@@ -73,16 +74,8 @@ func TestFirstReadFromTheTake(t *testing.T) {
 // (RecordWritten), so it does not wait for the API server's cache to
 // confirm it is current right after helm's final write.
 func TestReleaseReadsFromHelmsLastWrite(t *testing.T) {
-	c, cs := fakeConn(t, revision(t, 1, common.StatusDeployed, t0.Add(-time.Hour)))
+	l, cs := heldRecordLock(t)
 	ctx := context.Background()
-	_, stores, err := c.Stores(ctx, "shop", BackendRelease)
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := c.Acquire(ctx, lock.Request{Release: "web", Namespace: "shop", Operation: lock.OpUpgrade, Who: "test"}, stores, false, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
 	l.RecordWritten("77")
 	cs.ClearActions()
 	if err := l.Release(ctx); err != nil {
@@ -104,6 +97,23 @@ func TestReleaseReadsFromHelmsLastWrite(t *testing.T) {
 // whose answer was lost may have committed), the release reads the records
 // consistently, so that it finds the newest record wherever it is.
 func TestReleaseAfterUnsettledWriteReadsConsistently(t *testing.T) {
+	l, cs := heldRecordLock(t)
+	ctx := context.Background()
+	l.RecordWritten("77")
+	l.OwnRecordWrite(2, false) // its answer was lost
+	cs.ClearActions()
+	_ = l.Release(ctx)
+	for _, o := range historyLists(cs) {
+		if o.ResourceVersion != "" {
+			t.Errorf("the release read %+v not older than helm's last noted write after an unsettled one", o)
+		}
+	}
+}
+
+// heldRecordLock is a record lock on release shop/web (revision 1
+// deployed), taken through a fake clientset.
+func heldRecordLock(t *testing.T) (*Lock, *fake.Clientset) {
+	t.Helper()
 	c, cs := fakeConn(t, revision(t, 1, common.StatusDeployed, t0.Add(-time.Hour)))
 	ctx := context.Background()
 	_, stores, err := c.Stores(ctx, "shop", BackendRelease)
@@ -114,13 +124,5 @@ func TestReleaseAfterUnsettledWriteReadsConsistently(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l.RecordWritten("77")
-	l.OwnRecordWrite(2, false) // its answer was lost
-	cs.ClearActions()
-	_ = l.Release(ctx)
-	for _, o := range historyLists(cs) {
-		if o.ResourceVersion != "" {
-			t.Errorf("the release read %+v not older than helm's last noted write after an unsettled one", o)
-		}
-	}
+	return l, cs
 }
