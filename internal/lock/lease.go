@@ -458,14 +458,15 @@ func ceilMilli(t time.Time) time.Time {
 	return r.UTC()
 }
 
-// nextRevision is the revision req's operation will write when the lock
-// (its virtual Lease's anchor annotations) shows it before any recovery: req's hint (Request.nextRevision, from a
-// record lock taken first, for a Lease), or, on a record lock, the one
-// after the newest record's as this take read it, when that record is settled (deployed, failed, superseded,
-// uninstalled: no operation is writing it). 0 when unknown: an uninstall
-// or a recovery writes no new revision, a pending newest record may be
-// recovered first (the holder names its revision once it knows it), and a
-// Lease does not show the newest record.
+// nextRevision is the revision req's operation will write, as the lock
+// (its virtual Lease's anchor annotations) shows it before any recovery:
+// on a record lock, the one after the newest record's as this take read
+// it, when that record is settled (deployed, failed, superseded,
+// uninstalled: no operation is writing it); on a Lease, which shows no
+// record, req's hint (Request.nextRevision, from the record lock taken
+// just before). 0 when unknown: an uninstall or a recovery writes no new
+// revision, and a pending newest record may be recovered first (the
+// holder names its revision once it knows it).
 func nextRevision(req *Request, anchor map[string]string) int {
 	switch req.Operation {
 	case OpInstall, OpUpgrade, OpRollback:

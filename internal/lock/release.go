@@ -365,17 +365,9 @@ func (s *releaseStore) Update(ctx context.Context, l *coordinationv1.Lease, _ me
 	rel := releaseOf(l.Name)
 	anchor := l.Annotations[annotationAnchor]
 	gateRV, beatRV, _ := splitRV(l.ResourceVersion)
-	var (
-		r      records.Record
-		ok     bool
-		listRV string
-		beat   beatObj
-		err    error
-	)
 	lr, cached := s.lastRead(l)
-	if cached {
-		r, ok, listRV, beat = lr.r, true, lr.listRV, lr.beat
-	} else {
+	r, ok, listRV, beat, err := lr.r, cached, lr.listRV, lr.beat, error(nil)
+	if !cached {
 		r, ok, listRV, beat, err = s.read(ctx, rel)
 	}
 	switch {
@@ -389,14 +381,7 @@ func (s *releaseStore) Update(ctx context.Context, l *coordinationv1.Lease, _ me
 	case anchor == "" || beat.rv() != beatRV:
 		return nil, apierrors.NewConflict(leaseResource, l.Name, fmt.Errorf("the lock of release %q is now on %s at resourceVersion %s with beat at %q, not on %s at %s with beat at %q", rel, r.Meta.Name, r.Meta.ResourceVersion, beat.rv(), anchor, gateRV, beatRV))
 	}
-	want, _ := DecodeRecord(l.Annotations[AnnotationRecord])
-	if _, ok := l.Annotations[AnnotationRecord]; !ok {
-		want = nil
-	}
-	have, _ := DecodeRecord(r.Meta.Annotations[AnnotationRecord])
-	if _, ok := r.Meta.Annotations[AnnotationRecord]; !ok {
-		have = nil
-	}
+	want, have := annotatedRecord(l.Annotations), annotatedRecord(r.Meta.Annotations)
 	if r.Meta.Name != anchor || r.Meta.ResourceVersion != gateRV {
 		// The gate moved or changed since the caller read it. With the
 		// beat unchanged, a gate that still carries the caller's own
@@ -530,6 +515,17 @@ func (s *releaseStore) Update(ctx context.Context, l *coordinationv1.Lease, _ me
 	return s.virtual(rel, r, beat, listRV), nil
 }
 
+// annotatedRecord is the lock record in annotations as far as it can be
+// read (a newer schema's too, see DecodeRecord), nil when there is none.
+func annotatedRecord(annotations map[string]string) *Record {
+	raw, ok := annotations[AnnotationRecord]
+	if !ok {
+		return nil
+	}
+	rec, _ := DecodeRecord(raw)
+	return rec
+}
+
 // gateWrite says whether writing want over the gate's record have changes
 // the gate (another holder, or a release mark), and whether that write is a
 // take: any write of an unreleased record to the gate is one (of another
@@ -552,16 +548,7 @@ func (s *releaseStore) lastRead(l *coordinationv1.Lease) (lastRead, bool) {
 	if !ok || lr.r.Meta.Name != l.Annotations[annotationAnchor] {
 		return lastRead{}, false
 	}
-	raw, set := l.Annotations[AnnotationRecord]
-	if !set {
-		return lastRead{}, false
-	}
-	want, _ := DecodeRecord(raw)
-	var have *Record
-	if raw, set := lr.r.Meta.Annotations[AnnotationRecord]; set {
-		have, _ = DecodeRecord(raw)
-	}
-	if _, take := gateWrite(want, have); !take {
+	if _, take := gateWrite(annotatedRecord(l.Annotations), annotatedRecord(lr.r.Meta.Annotations)); !take {
 		return lastRead{}, false
 	}
 	return lr, true

@@ -219,11 +219,6 @@ func (c *Conn) Recover(ctx context.Context, p Procedure) (Outcome, error) {
 		if p.Writer == nil {
 			return out, nil
 		}
-		// helm's rollback runs before an upgrade, or on its own: before an
-		// install it would make the install refuse the name (in use), and
-		// before a rollback or an uninstall it is undone at once.
-		rollsBackBefore := p.Next == lock.OpUpgrade || p.Next == lock.OpRecover
-		rollingBack := dec.Verdict == recovery.RecoverThenRollback && p.Rollback != nil && rollsBackBefore
 		// Undo what the abandoned revision applied before marking it failed,
 		// so that a failure here leaves it pending and the next attempt
 		// converges again. Before a rollback too: converge applies the keep
@@ -242,36 +237,19 @@ func (c *Conn) Recover(ctx context.Context, p Procedure) (Outcome, error) {
 			attempt++
 			continue
 		}
-		if dec.Verdict == recovery.RecoverThenRollback {
-			switch held := out.Converged.HeldBack(); {
-			case !rollsBackBefore:
-				out.NotRolledBack = fmt.Sprintf("helm's %s, the operation requested, follows instead", p.Next)
-			case p.Rollback == nil && len(held) > 0:
-				// The caller rolls back itself (pkg/autorecover): told not to.
-				out.NotRolledBack = fmt.Sprintf("helm's rollback would delete or rewrite %s, which recovery keeps; the release was set back to revision %d's state instead", recovery.ObjectList(held), dec.RollbackTo)
-			}
-			if p.Rollback == nil && out.NotRolledBack != "" {
-				out.Decision.Verdict, out.Decision.RollbackTo = recovery.Recover, 0
-				out.Decision.Reason += "; not rolled back: " + out.NotRolledBack
-			}
+		if dec.Verdict != recovery.RecoverThenRollback {
+			return out, nil
 		}
-		if rollingBack {
-			if held := out.Converged.HeldBack(); len(held) > 0 {
-				// helm's rollback deletes what only the abandoned revision
-				// rendered, and rewrites what it adopted: keep them, and say so.
-				if defersRemovals(p.Next) {
-					// Before an upgrade or install those objects wait for
-					// its revision (deferred): a rollback first would delete
-					// what it may render again.
-					out.NotRolledBack = fmt.Sprintf("helm's rollback would delete or rewrite %s, which wait for helm's %s to say whether it renders them again; the release was set back to revision %d's state instead, and the %s follows", recovery.ObjectList(held), p.Next, dec.RollbackTo, p.Next)
-				} else {
-					out.NotRolledBack = fmt.Sprintf("helm's rollback would delete or rewrite %s, which recovery keeps; the release was set back to revision %d's state instead; once they are safe to lose, run helm rollback %s %d", recovery.ObjectList(held), dec.RollbackTo, p.Release, dec.RollbackTo)
-				}
-				if p.Log != nil {
-					fmt.Fprintf(p.Log, "helm-autorecover: release %q in namespace %q not rolled back: %s\n", p.Release, p.Namespace, out.NotRolledBack)
-				}
-				return out, nil
-			}
+		out.NotRolledBack = whyNotRolledBack(p, dec.RollbackTo, out.Converged.HeldBack())
+		switch {
+		case out.NotRolledBack != "" && p.Rollback == nil:
+			// The caller rolls back itself (pkg/autorecover): told not to.
+			out.Decision.Verdict, out.Decision.RollbackTo = recovery.Recover, 0
+			out.Decision.Reason += "; not rolled back: " + out.NotRolledBack
+		case out.NotRolledBack != "" && rollsBackBefore(p.Next) && p.Log != nil:
+			fmt.Fprintf(p.Log, "helm-autorecover: release %q in namespace %q not rolled back: %s\n", p.Release, p.Namespace, out.NotRolledBack)
+		}
+		if out.NotRolledBack == "" && p.Rollback != nil {
 			if err := p.Writer.Valid(); err != nil {
 				return out, fmt.Errorf("%s: stopped before rolling back to revision %d: %w", subject, dec.RollbackTo, err)
 			}
@@ -294,6 +272,31 @@ func (c *Conn) Recover(ctx context.Context, p Procedure) (Outcome, error) {
 		return out, nil
 	}
 	return out, fmt.Errorf("%s: other writers kept changing the release during recovery; try again: %w", subject, ErrConflict)
+}
+
+// rollsBackBefore reports whether helm's rollback may run before next:
+// before an upgrade, or on its own (a recovery). Before an install it would
+// make the install refuse the name (in use); before a rollback or an
+// uninstall it is undone at once.
+func rollsBackBefore(next lock.Operation) bool {
+	return next == lock.OpUpgrade || next == lock.OpRecover
+}
+
+// whyNotRolledBack says why helm's rollback to revision rollbackTo must not
+// follow this recovery, "" when it may: another operation follows instead,
+// or the rollback would delete or rewrite held, what recovery keeps (before
+// an upgrade, what waits for the upgrade's revision: a rollback first would
+// delete what the upgrade may render again).
+func whyNotRolledBack(p Procedure, rollbackTo int, held []recovery.ObjectRef) string {
+	switch {
+	case !rollsBackBefore(p.Next):
+		return fmt.Sprintf("helm's %s, the operation requested, follows instead", p.Next)
+	case len(held) == 0:
+		return ""
+	case defersRemovals(p.Next):
+		return fmt.Sprintf("helm's rollback would delete or rewrite %s, which wait for helm's %s to say whether it renders them again; the release was set back to revision %d's state instead, and the %s follows", recovery.ObjectList(held), p.Next, rollbackTo, p.Next)
+	}
+	return fmt.Sprintf("helm's rollback would delete or rewrite %s, which recovery keeps; the release was set back to revision %d's state instead; once they are safe to lose, run helm rollback %s %d", recovery.ObjectList(held), rollbackTo, p.Release, rollbackTo)
 }
 
 // sleep waits d on the connection's clock, or until ctx ends.

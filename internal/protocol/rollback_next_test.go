@@ -38,41 +38,25 @@ func rollbackConn(t *testing.T, objs ...runtime.Object) (*Conn, *fake.Clientset)
 
 var rollbackPolicy = recovery.Policy{Autorecover: true, Strategy: recovery.StrategyRollback}
 
-// TestNoRollbackBeforeUninstall: with --recover-strategy=rollback, no helm
-// rollback runs before an uninstall (it would be undone at once, and delete
-// what the uninstall keeps); the outcome says the uninstall follows.
-func TestNoRollbackBeforeUninstall(t *testing.T) {
-	c, _ := rollbackConn(t, rollbackFixture(t)...)
-	ran := false
-	out, err := c.Recover(context.Background(), Procedure{
-		Release: "web", Namespace: "shop", Lock: dead, Policy: rollbackPolicy, Next: lock.OpUninstall, Writer: &writer{},
-		Rollback: func(string, int) error { ran = true; return nil },
-	})
-	t.Logf("verdict %v marked %d rolledBack %v err %v", out.Decision.Verdict, len(out.Marked), out.RolledBack, err)
-	if ran {
-		t.Errorf("helm's rollback ran before a helm uninstall")
-	}
-	if err != nil || len(out.Marked) != 1 || !strings.Contains(out.Said(), "uninstall, the operation requested, follows instead") {
-		t.Errorf("marked %d, err %v, said %q", len(out.Marked), err, out.Said())
-	}
-}
-
-// TestNoRollbackBeforeInstall: no helm rollback before an install
-// (--replace): helm's install would then find a deployed latest revision
-// and refuse the name.
-func TestNoRollbackBeforeInstall(t *testing.T) {
-	c, _ := rollbackConn(t, rollbackFixture(t)...)
-	ran := false
-	out, err := c.Recover(context.Background(), Procedure{
-		Release: "web", Namespace: "shop", Lock: dead, Policy: rollbackPolicy, Next: lock.OpInstall, Writer: &writer{},
-		Rollback: func(string, int) error { ran = true; return nil },
-	})
-	t.Logf("verdict %v marked %d rolledBack %v err %v", out.Decision.Verdict, len(out.Marked), out.RolledBack, err)
-	if ran {
-		t.Errorf("helm's rollback ran before a helm install --replace, which then refuses a deployed release")
-	}
-	if err != nil || len(out.Marked) != 1 || !strings.Contains(out.Said(), "install, the operation requested, follows instead") {
-		t.Errorf("marked %d, err %v, said %q", len(out.Marked), err, out.Said())
+// TestNoRollbackBeforeOtherOperations: with --recover-strategy=rollback,
+// no helm rollback runs before an uninstall (it would be undone at once,
+// and delete what the uninstall keeps) or an install (--replace: helm's
+// install would then find a deployed latest revision and refuse the name);
+// the outcome says the operation follows instead.
+func TestNoRollbackBeforeOtherOperations(t *testing.T) {
+	for _, next := range []lock.Operation{lock.OpUninstall, lock.OpInstall} {
+		c, _ := rollbackConn(t, rollbackFixture(t)...)
+		ran := false
+		out, err := c.Recover(context.Background(), Procedure{
+			Release: "web", Namespace: "shop", Lock: dead, Policy: rollbackPolicy, Next: next, Writer: &writer{},
+			Rollback: func(string, int) error { ran = true; return nil },
+		})
+		if ran {
+			t.Errorf("helm's rollback ran before a helm %s", next)
+		}
+		if err != nil || len(out.Marked) != 1 || !strings.Contains(out.Said(), string(next)+", the operation requested, follows instead") {
+			t.Errorf("before %s: marked %d, err %v, said %q", next, len(out.Marked), err, out.Said())
+		}
 	}
 }
 

@@ -209,15 +209,35 @@ func floorOf(ctx context.Context) string {
 	return f.rv
 }
 
+// listFloored runs list with the label selector, not older than the floor
+// of ctx when it has one for this read, and consistently when it has none
+// or the floored read fails (WithNotOlderThan).
+func listFloored[T any](ctx context.Context, selector string, list func(metav1.ListOptions) (T, error)) (T, error) {
+	opts := metav1.ListOptions{LabelSelector: selector}
+	if rv := floorOf(ctx); rv != "" {
+		floored := opts
+		floored.ResourceVersion, floored.ResourceVersionMatch = rv, metav1.ResourceVersionMatchNotOlderThan
+		if out, err := list(floored); err == nil {
+			return out, nil
+		}
+	}
+	return list(opts)
+}
+
+// listed is one list's records and resourceVersion.
+type listed struct {
+	records []Record
+	rv      string
+}
+
 // List returns the records in namespace ns ("" for all) that match the
 // label selector, and the list's resourceVersion (see WithNotOlderThan).
 func (s Store) List(ctx context.Context, ns, selector string) ([]Record, string, error) {
-	if rv := floorOf(ctx); rv != "" {
-		if rs, listRV, err := s.list(ctx, metav1.ListOptions{LabelSelector: selector, ResourceVersion: rv, ResourceVersionMatch: metav1.ResourceVersionMatchNotOlderThan}, ns); err == nil {
-			return rs, listRV, nil
-		}
-	}
-	return s.list(ctx, metav1.ListOptions{LabelSelector: selector}, ns)
+	l, err := listFloored(ctx, selector, func(opts metav1.ListOptions) (listed, error) {
+		rs, rv, err := s.list(ctx, opts, ns)
+		return listed{rs, rv}, err
+	})
+	return l.records, l.rv, err
 }
 
 func (s Store) list(ctx context.Context, opts metav1.ListOptions, ns string) ([]Record, string, error) {
@@ -373,16 +393,9 @@ func (s Store) ListMeta(ctx context.Context, ns, selector string) ([]Record, str
 		}
 		return rs, listRV, err
 	}
-	opts := metav1.ListOptions{LabelSelector: selector}
-	l, err := MetadataList{}, errors.New("not read")
-	if rv := floorOf(ctx); rv != "" {
-		floored := opts
-		floored.ResourceVersion, floored.ResourceVersionMatch = rv, metav1.ResourceVersionMatchNotOlderThan
-		l, err = s.listMeta(ctx, rc, ns, floored)
-	}
-	if err != nil {
-		l, err = s.listMeta(ctx, rc, ns, opts)
-	}
+	l, err := listFloored(ctx, selector, func(opts metav1.ListOptions) (MetadataList, error) {
+		return s.listMeta(ctx, rc, ns, opts)
+	})
 	if err != nil {
 		return nil, "", err
 	}

@@ -113,30 +113,31 @@ func TestRecoverStrategyRollbackBeforeUpgrade(t *testing.T) {
 // its UID.
 func waitForConfigMap(t *testing.T, env *testenv.Env, ns, name string) types.UID {
 	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		c, err := env.Client.CoreV1().ConfigMaps(ns).Get(t.Context(), name, metav1.GetOptions{})
-		if err == nil {
-			return c.UID
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("ConfigMap %s/%s not created: %v", ns, name, err)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+	return waitForUID(t, "ConfigMap "+ns+"/"+name, func() (metav1.Object, error) {
+		return env.Client.CoreV1().ConfigMaps(ns).Get(t.Context(), name, metav1.GetOptions{})
+	})
 }
 
 // waitForClaim waits until helm has created the claim and returns its UID.
 func waitForClaim(t *testing.T, env *testenv.Env, ns, name string) types.UID {
 	t.Helper()
+	return waitForUID(t, "claim "+ns+"/"+name, func() (metav1.Object, error) {
+		return env.Client.CoreV1().PersistentVolumeClaims(ns).Get(t.Context(), name, metav1.GetOptions{})
+	})
+}
+
+// waitForUID waits up to a minute until get finds the object (what names
+// it) and returns its UID.
+func waitForUID(t *testing.T, what string, get func() (metav1.Object, error)) types.UID {
+	t.Helper()
 	deadline := time.Now().Add(60 * time.Second)
 	for {
-		c, err := env.Client.CoreV1().PersistentVolumeClaims(ns).Get(t.Context(), name, metav1.GetOptions{})
+		o, err := get()
 		if err == nil {
-			return c.UID
+			return o.GetUID()
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("claim %s/%s not created: %v", ns, name, err)
+			t.Fatalf("%s not created: %v", what, err)
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
