@@ -118,21 +118,31 @@ func waitRecovered(t *testing.T, env *testenv.Env, ns, rel string, rev int, limi
 	}
 }
 
-func recoveredEvents(t *testing.T, env *testenv.Env, ns string) int {
+// recoveredEvents counts the controller's Recovered Events in ns, waiting
+// (at most limit) until there are at least want: the controller writes the
+// Event after the record it recovered, so a test that has just seen the
+// record change may be a few requests ahead of it.
+func recoveredEvents(t *testing.T, env *testenv.Env, ns string, want int, limit time.Duration) int {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	evs, err := env.Client.EventsV1().Events(ns).List(ctx, metav1.ListOptions{})
-	if err != nil {
-		t.Fatalf("events: %v", err)
-	}
-	n := 0
-	for _, e := range evs.Items {
-		if e.Reason == "Recovered" && strings.Contains(e.Note, "helm-autorecover controller") {
-			n++
+	deadline := time.Now().Add(limit)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		evs, err := env.Client.EventsV1().Events(ns).List(ctx, metav1.ListOptions{})
+		cancel()
+		if err != nil {
+			t.Fatalf("events: %v", err)
 		}
+		n := 0
+		for _, e := range evs.Items {
+			if e.Reason == "Recovered" && strings.Contains(e.Note, "helm-autorecover controller") {
+				n++
+			}
+		}
+		if n >= want || time.Now().After(deadline) {
+			return n
+		}
+		time.Sleep(200 * time.Millisecond)
 	}
-	return n
 }
 
 // TestControllerRecovers: the controller recovers a release our CLI left
@@ -191,7 +201,7 @@ func TestControllerRecovers(t *testing.T) {
 	up.Kill(t)
 	waitRecovered(t, env, ns, "leaving", 1, 60*time.Second)
 
-	if n := recoveredEvents(t, env, ns); n < 3 {
+	if n := recoveredEvents(t, env, ns, 3, 30*time.Second); n < 3 {
 		t.Errorf("%d Recovered Events from the controller; want at least 3", n)
 	}
 	if v := c.metric(t, "helm_autorecover_recoveries_total", `reason="expired-lock"`); v < 1 {
@@ -266,11 +276,13 @@ func TestControllerLeaderDies(t *testing.T) {
 	p.Kill(t)
 	waitRecovered(t, env, ns, "orphan", 2, 90*time.Second)
 	figure(t, "controller: leader killed, stuck release recovered by the new leader %s after the kill", secs(time.Since(killedAt)))
+	// The Event is written after the metric is counted: once it is
+	// there, the count is final.
+	if n := recoveredEvents(t, env, ns, 1, 30*time.Second); n != 1 {
+		t.Errorf("%d Recovered Events; want exactly 1", n)
+	}
 	if v := second.metric(t, "helm_autorecover_recoveries_total", ""); v != 1 {
 		t.Errorf("the surviving replica recovered %v releases; want 1", v)
-	}
-	if n := recoveredEvents(t, env, ns); n != 1 {
-		t.Errorf("%d Recovered Events; want exactly 1", n)
 	}
 }
 
