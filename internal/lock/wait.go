@@ -147,6 +147,7 @@ func (b *Backend) waitForChange(ctx context.Context, req *Request, w *waitState,
 	}()
 	armProbe(clk.Now())
 
+	view := newWatchView(res.seen, req.Session)
 	b.progress(res.locked, onProgress)
 	for {
 		select {
@@ -163,7 +164,7 @@ func (b *Backend) waitForChange(ctx context.Context, req *Request, w *waitState,
 				timer.Reset(decideIn())
 				continue
 			}
-			if ev.Type == watch.Bookmark {
+			if ev.Type == watch.Bookmark || view.quiet(b.store, ev, b.serverNowOrZero(), b.margin()) {
 				continue
 			}
 			return nil
@@ -195,6 +196,13 @@ func (b *Backend) progress(lk *LockedError, f func(*Record, time.Duration)) {
 		}
 	}
 	f(lk.Holder, left)
+}
+
+// serverNowOrZero is the server time as estimated without a request (zero
+// when unknown).
+func (b *Backend) serverNowOrZero() servertime.Bounds {
+	now, _ := b.time.Now()
+	return now
 }
 
 // retriable tells transient failures from those that retrying cannot fix

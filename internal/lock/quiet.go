@@ -1,0 +1,221 @@
+package lock
+
+import (
+	"cmp"
+	"maps"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/watch"
+
+	"github.com/helm-autorecover/helm-autorecover/internal/records"
+	"github.com/helm-autorecover/helm-autorecover/internal/servertime"
+)
+
+// watchView is what a waiter knows of the lock between two reads: the lock
+// as last read, and the queue as the watch has shown it since.
+type watchView struct {
+	seen  *coordinationv1.Lease
+	queue []Waiter
+	self  string
+}
+
+func newWatchView(seen *coordinationv1.Lease, self string) *watchView {
+	v := &watchView{seen: seen, self: self}
+	if seen != nil {
+		v.queue = decodeQueue(seen.Annotations[AnnotationQueue])
+	}
+	return v
+}
+
+// quiet reports a change to the lock, seen while waiting, that cannot make
+// this waiter's next decision anything but "wait": while a live waiter is
+// queued ahead of it, any change that leaves it so and names no new holder
+// of its own session; once it is first, a change that leaves the holder the
+// same session in the same state (its renewals aside) and it still queued
+// first. Deciding again on every change made each of n waiters read the
+// lock on each of the others' heartbeats and on each of the holder's
+// writes: their clients' request budgets ran dry, and the one whose turn
+// came then took seconds to take the lock, or starved its renewals until
+// it lost it (20 contending clients, issue 13).
+//
+// It only ever spares a read while waiting, never decides: a change it lets
+// pass is read anyway when the waiter's own heartbeat, the holder's expiry
+// or an entry ahead's expiry, as last read, falls due (nextDecision), and
+// every take is judged on a fresh read. So it errs towards false (decide
+// again) on whatever it does not recognise: another kind of event or
+// object, a deletion, an unreadable record or beat, self missing from the
+// queue.
+//
+// A Lease store's event carries the Lease itself; a release store's the
+// beat object (a Secret or ConfigMap named LeaseName(release)) or one of the
+// release's records. now is the server time as estimated (zero when
+// unknown: every entry is then taken for live).
+func (v *watchView) quiet(store Store, ev watch.Event, now servertime.Bounds, margin time.Duration) bool {
+	if v.seen == nil {
+		return false
+	}
+	obj, err := meta.Accessor(ev.Object)
+	if err != nil || obj.GetNamespace() != v.seen.Namespace {
+		return false
+	}
+	a := obj.GetAnnotations()
+	lockObject := obj.GetName() == v.seen.Name
+	if lockObject {
+		if ev.Type != watch.Modified {
+			return false
+		}
+		if store == StoreRelease {
+			v.queue = decodeWaiters(a[AnnotationWaiters])
+		} else {
+			v.queue = decodeQueue(a[AnnotationQueue])
+		}
+	} else if store != StoreRelease {
+		return false
+	}
+	if v.namesSelf(store, lockObject, obj) {
+		return false // our own take committing late: adopt it (attempt)
+	}
+	live := liveWaiters(v.queue, now, margin)
+	i := slices.IndexFunc(live, func(w Waiter) bool { return w.Session == v.self })
+	switch {
+	case i < 0:
+		return false // dropped from the queue: queue again
+	case i > 0:
+		return true // someone live comes first whatever happens to the lock
+	}
+	// First in the queue: quiet only when the lock is as it was.
+	switch {
+	case store != StoreRelease:
+		l, ok := ev.Object.(*coordinationv1.Lease)
+		return ok && sameLeaseHolder(l, v.seen)
+	case lockObject:
+		return sameBeatHolder(v.seen, a)
+	default:
+		return sameGate(v.seen, ev.Type, obj)
+	}
+}
+
+// namesSelf tells whether the changed object names this waiter's session as
+// the lock's holder.
+func (v *watchView) namesSelf(store Store, lockObject bool, obj metav1.Object) bool {
+	a := obj.GetAnnotations()
+	switch {
+	case store != StoreRelease:
+		l, ok := obj.(*coordinationv1.Lease)
+		return !ok || holderOf(&l.Spec) == v.self || sessionIn(a[AnnotationRecord]) == v.self
+	case lockObject:
+		bt := decodeBeat(a[AnnotationBeat], releaseOf(v.seen.Name), v.seen.Namespace)
+		return bt != nil && bt.Session == v.self
+	default:
+		return sessionIn(a[AnnotationRecord]) == v.self
+	}
+}
+
+func sessionIn(raw string) string {
+	if raw == "" {
+		return ""
+	}
+	rec, _ := DecodeRecord(raw)
+	if rec == nil {
+		return ""
+	}
+	return rec.Session
+}
+
+// sameLeaseHolder tells whether Lease l names the holder of seen in the
+// same state: the same holder identity and record session, released or
+// not alike, and no other annotation changed (the queue and the record's
+// renewal times aside).
+func sameLeaseHolder(l, seen *coordinationv1.Lease) bool {
+	if holderOf(&l.Spec) != holderOf(&seen.Spec) || !sameHolder(l.Annotations[AnnotationRecord], seen.Annotations[AnnotationRecord]) {
+		return false
+	}
+	rest := func(a map[string]string) map[string]string {
+		out := maps.Clone(a)
+		delete(out, AnnotationRecord)
+		delete(out, AnnotationQueue)
+		return out
+	}
+	return maps.Equal(rest(l.Annotations), rest(seen.Annotations))
+}
+
+// sameBeatHolder tells whether the beat object, whose annotations are now
+// a, names the holder seen: its renewal, or the same claim from the same
+// gate session.
+func sameBeatHolder(seen *coordinationv1.Lease, a map[string]string) bool {
+	bt := decodeBeat(a[AnnotationBeat], releaseOf(seen.Name), seen.Namespace)
+	if bt == nil {
+		return false
+	}
+	if c, ok := seen.Annotations[annotationClaim]; ok {
+		// The beat seen was a claim (or a released or stale beat): the
+		// same only while it is that same one.
+		claim, err := DecodeRecord(c)
+		return err == nil && claim.Session == bt.Session && claim.ReleasedAt.Equal(bt.ReleasedAt) &&
+			seen.Annotations[annotationClaimedFrom] == a[annotationClaimedFrom]
+	}
+	// The beat seen was the gate holder's own (merged into the record), or
+	// there was none: the same only for that holder's renewal.
+	rec, err := DecodeRecord(seen.Annotations[AnnotationRecord])
+	return err == nil && rec.Session != "" && rec.ReleasedAt.IsZero() && holderOf(&seen.Spec) == rec.Session &&
+		bt.Session == rec.Session && bt.ReleasedAt.IsZero()
+}
+
+// sameGate tells whether a change to one of the release's records leaves
+// the gate as seen: a record older than the gate (helm marking the previous
+// revision superseded, or pruning its history), the gate itself still
+// naming the holder seen in the same state, or a newer record carrying the
+// live holder seen (the holder's own helm writing its pending revision). A
+// record newer than the gate without that holder's lock (stock helm's, say),
+// the gate's deletion, or a gate that now names another session or was
+// released change it.
+func sameGate(seen *coordinationv1.Lease, typ watch.EventType, obj metav1.Object) bool {
+	gate := seen.Annotations[annotationAnchor]
+	if gate == "" {
+		return false // a release that had no record: any record is news
+	}
+	gateRev, err := strconv.Atoi(seen.Annotations[annotationAnchorRevision])
+	if err != nil {
+		return false
+	}
+	order := cmp.Compare(records.RevisionOf(obj.GetLabels()), gateRev)
+	if order == 0 {
+		order = strings.Compare(obj.GetName(), gate)
+	}
+	raw, carries := obj.GetAnnotations()[AnnotationRecord]
+	held, hasHolder := seen.Annotations[AnnotationRecord]
+	switch {
+	case order < 0:
+		return true
+	case order == 0:
+		return typ == watch.Modified && carries == hasHolder && (!carries || sameHolder(raw, held))
+	default:
+		if typ == watch.Deleted || !carries || !hasHolder || !sameHolder(raw, held) {
+			return false
+		}
+		rec, err := DecodeRecord(held)
+		return err == nil && rec.Session != "" && rec.ReleasedAt.IsZero()
+	}
+}
+
+// sameHolder tells whether two encodings of a lock record name the same
+// holder in the same state: the same session, released or not alike (a
+// renewal changes neither). Two unreadable or absent records are the same
+// only when equal.
+func sameHolder(a, b string) bool {
+	if a == b {
+		return true
+	}
+	ra, errA := DecodeRecord(a)
+	rb, errB := DecodeRecord(b)
+	if errA != nil || errB != nil || ra == nil || rb == nil {
+		return false
+	}
+	return ra.Session == rb.Session && ra.ReleasedAt.Equal(rb.ReleasedAt) && ra.ReleasedBy == rb.ReleasedBy
+}
