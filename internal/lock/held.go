@@ -51,6 +51,10 @@ type Held struct {
 	gone     bool
 	released bool
 	done     chan struct{}
+
+	// waited is set by Wait when the lock was not taken at its first
+	// attempt: someone else held it, or waiters came first.
+	waited bool
 }
 
 func (b *Backend) newHeld(req *Request, l *coordinationv1.Lease, rec Record, sent time.Time, prev *Record, prevState State) *Held {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 )
@@ -38,6 +39,9 @@ func AcquireJoint(ctx context.Context, req Request, wait bool, onProgress func(*
 		req.Session = NewSession()
 	}
 	held := make([]*Held, len(backends))
+	// waited[i] is set once part i had to be waited for (Held.waited), in
+	// any of its takes: an earlier part may have been lost meanwhile.
+	waited := make([]bool, len(backends))
 	keepCtx, stopKeep := context.WithCancel(context.Background())
 	var keeping sync.WaitGroup
 	keep := func(h *Held) {
@@ -83,6 +87,7 @@ func AcquireJoint(ctx context.Context, req Request, wait bool, onProgress func(*
 			return err
 		}
 		held[i] = h
+		waited[i] = waited[i] || h.waited
 		if rec := h.Record(); i == 0 && rec.Abandoned == nil && rec.Revision > 0 && req.Revision == 0 {
 			// The later parts name the revision the first found.
 			req.nextRevision = rec.Revision
@@ -105,17 +110,18 @@ func AcquireJoint(ctx context.Context, req Request, wait bool, onProgress func(*
 	// has been kept renewed since it was taken: checking it is enough. Only
 	// a part someone else took (or whose lock vanished) is taken again: one
 	// lost at its renew deadline is still named ours on the server, and
-	// taking it again would queue behind our own session. Without waiting
-	// (wait false) the parts were taken one right after the other, each
-	// kept renewed since: checking each is enough, as for the last part,
-	// and the happy path makes no request for it; but a virtual record lock
+	// taking it again would queue behind our own session. When no later
+	// part had to be waited for (wait false, or each free at its first
+	// attempt, as when a waiter's turn comes) the parts were taken one right
+	// after the other, each kept renewed since: checking each is enough, as
+	// for the last part, and no request is made for it; but a virtual record lock
 	// (a release with no record: its take wrote nothing) is read again,
 	// since a first revision someone created meanwhile shows nowhere else.
 	for range maxJointRetries {
 		lost := -1
 		for i, h := range held {
 			confirm := h.Renew
-			if i == len(held)-1 || (!wait && !h.isVirtual()) {
+			if i == len(held)-1 || (!slices.Contains(waited[i+1:], true) && !h.isVirtual()) {
 				confirm = func(context.Context) error { return h.Valid() }
 			}
 			if err := confirm(ctx); err != nil {

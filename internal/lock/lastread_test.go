@@ -2,6 +2,7 @@ package lock
 
 import (
 	"context"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
@@ -321,5 +322,40 @@ func TestReadFloorIsTheTakesGate(t *testing.T) {
 	}
 	if got := l.ReadFloor(); got != "" {
 		t.Errorf("a Lease has read floor %q, want none", got)
+	}
+}
+
+// TestJointTakenAtOnceWritesNoMore: a waiter whose parts are all free at
+// their first attempt (its turn came) writes no more than a client that
+// does not wait: no renewal of the record lock to confirm it, since no
+// later part was waited for meanwhile (see AcquireJoint).
+func TestJointTakenAtOnceWritesNoMore(t *testing.T) {
+	writes := func(wait bool) []string {
+		w := newRWorld(t)
+		est := servertime.New(w.clk)
+		est.Observe(w.clk.Now(), w.clk.Now(), t0.Truncate(time.Second))
+		lb := NewLeaseBackend(w.cs, est, w.clk)
+		lb.Margin = time.Second
+		j, err := AcquireJoint(context.Background(), req(OpUpgrade, 15*time.Second), wait, nil, w.b, lb)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, h := range j.parts {
+			if h.waited {
+				t.Errorf("wait %v: a free part counts as waited for", wait)
+			}
+		}
+		var out []string
+		for _, a := range w.cs.Actions() {
+			switch a.GetVerb() {
+			case "create", "update", "patch", "delete":
+				out = append(out, a.GetVerb()+" "+a.GetResource().Resource)
+			}
+		}
+		return out
+	}
+	noWait, wait := writes(false), writes(true)
+	if !slices.Equal(wait, noWait) {
+		t.Errorf("taken at once while waiting, the joint lock wrote %v; without waiting %v", wait, noWait)
 	}
 }

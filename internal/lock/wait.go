@@ -61,7 +61,7 @@ func (b *Backend) Wait(ctx context.Context, req Request, onProgress func(holder 
 
 func (b *Backend) waitLoop(ctx context.Context, req *Request, w *waitState, onProgress func(*Record, time.Duration)) (*Held, error) {
 	var last *LockedError
-	for {
+	for tries := 0; ; tries++ {
 		res, err := b.attempt(ctx, req, w, &w.maybe)
 		if err != nil {
 			if last != nil && ctx.Err() != nil {
@@ -84,6 +84,7 @@ func (b *Backend) waitLoop(ctx context.Context, req *Request, w *waitState, onPr
 			continue
 		}
 		if res.held != nil {
+			res.held.waited = tries > 0
 			return res.held, nil
 		}
 		last = res.locked
