@@ -42,18 +42,24 @@ func AcquireJoint(ctx context.Context, req Request, wait bool, onProgress func(*
 	// waited[i] is set once part i had to be waited for (Held.waited), in
 	// any of its takes: an earlier part may have been lost meanwhile.
 	waited := make([]bool, len(backends))
-	keepCtx, stopKeep := context.WithCancel(context.Background())
-	var keeping sync.WaitGroup
-	keep := func(h *Held) {
-		keeping.Add(1)
+	// unkeep[i] stops the renewals of part i and waits for them to end.
+	unkeep := make([]func(), len(backends))
+	keep := func(i int) {
+		kctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
 		go func() {
-			defer keeping.Done()
-			h.Keep(keepCtx, nil)
+			defer close(done)
+			held[i].Keep(kctx, nil)
 		}()
+		unkeep[i] = func() { cancel(); <-done }
 	}
 	stop := func() {
-		stopKeep()
-		keeping.Wait()
+		for i, u := range unkeep {
+			if u != nil {
+				u()
+				unkeep[i] = nil
+			}
+		}
 	}
 	fail := func(err error) (*Joint, error) {
 		stop()
@@ -96,7 +102,7 @@ func AcquireJoint(ctx context.Context, req Request, wait bool, onProgress func(*
 		// joint lock is handed over: while a later part is awaited, and
 		// while an earlier part that was lost is awaited again (the last
 		// part included).
-		keep(h)
+		keep(i)
 		return nil
 	}
 	for i := range backends {
@@ -136,9 +142,29 @@ func AcquireJoint(ctx context.Context, req Request, wait bool, onProgress func(*
 			stop()
 			return &Joint{parts: held}, nil
 		}
-		held[lost] = nil
-		if err := take(lost); err != nil {
-			return fail(err)
+		// Lock order holds on every take: the parts after the lost one are
+		// given back and taken again after it. A client that waited for an
+		// earlier part while it held a later one would wait for ever on
+		// one that took them in order and waits for the later one.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		for i := len(held) - 1; i > lost; i-- {
+			h := held[i]
+			unkeep[i]()
+			unkeep[i], held[i] = nil, nil
+			// A part taken over from an expired holder names it again, as
+			// in fail: the retake finds it so.
+			if err := h.ReleaseAbandoning(rctx, expiredOnly(Found(h.Previous, h.PreviousState))); err != nil {
+				cancel()
+				return fail(err)
+			}
+		}
+		cancel()
+		unkeep[lost]()
+		unkeep[lost], held[lost] = nil, nil
+		for i := lost; i < len(held); i++ {
+			if err := take(i); err != nil {
+				return fail(err)
+			}
 		}
 	}
 	return fail(fmt.Errorf("lock release %q in namespace %q: its lock kept moving while it was being taken; retry", req.Release, req.Namespace))

@@ -20,15 +20,23 @@ import (
 // watchView is what a waiter knows of the lock between two reads: the lock
 // as last read, and the queue as the watch has shown it since.
 type watchView struct {
-	seen  *coordinationv1.Lease
-	queue []Waiter
-	self  string
+	seen     *coordinationv1.Lease
+	queue    []Waiter
+	self     string
+	seenLive bool
+	wasAhead map[string]bool
 }
 
-func newWatchView(seen *coordinationv1.Lease, self string) *watchView {
-	v := &watchView{seen: seen, self: self}
+func newWatchView(seen *coordinationv1.Lease, self string, seenLive bool) *watchView {
+	v := &watchView{seen: seen, self: self, seenLive: seenLive, wasAhead: map[string]bool{}}
 	if seen != nil {
 		v.queue = decodeQueue(seen.Annotations[AnnotationQueue])
+		for _, w := range v.queue {
+			if w.Session == self {
+				break
+			}
+			v.wasAhead[w.Session] = true
+		}
 	}
 	return v
 }
@@ -86,8 +94,10 @@ func (v *watchView) quiet(store Store, ev watch.Event, now servertime.Bounds, ma
 	switch {
 	case i < 0:
 		return false // dropped from the queue: queue again
-	case i > 0:
+	case i > 0 && slices.ContainsFunc(live[:i], func(w Waiter) bool { return v.wasAhead[w.Session] }):
 		return true // someone live comes first whatever happens to the lock
+	case !v.seenLive:
+		return false // only the queue held us back: now first
 	}
 	// First in the queue: quiet only when the lock is as it was.
 	switch {

@@ -259,7 +259,7 @@ func TestQuiet(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			v := newWatchView(c.seen, self)
+			v := newWatchView(c.seen, self, true)
 			if got := v.quiet(c.store, watch.Event{Type: c.typ, Object: c.obj}, now, 250*time.Millisecond); got != c.quiet {
 				t.Errorf("quiet = %v, want %v", got, c.quiet)
 			}
@@ -287,7 +287,7 @@ func TestQuietFollowsTheQueue(t *testing.T) {
 	gate := metav1.ObjectMeta{Name: "sh.helm.release.v1.web.v3", Namespace: "shop", Labels: map[string]string{records.LabelVersion: "3"}, Annotations: map[string]string{AnnotationRecord: gateRec}}
 	beat := metav1.ObjectMeta{Name: LeaseName("web"), Namespace: "shop", Annotations: map[string]string{AnnotationBeat: b, annotationClaimedFrom: "holder", AnnotationWaiters: ws("ahead", "self")}}
 	seen := (&releaseStore{}).virtual("web", records.Record{Kind: records.KindSecret, Meta: gate}, beatObj{meta: beat, exists: true}, "100")
-	v := newWatchView(seen, "self")
+	v := newWatchView(seen, "self", true)
 
 	r.ReleasedAt = t0
 	releasedRec, _ := r.Encode()

@@ -682,7 +682,7 @@ func (s *releaseStore) List(ctx context.Context, _ metav1.ListOptions) (*coordin
 // Watch watches every stored revision of the release named by the field
 // selector metadata.name=LeaseName(release), and its beat object. Waiters
 // only need to know that something changed; they read the lock again on
-// every event.
+// every event that can change their decision (see watchView.quiet).
 func (s *releaseStore) Watch(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
 	sel, err := fields.ParseSelector(opts.FieldSelector)
 	if err != nil {

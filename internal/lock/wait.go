@@ -29,16 +29,19 @@ const probeWidth = 50 * time.Millisecond
 // has expired in server time are skipped, so a waiter that died delays the
 // others by one lease at most.
 //
-// Wait does not poll. It watches the single Lease and decides again on every
-// change (a release or deletion is seen within one round trip), and it sets
-// a timer to the moment the holder's LOCKED TILL will certainly have passed
-// in server time, so a holder that died is taken over as soon as its lock
-// expires.
+// Wait does not poll. It watches the lock and decides again on every change
+// that can make its decision anything but "wait" (a release or deletion, or
+// its turn coming, is seen within one round trip; the other waiters'
+// heartbeats and the holder's own writes are let pass, see quiet.go), and
+// it sets a timer to the moment the holder's LOCKED TILL will certainly
+// have passed in server time, so a holder that died is taken over as soon
+// as its lock expires.
 //
-// onProgress, when not nil, is called on every change and about once a
-// second with the current holder (nil when the lock is free but earlier
-// waiters come first, or the record is unreadable) and how long until the
-// holder's lock may be taken over unless it is renewed (LockedError.Left).
+// onProgress, when not nil, is called on every decision and about once a
+// second with the holder as last read (nil when the lock is free but
+// earlier waiters come first, or the record is unreadable) and how long
+// until the holder's lock may be taken over unless it is renewed
+// (LockedError.Left).
 //
 // When ctx ends first, Wait leaves the queue and returns an error wrapping
 // both ctx's cause and the last *LockedError (so errors.Is(err, ErrLocked)).
@@ -148,7 +151,7 @@ func (b *Backend) waitForChange(ctx context.Context, req *Request, w *waitState,
 	}()
 	armProbe(clk.Now())
 
-	view := newWatchView(res.seen, req.Session)
+	view := newWatchView(res.seen, req.Session, res.locked != nil && res.locked.State == Live)
 	b.progress(res.locked, onProgress)
 	for {
 		select {
