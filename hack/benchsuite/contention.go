@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -27,10 +28,12 @@ type contentionUpgrade struct {
 	start, end time.Time
 	exit       int
 	stderr     string
+	cpu        float64 // seconds of CPU (user and system) of the process
 }
 
 type contentionResult struct {
 	solo       []float64 // seconds of each upgrade alone
+	soloCPU    []float64 // seconds of CPU of each upgrade alone
 	upgrades   []contentionUpgrade
 	start, end time.Time
 	// history checks
@@ -82,6 +85,7 @@ func (s *suite) contention(ctx context.Context) (*contentionResult, error) {
 		}
 		if i > 0 {
 			res.solo = append(res.solo, p.elapsed().Seconds())
+			res.soloCPU = append(res.soloCPU, p.cpu().Seconds())
 		}
 	}
 	var mu sync.Mutex
@@ -93,7 +97,7 @@ func (s *suite) contention(ctx context.Context) (*contentionResult, error) {
 				u := contentionUpgrade{client: c, n: n, exit: -1}
 				p, err := s.run(ctx, "", s.o.bin, upgrade(fmt.Sprintf("c%d-u%d", c, n))...)
 				if err == nil {
-					u.start, u.end, u.exit, u.stderr = p.start, p.end, p.exit, tail(p.stderr.String(), 500)
+					u.start, u.end, u.exit, u.stderr, u.cpu = p.start, p.end, p.exit, tail(p.stderr.String(), 500), p.cpu().Seconds()
 				} else {
 					u.stderr = err.Error()
 				}
@@ -146,16 +150,20 @@ func (s *suite) contention(ctx context.Context) (*contentionResult, error) {
 
 func (s *suite) contentionReport(r *contentionResult) (section, error) {
 	var rows [][]string
-	for _, x := range r.solo {
-		rows = append(rows, []string{"alone", "", "", "", "", sec3(x), "0"})
+	for i, x := range r.solo {
+		rows = append(rows, []string{"alone", "", "", "", "", sec3(x), "0", sec3(r.soloCPU[i])})
 	}
+	var cpu []float64
+	cpuSum := 0.0
 	for _, u := range r.upgrades {
 		rows = append(rows, []string{
 			"contended", strconv.Itoa(u.client), strconv.Itoa(u.n), sec3(u.start.Sub(r.start).Seconds()), sec3(u.end.Sub(r.start).Seconds()),
-			sec3(u.end.Sub(u.start).Seconds()), strconv.Itoa(u.exit),
+			sec3(u.end.Sub(u.start).Seconds()), strconv.Itoa(u.exit), sec3(u.cpu),
 		})
+		cpu = append(cpu, u.cpu)
+		cpuSum += u.cpu
 	}
-	if err := s.writeCSV("contention.csv", []string{"kind", "client", "upgrade", "start_s", "end_s", "seconds", "exit"}, rows); err != nil {
+	if err := s.writeCSV("contention.csv", []string{"kind", "client", "upgrade", "start_s", "end_s", "seconds", "exit", "cpu_s"}, rows); err != nil {
 		return section{}, err
 	}
 	if err := s.contentionPlot(r); err != nil {
@@ -173,6 +181,10 @@ func (s *suite) contentionReport(r *contentionResult) (section, error) {
 		fmt.Sprintf("%d x %s = %s", n, secs(median(r.solo)), secs(r.baseline())),
 		fmt.Sprintf("%.2f", ratio), fmt.Sprintf("at most 1.1: %s", verdict(ratio <= 1.1)),
 		fmt.Sprintf("%d revisions, contiguous: %v; %s", r.revisions, r.contiguous, r.statuses),
+	}}))
+	p("Where the time goes: the clients' own CPU (user and system time of each helm-autorecover process, most of it helm's: rendering, and parsing the API server's OpenAPI schema to validate the manifest) against the machine's %d cores. Contended, the next holder's work runs beside the other clients' start-up and waiting and the API server's, not alone.\n\n", runtime.NumCPU())
+	p("%s\n", table([]string{"client CPU per upgrade, alone (median)", "contended (median, waiting included)", "clients' CPU over the contended run", "its share of the machine"}, [][]string{{
+		secs(median(r.soloCPU)), secs(median(cpu)), secs(cpuSum), fmt.Sprintf("%.0f%% of %d cores x %s", 100*cpuSum/(float64(runtime.NumCPU())*r.total()), runtime.NumCPU(), secs(r.total())),
 	}}))
 	p("%s\n", s.image("Upgrades completed over time, contended and one after another", "contention.png"))
 	p("%s", s.footer("contention", []string{fmt.Sprintf("--clients=%d", s.o.clients), fmt.Sprintf("--upgrades=%d", s.o.upgrades), fmt.Sprintf("--solo-runs=%d", s.o.soloRuns)}, "contention.csv"))

@@ -239,6 +239,15 @@ func (p *proc) wait() *proc {
 
 func (p *proc) elapsed() time.Duration { return p.end.Sub(p.start) }
 
+// cpu is the user and system time of the finished process (zero when it
+// did not run).
+func (p *proc) cpu() time.Duration {
+	if p.cmd.ProcessState == nil {
+		return 0
+	}
+	return p.cmd.ProcessState.UserTime() + p.cmd.ProcessState.SystemTime()
+}
+
 // err says how the process failed, with the end of its output.
 func (p *proc) err() error {
 	if p.exit == 0 {
