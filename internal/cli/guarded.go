@@ -110,6 +110,12 @@ func registerGuardCompletions(cmd *cobra.Command) error {
 func runGuarded(c *cobra.Command, args []string, op lock.Operation, opts *guard.Options,
 	settings *helmcli.EnvSettings, errOut io.Writer, inner func(*cobra.Command, []string) error,
 ) error {
+	if op == lock.OpInstall {
+		var err error
+		if args, err = chooseName(c, args); err != nil {
+			return err
+		}
+	}
 	releases := guardedReleases(c, op, args)
 	// The memory driver keeps releases inside this process: nothing to lock.
 	if len(releases) == 0 || isDryRun(c) || os.Getenv("HELM_DRIVER") == "memory" {
@@ -153,8 +159,34 @@ func runGuarded(c *cobra.Command, args []string, op lock.Operation, opts *guard.
 	return nil
 }
 
+// chooseName names the release of `install --generate-name` or
+// `install --name-template` before helm does, the way helm would (its own
+// Install.NameAndChart), so that the install is locked like any other: the
+// command goes on as `install NAME CHART`. Other arguments are left for
+// helm to judge.
+func chooseName(c *cobra.Command, args []string) ([]string, error) {
+	gen, _ := c.Flags().GetBool("generate-name")
+	tmpl, _ := c.Flags().GetString("name-template")
+	if len(args) != 1 || (!gen && tmpl == "") {
+		return args, nil
+	}
+	name, chart, err := (&action.Install{GenerateName: gen, NameTemplate: tmpl}).NameAndChart(args)
+	if err != nil {
+		return nil, err
+	}
+	for flag, v := range map[string]string{"generate-name": "false", "name-template": ""} {
+		if c.Flags().Lookup(flag) == nil {
+			continue
+		}
+		if err := c.Flags().Set(flag, v); err != nil {
+			return nil, fmt.Errorf("release %q: naming it before helm does: %w", name, err)
+		}
+	}
+	return []string{name, chart}, nil
+}
+
 // guardedReleases returns the releases an invocation mutates; none when
-// helm will reject the arguments anyway or the name is generated.
+// helm will reject the arguments anyway.
 func guardedReleases(c *cobra.Command, op lock.Operation, args []string) []string {
 	switch op {
 	case lock.OpInstall:

@@ -36,8 +36,8 @@ func TestTwoLiveClients(t *testing.T) {
 	if res.ExitCode != exitcode.Locked {
 		t.Fatalf("second upgrade: exit %d; want %d (locked)\nstderr:\n%s", res.ExitCode, exitcode.Locked, res.Stderr)
 	}
-	if res.Elapsed > time.Second {
-		t.Errorf("second upgrade took %s to fail; want at most 1s", res.Elapsed.Round(time.Millisecond))
+	if strings.Contains(res.Stderr, "waiting for the lock") {
+		t.Errorf("second upgrade waited for the lock without --lock-timeout:\n%s", res.Stderr)
 	}
 	for _, want := range []string{rec.Session, rec.Who, "upgrade", "LOCKED TILL", "--lock-timeout"} {
 		if !strings.Contains(res.Stderr, want) {
@@ -73,8 +73,10 @@ func TestTwoLiveClients(t *testing.T) {
 	}
 	delay := taken.at.Sub(released.at)
 	figure(t, "waiter start after release: %s (holder session %s, waiter session %s)", delay.Round(time.Millisecond), rec.Session, taken.holder)
-	if delay > time.Second {
-		t.Errorf("the waiter took the lock %s after the holder released it; want at most 1s", delay.Round(time.Millisecond))
+	// Woken by the release itself, not by the holder's lock running out
+	// (its 15 s lease): a bound no loaded machine comes near.
+	if delay > 10*time.Second {
+		t.Errorf("the waiter took the lock %s after the holder released it; want it woken by the release, well within the holder's lease", delay.Round(time.Millisecond))
 	}
 	revs := wantHistory(t, env, ns, rel, "1:superseded 2:failed 3:deployed")
 	if strings.Contains(revs[1].Description, "Abandoned") {
@@ -121,8 +123,8 @@ func TestTwoLiveClientsReleaseBackend(t *testing.T) {
 	if res.ExitCode != exitcode.Locked {
 		t.Fatalf("second upgrade: exit %d; want %d (locked)\nstderr:\n%s", res.ExitCode, exitcode.Locked, res.Stderr)
 	}
-	if res.Elapsed > time.Second {
-		t.Errorf("second upgrade took %s to fail; want at most 1s", res.Elapsed.Round(time.Millisecond))
+	if strings.Contains(res.Stderr, "waiting for the lock") {
+		t.Errorf("second upgrade waited for the lock without --lock-timeout:\n%s", res.Stderr)
 	}
 	for _, want := range []string{rec.Session, rec.Who, "upgrade", "LOCKED TILL"} {
 		if !strings.Contains(res.Stderr, want) {
