@@ -89,8 +89,8 @@ func TestExitCodeRule(t *testing.T) {
 	add(exitcode.Usage, badName, "unlock", "Bad_Name", "--session", "s")
 	add(exitcode.Usage, badName, "recover", "Bad_Name")
 	// Wrong numbers of arguments.
-	add(exitcode.Usage, `"helm install" requires at least 1 argument`, "install")
-	add(exitcode.Usage, `"helm upgrade" requires 2 arguments`, "upgrade", "r")
+	add(exitcode.Usage, `"helm-autorecover install" requires at least 1 argument`, "install")
+	add(exitcode.Usage, `"helm-autorecover upgrade" requires 2 arguments`, "upgrade", "r")
 	add(exitcode.Usage, "locks: takes at most one argument", "locks", "a", "b")
 	add(exitcode.Usage, "unlock: needs exactly one argument", "unlock", "--session", "s")
 	add(exitcode.Usage, "recover: needs exactly one argument", "recover")

@@ -36,6 +36,7 @@ func Run(out, errOut io.Writer, args []string) int {
 		return exitcode.Usage
 	}
 	usageRule(root)
+	nameAsInvoked(root)
 	// Errors are printed here, as cobra would, except those a command has
 	// reported already.
 	root.SilenceErrors = true
