@@ -47,9 +47,10 @@ func AcquireJoint(ctx context.Context, req Request, wait bool, onProgress func(*
 	keep := func(i int) {
 		kctx, cancel := context.WithCancel(context.Background())
 		done := make(chan struct{})
+		h := held[i]
 		go func() {
 			defer close(done)
-			held[i].Keep(kctx, nil)
+			h.Keep(kctx, nil)
 		}()
 		unkeep[i] = func() { cancel(); <-done }
 	}
@@ -150,13 +151,17 @@ func AcquireJoint(ctx context.Context, req Request, wait bool, onProgress func(*
 		for i := len(held) - 1; i > lost; i-- {
 			h := held[i]
 			unkeep[i]()
-			unkeep[i], held[i] = nil, nil
+			unkeep[i] = nil
 			// A part taken over from an expired holder names it again, as
-			// in fail: the retake finds it so.
-			if err := h.ReleaseAbandoning(rctx, expiredOnly(Found(h.Previous, h.PreviousState))); err != nil {
+			// in fail: the retake finds it so. A part already lost to
+			// someone else (its Lease deleted or force-released) has
+			// nothing to give back; on any other failure held[i] stays
+			// set, so that fail gives it back once more.
+			if err := h.ReleaseAbandoning(rctx, expiredOnly(Found(h.Previous, h.PreviousState))); err != nil && (!errors.Is(err, ErrLost) || !h.isGone()) {
 				cancel()
 				return fail(err)
 			}
+			held[i] = nil
 		}
 		cancel()
 		unkeep[lost]()
