@@ -13,10 +13,15 @@ GOLANGCI_LINT := $(shell $(GO) env GOPATH)/bin/golangci-lint
 # Integration tests start processes and wait on them: generous, not infinite.
 TEST_TIMEOUT ?= 40m
 
-.PHONY: build test test-unit test-integration lint fmt vet demo bench bench-controller cluster-up cluster-down cluster-bins tools clean chart-lint
+.PHONY: docs build test test-unit test-integration lint fmt vet demo bench bench-controller cluster-up cluster-down cluster-bins tools clean chart-lint
 
 build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/helm-autorecover
+
+## docs: the parts of the docs generated from the code (hack/gendocs); make
+## test fails when they are stale.
+docs:
+	$(GO) run ./hack/gendocs
 
 ## test: everything, against the real local control plane (built and started if needed).
 test: build cluster-up

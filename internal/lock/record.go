@@ -53,55 +53,68 @@ func (o Operation) valid() bool {
 // Record says who holds (or last held) a release's lock. Times are estimates
 // of the API server's clock (upper bounds at the moment the write was sent).
 type Record struct {
-	// Schema is SchemaVersion of the writer.
+	// The record's schema version, 1 (SchemaVersion of the writer). Readers
+	// ignore unknown fields; a schema they do not know makes them judge
+	// the lock from the Lease spec alone.
 	Schema int `json:"schema"`
-	// Session is unique per operation and equals the Lease's holderIdentity
-	// while the lock is held.
-	Session   string    `json:"session"`
+	// SESSION ID: a new UUID per operation; equals the Lease's
+	// holderIdentity while the lock is held.
+	Session string `json:"session"`
+	// install, upgrade, rollback, uninstall (or recover: the recover
+	// command and the controller).
 	Operation Operation `json:"operation"`
-	Release   string    `json:"release"`
-	Namespace string    `json:"namespace"`
-	// Revision is the release revision the holder is writing, once known.
+	// The release.
+	Release   string `json:"release"`
+	Namespace string `json:"namespace"`
+	// The release revision the holder is writing, once known (the latest
+	// + 1; the latest for uninstall).
 	Revision int `json:"revision,omitempty"`
-	// Who is user@host of the holder; PID its process ID.
+	// user@host, process ID and helm-autorecover version of the holder.
 	Who         string `json:"who,omitempty"`
 	PID         int    `json:"pid,omitempty"`
 	ToolVersion string `json:"toolVersion,omitempty"`
-	// CIJobURL links the CI job that runs the holder, when one is detected.
+	// The CI job that runs the holder, when one is detected (GitHub
+	// Actions, GitLab CI, Jenkins, Buildkite, CircleCI, Travis, Drone,
+	// Azure Pipelines), or HELM_AUTORECOVER_CI_JOB_URL (Tekton and others).
 	CIJobURL string `json:"ciJobURL,omitempty"`
-	// Backend is the --lock-backend the holder chose (lease or release);
-	// where this copy of the record lives is the store's business.
+	// The --lock-backend the holder chose (lease or release); where this
+	// copy of the record lives is the store's business.
 	Backend string `json:"backend,omitempty"`
-	// Timeout is the operation's --timeout (informational: helm applies it
-	// per wait and per hook, so an operation can last longer).
-	Timeout       metav1.Duration `json:"timeout"`
+	// The operation's --timeout, informational: helm applies it per wait
+	// and per hook, so an operation can last longer.
+	Timeout metav1.Duration `json:"timeout"`
+	// --lease-duration: how long the lock stays valid without renewal.
 	LeaseDuration metav1.Duration `json:"leaseDuration"`
-	AcquiredAt    time.Time       `json:"acquiredAt"`
-	RenewedAt     time.Time       `json:"renewedAt"`
-	// LockedTill is RenewedAt + LeaseDuration: the holder promises to have
+	// API-server time (the upper bound of the estimate at the moment of the
+	// write) of the take and of the last renewal.
+	AcquiredAt time.Time `json:"acquiredAt"`
+	RenewedAt  time.Time `json:"renewedAt"`
+	// LOCKED TILL = renewedAt + leaseDuration: the holder promises to have
 	// stopped writing before the server clock reaches it unless it renews.
 	LockedTill time.Time `json:"lockedTill"`
-	// MaxHoldUntil is when the holder gives up renewing and aborts, however
-	// alive it is (zero: no limit).
+	// When the holder gives up renewing and aborts, however alive it is
+	// (--lock-max-hold; zero: no limit).
 	MaxHoldUntil time.Time `json:"maxHoldUntil,omitzero"`
-	// ReleasedAt is set when the lock was released; ReleasedBy names who
-	// released it when that was not the holder itself.
+	// Set when the lock was released; releasedBy names who released it
+	// when that was not the holder itself.
 	ReleasedAt time.Time `json:"releasedAt,omitzero"`
 	ReleasedBy string    `json:"releasedBy,omitempty"`
-	// Abandoned is the record of a holder that left a revision to recover:
-	// set on taking over an expired lock until the revision is recovered
-	// (SetRevision and Release clear it), kept by a holder that failed to
-	// recover it and released (ReleaseAbandoning), and set by a person's
-	// unlock of a dead holder (ForceRelease). The next client then recovers the
-	// revision at once, as the failed holder would have, instead of taking
-	// a revision pending under a released lock for stock helm's (legacy).
-	// It never nests: it is the record of the holder that wrote the revision.
+	// The record of a holder that left a revision to recover: set on taking
+	// over an expired lock until the revision is recovered (SetRevision and
+	// Release clear it), kept by a holder that failed to recover it and
+	// released (ReleaseAbandoning), and set by a person's unlock of a dead
+	// holder (ForceRelease). The next client then recovers the revision at
+	// once, as the failed holder would have, instead of taking a revision
+	// pending under a released lock for stock helm's (legacy). It never
+	// nests: it is the record of the holder that wrote the revision.
 	Abandoned *Record `json:"abandoned,omitempty"`
-	// Liveness, on a release record's lock (the gate), names the small
+	// On a release record's lock (the gate) only: the name of the small
 	// object of the same kind in the same namespace where the holder renews
-	// the lock and waiters queue (the beat). LockedTill on such a gate is a
-	// bound for clients that do not know the beat; those that do judge it by
-	// RenewedAt + LeaseDuration and the beat (see sidecar.go).
+	// the lock and waiters queue (the beat). lockedTill on such a gate is a
+	// bound for clients of earlier versions, which judge the record alone
+	// (maxHoldUntil + leaseDuration, or renewedAt + 24h without a maximum
+	// hold); those that know the beat judge it by renewedAt +
+	// leaseDuration and the beat (see sidecar.go).
 	Liveness string `json:"liveness,omitempty"`
 }
 
