@@ -270,41 +270,92 @@ func TestQuiet(t *testing.T) {
 // TestQuietFollowsTheQueue: a waiter that learned from a beat change that
 // it is now first no longer lets the gate's release pass.
 func TestQuietFollowsTheQueue(t *testing.T) {
-	t0 := time.Date(2026, 12, 5, 12, 0, 0, 0, time.UTC)
-	now := servertime.Bounds{Earliest: t0, Latest: t0.Add(time.Second)}
-	lease := 15 * time.Second
-	r := Record{Schema: SchemaVersion, Session: "holder", Release: "web", Namespace: "shop", LeaseDuration: metav1.Duration{Duration: lease}, RenewedAt: t0, LockedTill: t0.Add(lease)}
-	gateRec, _ := r.Encode()
-	b, _ := encodeBeat(r)
-	ws := func(sessions ...string) string {
-		var out []Waiter
-		for _, s := range sessions {
-			out = append(out, Waiter{Session: s, ExpiresAt: t0.Add(lease)})
-		}
-		q, _ := encodeWaiters(out)
-		return q
-	}
-	gate := metav1.ObjectMeta{Name: "sh.helm.release.v1.web.v3", Namespace: "shop", Labels: map[string]string{records.LabelVersion: "3"}, Annotations: map[string]string{AnnotationRecord: gateRec}}
-	beat := metav1.ObjectMeta{Name: LeaseName("web"), Namespace: "shop", Annotations: map[string]string{AnnotationBeat: b, annotationClaimedFrom: "holder", AnnotationWaiters: ws("ahead", "self")}}
-	seen := (&releaseStore{}).virtual("web", records.Record{Kind: records.KindSecret, Meta: gate}, beatObj{meta: beat, exists: true}, "100")
-	v := newWatchView(seen, "self", true)
-
-	r.ReleasedAt = t0
-	releasedRec, _ := r.Encode()
-	releasedGate := gate.DeepCopy()
-	releasedGate.Annotations[AnnotationRecord] = releasedRec
-	ev := watch.Event{Type: watch.Modified, Object: &corev1.Secret{ObjectMeta: *releasedGate}}
-	if !v.quiet(StoreRelease, ev, now, 0) {
+	f := newReleaseLock(t, t0q, "ahead", "self")
+	v := newWatchView(f.seen, "self", true)
+	ev := f.gateEvent(true)
+	if !v.quiet(StoreRelease, ev, f.now, 0) {
 		t.Fatal("behind a live waiter, the gate's release was not quiet")
 	}
-	left := beat.DeepCopy()
-	left.Annotations[AnnotationWaiters] = ws("self")
-	if !v.quiet(StoreRelease, watch.Event{Type: watch.Modified, Object: &corev1.Secret{ObjectMeta: *left}}, now, 0) {
+	if !v.quiet(StoreRelease, f.beatEvent("self"), f.now, 0) {
 		t.Fatal("the holder's renewal with the queue shortened was not quiet")
 	}
-	if v.quiet(StoreRelease, ev, now, 0) {
+	if v.quiet(StoreRelease, ev, f.now, 0) {
 		t.Fatal("first in the queue now, the gate's release was quiet")
 	}
+}
+
+// t0q is the server time of the release lock fixtures.
+var t0q = time.Date(2026, 12, 5, 12, 0, 0, 0, time.UTC)
+
+// releaseLock is a release store's lock as a waiter last read it: the gate
+// on revision 3 of release web, held by session "holder" renewed at a given
+// time with a 15 s lease, and its beat with a queue.
+type releaseLock struct {
+	t    *testing.T
+	now  servertime.Bounds
+	rec  Record
+	gate metav1.ObjectMeta
+	beat metav1.ObjectMeta
+	seen *coordinationv1.Lease
+}
+
+func newReleaseLock(t *testing.T, renewed time.Time, queue ...string) *releaseLock {
+	t.Helper()
+	lease := 15 * time.Second
+	f := &releaseLock{t: t, now: servertime.Bounds{Earliest: t0q, Latest: t0q.Add(50 * time.Millisecond)}}
+	f.rec = Record{
+		Schema: SchemaVersion, Session: "holder", Release: "web", Namespace: "shop", LeaseDuration: metav1.Duration{Duration: lease},
+		AcquiredAt: renewed, RenewedAt: renewed, LockedTill: renewed.Add(lease),
+	}
+	b, err := encodeBeat(f.rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.gate = metav1.ObjectMeta{Name: "sh.helm.release.v1.web.v3", Namespace: "shop", Labels: map[string]string{records.LabelVersion: "3"}, Annotations: map[string]string{AnnotationRecord: f.gateRecord(false)}}
+	f.beat = metav1.ObjectMeta{Name: LeaseName("web"), Namespace: "shop", Annotations: map[string]string{AnnotationBeat: b, annotationClaimedFrom: "holder", AnnotationWaiters: f.waiters(queue...)}}
+	f.seen = (&releaseStore{}).virtual("web", records.Record{Kind: records.KindSecret, Meta: f.gate}, beatObj{meta: f.beat, exists: true}, "100")
+	return f
+}
+
+// gateRecord is the gate's record as stored, released or not.
+func (f *releaseLock) gateRecord(released bool) string {
+	r := f.rec
+	if released {
+		r.ReleasedAt = t0q
+	}
+	g := gateForm(r)
+	s, err := g.Encode()
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return s
+}
+
+// waiters is a beat's queue of sessions, each live for a lease.
+func (f *releaseLock) waiters(sessions ...string) string {
+	var ws []Waiter
+	for _, s := range sessions {
+		ws = append(ws, Waiter{Session: s, ExpiresAt: t0q.Add(15 * time.Second)})
+	}
+	q, err := encodeWaiters(ws)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return q
+}
+
+// gateEvent is a change of the gate: its holder's record, released or not.
+func (f *releaseLock) gateEvent(released bool) watch.Event {
+	g := f.gate.DeepCopy()
+	g.Annotations[AnnotationRecord] = f.gateRecord(released)
+	return watch.Event{Type: watch.Modified, Object: &corev1.Secret{ObjectMeta: *g}}
+}
+
+// beatEvent is a change of the beat: the holder's, with the queue given.
+func (f *releaseLock) beatEvent(queue ...string) watch.Event {
+	b := f.beat.DeepCopy()
+	b.Annotations[AnnotationWaiters] = f.waiters(queue...)
+	return watch.Event{Type: watch.Modified, Object: &corev1.Secret{ObjectMeta: *b}}
 }
 
 func itoa(n int) string { return strconv.Itoa(n) }

@@ -5,12 +5,6 @@ import (
 	"slices"
 	"testing"
 	"time"
-
-	"github.com/helm-autorecover/helm-autorecover/internal/records"
-	"github.com/helm-autorecover/helm-autorecover/internal/servertime"
-	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/watch"
 )
 
 // TestWaitTakesWhenTheWaiterAheadLeaves: the Lease is Free (or Expired) and
@@ -79,32 +73,12 @@ func TestWaitTakesWhenTheWaiterAheadLeaves(t *testing.T) {
 // gate's holder expired, A first, self second; A leaves the queue (a beat
 // write, queue [self]): not quiet, self may take the lock now.
 func TestQuietNotWhenTheWaiterAheadLeavesAnExpiredLock(t *testing.T) {
-	now := servertime.Bounds{Earliest: t0, Latest: t0.Add(50 * time.Millisecond)}
-	lease := 15 * time.Second
-	old := t0.Add(-time.Minute)
-	r := Record{Schema: SchemaVersion, Session: "holder", Release: "web", Namespace: "shop", LeaseDuration: metav1.Duration{Duration: lease}, AcquiredAt: old, RenewedAt: old, LockedTill: old.Add(lease)}
-	g := gateForm(r)
-	gateRec, _ := g.Encode()
-	b, _ := encodeBeat(r)
-	ws := func(s ...string) string {
-		var out []Waiter
-		for _, x := range s {
-			out = append(out, Waiter{Session: x, ExpiresAt: t0.Add(lease)})
-		}
-		q, _ := encodeWaiters(out)
-		return q
-	}
-	gate := metav1.ObjectMeta{Name: "sh.helm.release.v1.web.v3", Namespace: "shop", Labels: map[string]string{records.LabelVersion: "3"}, Annotations: map[string]string{AnnotationRecord: gateRec}}
-	beat := metav1.ObjectMeta{Name: LeaseName("web"), Namespace: "shop", Annotations: map[string]string{AnnotationBeat: b, annotationClaimedFrom: "holder", AnnotationWaiters: ws("A", "self")}}
-	seen := (&releaseStore{}).virtual("web", records.Record{Kind: records.KindSecret, Meta: gate}, beatObj{meta: beat, exists: true}, "100")
-	be := &Backend{Margin: 250 * time.Millisecond}
-	v := be.decode(seen, now, "self")
+	f := newReleaseLock(t, t0q.Add(-time.Minute), "A", "self")
+	v := (&Backend{Margin: 250 * time.Millisecond}).decode(f.seen, f.now, "self")
 	if v.state != Expired {
 		t.Fatalf("the lock read is %v, want expired", v.state)
 	}
-	left := beat.DeepCopy()
-	left.Annotations[AnnotationWaiters] = ws("self")
-	if newWatchView(seen, "self", v.state == Live).quiet(StoreRelease, watch.Event{Type: watch.Modified, Object: &corev1.Secret{ObjectMeta: *left}}, now, 250*time.Millisecond) {
+	if newWatchView(f.seen, "self", v.state == Live).quiet(StoreRelease, f.beatEvent("self"), f.now, 250*time.Millisecond) {
 		t.Error("expired lock, the waiter ahead left: quiet")
 	}
 }
@@ -115,33 +89,10 @@ func TestQuietNotWhenTheWaiterAheadLeavesAnExpiredLock(t *testing.T) {
 // the records' watch before the beat's catches up, is not let pass: only a
 // waiter that was ahead at the last read holds self back (F2).
 func TestQuietAfterAStaleBeat(t *testing.T) {
-	now := servertime.Bounds{Earliest: t0, Latest: t0.Add(50 * time.Millisecond)}
-	lease := 15 * time.Second
-	r := Record{Schema: SchemaVersion, Session: "holder", Release: "web", Namespace: "shop", LeaseDuration: metav1.Duration{Duration: lease}, AcquiredAt: t0, RenewedAt: t0, LockedTill: t0.Add(lease)}
-	gf := gateForm(r)
-	gateRec, _ := gf.Encode()
-	b, _ := encodeBeat(r)
-	ws := func(s ...string) string {
-		var out []Waiter
-		for _, x := range s {
-			out = append(out, Waiter{Session: x, ExpiresAt: t0.Add(lease)})
-		}
-		q, _ := encodeWaiters(out)
-		return q
-	}
-	gate := metav1.ObjectMeta{Name: "sh.helm.release.v1.web.v3", Namespace: "shop", Labels: map[string]string{records.LabelVersion: "3"}, Annotations: map[string]string{AnnotationRecord: gateRec}}
-	beat := metav1.ObjectMeta{Name: LeaseName("web"), Namespace: "shop", Annotations: map[string]string{AnnotationBeat: b, annotationClaimedFrom: "holder", AnnotationWaiters: ws("self")}}
-	seen := (&releaseStore{}).virtual("web", records.Record{Kind: records.KindSecret, Meta: gate}, beatObj{meta: beat, exists: true}, "100")
-	v := newWatchView(seen, "self", true)
-	stale := beat.DeepCopy()
-	stale.Annotations[AnnotationWaiters] = ws("A", "self")
-	_ = v.quiet(StoreRelease, watch.Event{Type: watch.Modified, Object: &corev1.Secret{ObjectMeta: *stale}}, now, 0)
-	r.ReleasedAt = t0
-	gr := gateForm(r)
-	rel, _ := gr.Encode()
-	g2 := gate.DeepCopy()
-	g2.Annotations[AnnotationRecord] = rel
-	if v.quiet(StoreRelease, watch.Event{Type: watch.Modified, Object: &corev1.Secret{ObjectMeta: *g2}}, now, 0) {
+	f := newReleaseLock(t, t0q, "self")
+	v := newWatchView(f.seen, "self", true)
+	_ = v.quiet(StoreRelease, f.beatEvent("A", "self"), f.now, 0)
+	if v.quiet(StoreRelease, f.gateEvent(true), f.now, 0) {
 		t.Error("gate released while first (per seen), after a stale replay: quiet")
 	}
 }
