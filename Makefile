@@ -13,10 +13,16 @@ GOLANGCI_LINT := $(shell $(GO) env GOPATH)/bin/golangci-lint
 # Integration tests start processes and wait on them: generous, not infinite.
 TEST_TIMEOUT ?= 40m
 
-.PHONY: docs build test test-unit test-integration lint fmt vet demo bench bench-controller cluster-up cluster-down cluster-bins tools clean chart-lint
+.PHONY: dist docs build test test-unit test-integration lint fmt vet demo bench bench-controller cluster-up cluster-down cluster-bins tools clean chart-lint
 
 build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/helm-autorecover
+
+## dist: archives for linux, darwin and windows on amd64 and arm64, with
+## checksums, in dist/ (hack/dist.sh): what the plugin's install hook takes
+## on a machine without Go.
+dist:
+	LDFLAGS="$(LDFLAGS)" hack/dist.sh
 
 ## docs: the parts of the docs generated from the code (hack/gendocs); make
 ## test fails when they are stale.
