@@ -111,40 +111,6 @@ func NewReleaseBackend(client kubernetes.Interface, est *servertime.Estimator, c
 type lastReads struct {
 	mu sync.Mutex
 	m  map[string]lastRead
-	// floors holds, per lock, the records list's resourceVersion of an
-	// Update refused as a conflict after reading: the caller's re-read
-	// (Held.reread) is served from the API server's cache once it holds
-	// that state, instead of a fully consistent read, which right after a
-	// write waits for the cache to confirm it is current (about 80 ms on
-	// the local cluster). The re-read sees at least what the refusal saw;
-	// a write made from it is conditional like any other. Each serves one
-	// Get.
-	floors map[string]string
-}
-
-// putFloor keeps rv as the floor of the next Get of key.
-func (c *lastReads) putFloor(key, rv string) {
-	if c == nil || rv == "" {
-		return
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.floors == nil {
-		c.floors = map[string]string{}
-	}
-	c.floors[key] = rv
-}
-
-// takeFloor returns and forgets the floor of key ("" when none).
-func (c *lastReads) takeFloor(key string) string {
-	if c == nil {
-		return ""
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	rv := c.floors[key]
-	delete(c.floors, key)
-	return rv
 }
 
 type lastRead struct {
@@ -350,10 +316,6 @@ var leaseResource = coordinationv1.Resource("leases")
 
 func (s *releaseStore) Get(ctx context.Context, name string, _ metav1.GetOptions) (*coordinationv1.Lease, error) {
 	rel := releaseOf(name)
-	floored := false
-	if rv := s.seen.takeFloor(s.ns + "/" + name); rv != "" {
-		ctx, floored = records.WithNotOlderThan(ctx, rv), true
-	}
 	r, ok, listRV, beat, err := s.read(ctx, rel)
 	if err != nil {
 		return nil, err
@@ -364,11 +326,6 @@ func (s *releaseStore) Get(ctx context.Context, name string, _ metav1.GetOptions
 	out := s.virtual(rel, r, beat, listRV)
 	if s.seen != nil {
 		s.seen.put(s.ns+"/"+name, lastRead{rv: out.ResourceVersion, r: r, listRV: listRV, beat: beat})
-		if floored {
-			// A re-read after a conflict: the write that follows reads
-			// from at least here too.
-			s.seen.putFloor(s.ns+"/"+name, listRV)
-		}
 	}
 	return out, nil
 }
@@ -411,11 +368,7 @@ func (s *releaseStore) Update(ctx context.Context, l *coordinationv1.Lease, _ me
 	lr, cached := s.lastRead(l)
 	r, ok, listRV, beat, err := lr.r, cached, lr.listRV, lr.beat, error(nil)
 	if !cached {
-		rctx := ctx
-		if rv := s.seen.takeFloor(s.ns + "/" + l.Name); rv != "" {
-			rctx = records.WithNotOlderThan(ctx, rv)
-		}
-		r, ok, listRV, beat, err = s.read(rctx, rel)
+		r, ok, listRV, beat, err = s.read(ctx, rel)
 	}
 	switch {
 	case err != nil:
@@ -426,7 +379,6 @@ func (s *releaseStore) Update(ctx context.Context, l *coordinationv1.Lease, _ me
 	case !ok:
 		return nil, apierrors.NewNotFound(leaseResource, l.Name)
 	case anchor == "" || beat.rv() != beatRV:
-		s.seen.putFloor(s.ns+"/"+l.Name, listRV)
 		return nil, apierrors.NewConflict(leaseResource, l.Name, fmt.Errorf("the lock of release %q is now on %s at resourceVersion %s with beat at %q, not on %s at %s with beat at %q", rel, r.Meta.Name, r.Meta.ResourceVersion, beat.rv(), anchor, gateRV, beatRV))
 	}
 	want, have := annotatedRecord(l.Annotations), annotatedRecord(r.Meta.Annotations)
@@ -450,7 +402,6 @@ func (s *releaseStore) Update(ctx context.Context, l *coordinationv1.Lease, _ me
 		if want == nil || have == nil || want.Session != have.Session || !have.ReleasedAt.IsZero() ||
 			l.Annotations[annotationHolderWrite] != want.Session || r.Revision() < wasRev ||
 			bt == nil || bt.Session != want.Session || !bt.ReleasedAt.IsZero() {
-			s.seen.putFloor(s.ns+"/"+l.Name, listRV)
 			return nil, apierrors.NewConflict(leaseResource, l.Name, fmt.Errorf("the lock of release %q is now on %s at resourceVersion %s with beat at %q, not on %s at %s with beat at %q", rel, r.Meta.Name, r.Meta.ResourceVersion, beat.rv(), anchor, gateRV, beatRV))
 		}
 		gateRV = r.Meta.ResourceVersion
