@@ -47,10 +47,10 @@ fetch() {
   esac
 }
 
-# install_archive puts the binary of this machine's archive from $1 in place.
+# install_archive puts the binary of this machine's archive of $version
+# from $1 in place.
 install_archive() {
   from=${1%/}
-  version=$(sed -n 's/^version: *"\{0,1\}\([^"]*\)"\{0,1\} *$/\1/p' "$dir/plugin.yaml")
   os=$(uname -s | tr '[:upper:]' '[:lower:]')
   case $(uname -m) in
     x86_64 | amd64) arch=amd64 ;;
@@ -80,14 +80,14 @@ install_archive() {
 }
 
 if [ ! -x "$bin" ]; then
+  version=$(sed -n 's/^version: *"\{0,1\}\([^"]*\)"\{0,1\} *$/\1/p' "$dir/plugin.yaml")
   if [ -n "${HELM_AUTORECOVER_DIST:-}" ]; then
     install_archive "$HELM_AUTORECOVER_DIST"
   elif [ -f "$dir/go.mod" ]; then
     echo "helm-autorecover: building $bin (needs Go 1.26)" >&2
     (cd "$dir" && make build >&2)
   else
-    v=$(sed -n 's/^version: *"\{0,1\}\([^"]*\)"\{0,1\} *$/\1/p' "$dir/plugin.yaml")
-    install_archive "https://github.com/helm-autorecover/helm-autorecover/releases/download/v$v"
+    install_archive "https://github.com/helm-autorecover/helm-autorecover/releases/download/v$version"
   fi
 fi
 if [ "${1:-}" = "--build-only" ]; then

@@ -8,7 +8,6 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
-	"slices"
 	"strconv"
 	"strings"
 
@@ -207,7 +206,7 @@ func recordTable(root string) (string, error) {
 	var b strings.Builder
 	b.WriteString("| field | meaning |\n| --- | --- |\n")
 	for _, r := range rows {
-		fmt.Fprintf(&b, "| %s | %s |\n", strings.Join(slices.Clip(r.names), ", "), strings.ReplaceAll(r.doc, "|", "\\|"))
+		fmt.Fprintf(&b, "| %s | %s |\n", strings.Join(r.names, ", "), strings.ReplaceAll(r.doc, "|", "\\|"))
 	}
 	return b.String(), nil
 }

@@ -304,6 +304,14 @@ func expiredOnly(rec *Record, state State) *Record {
 	return rec
 }
 
+// releaseNamingExpired gives h back naming the holder it was taken over
+// from, when that holder had expired (Found, ReleaseAbandoning): the next
+// client, this one retrying included, recovers at once what that holder
+// abandoned rather than judge it stock helm's.
+func (h *Held) releaseNamingExpired(ctx context.Context) error {
+	return h.ReleaseAbandoning(ctx, expiredOnly(Found(h.Previous, h.PreviousState)))
+}
+
 // ReleaseAndDelete gives the lock back by deleting the Lease, for uninstall,
 // so nothing of the release is left behind. The delete is conditional on the
 // resourceVersion last seen. When waiters are queued it only releases, so

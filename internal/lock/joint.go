@@ -68,10 +68,7 @@ func AcquireJoint(ctx context.Context, req Request, wait bool, onProgress func(*
 		defer cancel()
 		for i := len(held) - 1; i >= 0; i-- {
 			if h := held[i]; h != nil {
-				// A part taken over from an expired holder names it again, so
-				// that the next client (this one retrying included) recovers
-				// what it abandoned at once rather than judge it stock helm's.
-				_ = h.ReleaseAbandoning(rctx, expiredOnly(Found(h.Previous, h.PreviousState)))
+				_ = h.releaseNamingExpired(rctx)
 			}
 		}
 		return nil, err
@@ -152,12 +149,12 @@ func AcquireJoint(ctx context.Context, req Request, wait bool, onProgress func(*
 			h := held[i]
 			unkeep[i]()
 			unkeep[i] = nil
-			// A part taken over from an expired holder names it again, as
-			// in fail: the retake finds it so. A part already lost to
-			// someone else (its Lease deleted or force-released) has
-			// nothing to give back; on any other failure held[i] stays
-			// set, so that fail gives it back once more.
-			if err := h.ReleaseAbandoning(rctx, expiredOnly(Found(h.Previous, h.PreviousState))); err != nil && (!errors.Is(err, ErrLost) || !h.isGone()) {
+			// The retake finds the expired holder named again. A part
+			// already lost to someone else (its Lease deleted or
+			// force-released) has nothing to give back; on any other
+			// failure held[i] stays set, so that fail gives it back once
+			// more.
+			if err := h.releaseNamingExpired(rctx); err != nil && (!errors.Is(err, ErrLost) || !h.isGone()) {
 				cancel()
 				return fail(err)
 			}

@@ -118,24 +118,13 @@ func (v *watchView) namesSelf(store Store, lockObject bool, obj metav1.Object) b
 	switch {
 	case store != StoreRelease:
 		l, ok := obj.(*coordinationv1.Lease)
-		return !ok || holderOf(&l.Spec) == v.self || sessionIn(a[AnnotationRecord]) == v.self
+		return !ok || holderOf(&l.Spec) == v.self || sessionOfRaw(annotatedRecord(a)) == v.self
 	case lockObject:
 		bt := decodeBeat(a[AnnotationBeat], releaseOf(v.seen.Name), v.seen.Namespace)
 		return bt != nil && bt.Session == v.self
 	default:
-		return sessionIn(a[AnnotationRecord]) == v.self
+		return sessionOfRaw(annotatedRecord(a)) == v.self
 	}
-}
-
-func sessionIn(raw string) string {
-	if raw == "" {
-		return ""
-	}
-	rec, _ := DecodeRecord(raw)
-	if rec == nil {
-		return ""
-	}
-	return rec.Session
 }
 
 // sameLeaseHolder tells whether Lease l names the holder of seen in the

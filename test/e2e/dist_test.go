@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"strings"
 	"testing"
@@ -28,7 +29,7 @@ func TestPluginInstallsFromArchive(t *testing.T) {
 		t.Fatalf("hack/dist.sh: %v\n%s", err, out)
 	}
 	tampered := t.TempDir()
-	for _, f := range []string{"checksums.txt", "helm-autorecover_" + pluginVersion(t, env) + "_" + runtime.GOOS + "_" + runtime.GOARCH + ".tar.gz"} {
+	for _, f := range []string{"checksums.txt", "helm-autorecover_" + pluginVersion(t) + "_" + runtime.GOOS + "_" + runtime.GOARCH + ".tar.gz"} {
 		copyFile(t, filepath.Join(dist, f), filepath.Join(tampered, f), 0o644)
 	}
 	sums, err := os.ReadFile(filepath.Join(tampered, "checksums.txt"))
@@ -83,17 +84,15 @@ func pluginRelease(t *testing.T, env *testenv.Env) string {
 }
 
 // pluginVersion is plugin.yaml's version.
-func pluginVersion(t *testing.T, env *testenv.Env) string {
+func pluginVersion(t *testing.T) string {
 	t.Helper()
-	data, err := os.ReadFile(filepath.Join(env.RepoRoot, "plugin.yaml"))
+	data, err := os.ReadFile(filepath.Join(testenv.RepoRoot(), "plugin.yaml"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, l := range strings.Split(string(data), "\n") {
-		if v, ok := strings.CutPrefix(l, "version:"); ok {
-			return strings.Trim(strings.TrimSpace(v), `"`)
-		}
+	m := regexp.MustCompile(`(?m)^version:\s*"?([^"\s]+)"?\s*$`).FindSubmatch(data)
+	if m == nil {
+		t.Fatalf("plugin.yaml has no version line:\n%s", data)
 	}
-	t.Fatal("no version in plugin.yaml")
-	return ""
+	return string(m[1])
 }

@@ -102,10 +102,7 @@ func helms(env *testenv.Env) map[string]string {
 // a checkout after `make build` has them, in a temporary folder.
 func pluginCheckout(t *testing.T, env *testenv.Env) string {
 	t.Helper()
-	dir := filepath.Join(t.TempDir(), "helm-autorecover")
-	copyFile(t, filepath.Join(env.RepoRoot, "plugin.yaml"), filepath.Join(dir, "plugin.yaml"), 0o644)
-	copyFile(t, filepath.Join(env.RepoRoot, "plugin.complete"), filepath.Join(dir, "plugin.complete"), 0o755)
-	copyFile(t, filepath.Join(env.RepoRoot, "hack", "plugin-exec.sh"), filepath.Join(dir, "hack", "plugin-exec.sh"), 0o755)
+	dir := pluginRelease(t, env)
 	copyFile(t, env.Bin(t), filepath.Join(dir, "bin", "helm-autorecover"), 0o755)
 	return dir
 }
