@@ -37,20 +37,33 @@ func (r *run) handleSignals() (stop func()) {
 			return
 		}
 		r.interrupted.Store(true)
+		firstAt := r.g.Clock.Now()
+		_, parent := sig.(parentEnded)
+		// waitFor waits until until fires (true), quit (false), or a second
+		// signal, which ends the process at once (false): not through
+		// exitOnce, so that it does even while another path (fail-stop) is
+		// cleaning up. A nil until never fires.
+		waitFor := func(until <-chan time.Time) bool {
+			for {
+				select {
+				case <-quit:
+					return false
+				case <-ch:
+					if isSecondSignal(parent, r.g.Clock.Since(firstAt)) {
+						r.g.Exit(exitcode.Interrupted)
+						return false
+					}
+				case <-until:
+					return true
+				}
+			}
+		}
 		grace := 3 * time.Second
-		if _, ok := sig.(parentEnded); ok || r.t.Op == lock.OpRollback || r.t.Op == lock.OpUninstall {
+		if parent || r.t.Op == lock.OpRollback || r.t.Op == lock.OpUninstall {
 			grace = 0
 		}
-		timer := r.g.Clock.NewTimer(grace)
-		select {
-		case <-quit:
+		if !waitFor(r.g.Clock.NewTimer(grace).C()) {
 			return
-		case <-ch:
-			// Not through exitOnce: a second signal must end the process
-			// at once even while another path (fail-stop) is cleaning up.
-			r.g.Exit(exitcode.Interrupted)
-			return
-		case <-timer.C():
 		}
 		select {
 		case <-r.opDone:
@@ -67,16 +80,27 @@ func (r *run) handleSignals() (stop func()) {
 				r.t.Release, r.t.Namespace, sig)
 			r.g.Exit(exitcode.Interrupted)
 		})
-		select {
-		case <-quit:
-		case <-ch:
-			r.g.Exit(exitcode.Interrupted)
-		}
+		waitFor(nil)
 	}()
 	return func() {
 		signal.Stop(ch)
 		close(quit)
 	}
+}
+
+// groupSignalWindow is how long after the end of helm (the plugin's
+// parent) a signal to this process is taken for the same event: a signal
+// to the process group (a terminal's Ctrl-C, a CI runner stopping a job)
+// ends helm and reaches this process too, and the end of helm may be seen
+// first.
+const groupSignalWindow = 2 * time.Second
+
+// isSecondSignal reports whether a signal that arrives since after the
+// first one (the end of helm when parent is set) is a second signal, which
+// ends the process at once: any signal after a first signal, except one
+// that arrives within groupSignalWindow of the end of helm.
+func isSecondSignal(parent bool, since time.Duration) bool {
+	return !parent || since >= groupSignalWindow
 }
 
 // parentEnded stands for the end of helm, the plugin's parent process, in

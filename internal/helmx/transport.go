@@ -59,13 +59,19 @@ type HelmLock interface {
 	Deadline() time.Time
 }
 
-// RecordWriteNoter is implemented by a HelmLock that wants the
-// resourceVersion of each record write of the guarded release the fence
-// made and the server accepted: a read of the records not older than it
-// (records.WithNotOlderThan) sees that write without waiting for the API
-// server's cache to confirm it is current.
+// RecordWriteNoter is implemented by a HelmLock that wants the metadata
+// of each record write of the guarded release the fence made and the
+// server accepted, as the server returned it: a read of the records not
+// older than its resourceVersion (records.WithNotOlderThan) sees that
+// write without waiting for the API server's cache to confirm it is
+// current, and the lock's release can be written where that write left the
+// lock. RecordWriteUnsure is called for every record write the fence was
+// asked to make that did not end in an accepted answer (refused, failed,
+// or its answer lost: it may have committed): from then on the lock does
+// not know where its last copy is.
 type RecordWriteNoter interface {
-	RecordWritten(resourceVersion string)
+	RecordWritten(meta metav1.ObjectMeta)
+	RecordWriteUnsure()
 }
 
 // noteWrite tells the lock the resourceVersion an accepted record write
@@ -73,7 +79,11 @@ type RecordWriteNoter interface {
 // helm.
 func (f *fenceRT) noteWrite(g *GuardedWrites, resp *http.Response, err error) {
 	n, ok := g.Lock.(RecordWriteNoter)
-	if !ok || err != nil || resp == nil || resp.StatusCode/100 != 2 || resp.Body == nil {
+	if !ok {
+		return
+	}
+	if !accepted(resp, err) || resp.Body == nil {
+		n.RecordWriteUnsure()
 		return
 	}
 	body, rerr := io.ReadAll(resp.Body)
@@ -85,8 +95,23 @@ func (f *fenceRT) noteWrite(g *GuardedWrites, resp *http.Response, err error) {
 	}
 	resp.Body = io.NopCloser(bytes.NewReader(body))
 	if d, derr := decode(body); derr == nil && d.meta.ResourceVersion != "" {
-		n.RecordWritten(d.meta.ResourceVersion)
+		n.RecordWritten(*d.meta)
+		return
 	}
+	n.RecordWriteUnsure()
+}
+
+// noteDelete tells the lock (RecordWriteNoter) of a record delete the fence
+// was asked to make that did not end in an accepted answer.
+func (f *fenceRT) noteDelete(g *GuardedWrites, resp *http.Response, err error) {
+	if n, ok := g.Lock.(RecordWriteNoter); ok && !accepted(resp, err) {
+		n.RecordWriteUnsure()
+	}
+}
+
+// accepted reports whether a write's answer says the API server accepted it.
+func accepted(resp *http.Response, err error) bool {
+	return err == nil && resp != nil && resp.StatusCode/100 == 2
 }
 
 // errReader fails every read with err.
@@ -310,6 +335,7 @@ func (f *fenceRT) route(req *http.Request, g *GuardedWrites) (*http.Response, er
 		return resp, err
 	case req.Method == http.MethodDelete && rev > 0:
 		resp, err := f.deleteRecord(req, g, m[3])
+		f.noteDelete(g, resp, err)
 		f.report(g, rev, resp, err, "")
 		return resp, err
 	}
@@ -521,6 +547,10 @@ func (f *fenceRT) create(req *http.Request, g *GuardedWrites) (*http.Response, e
 		f.w.mu.Unlock()
 		sent = true
 		resp, err = f.send(withBody(req, out))
+		// Told while no release of the lock can run (Carry): a release
+		// must not find the lock's last copy where it was before this
+		// create.
+		f.noteWrite(g, resp, err)
 		return err
 	})
 	if !sent {
@@ -536,7 +566,6 @@ func (f *fenceRT) create(req *http.Request, g *GuardedWrites) (*http.Response, e
 		f.w.mu.Unlock()
 		return resp, err
 	}
-	f.noteWrite(g, resp, err)
 	f.report(g, rev, resp, err, d.meta.Labels[LabelStatus])
 	return resp, err
 }

@@ -395,3 +395,35 @@ func TestIntegrationFenceStopsWhenStockHelmDroppedTheLock(t *testing.T) {
 		t.Errorf("stock helm's revision 2 carries lock %+v; want none carried back", rec)
 	}
 }
+
+// TestIntegrationFenceRefusesUpdateAfterStockRollback (review of a cut that
+// made helm's update of the holder's own pending revision conditional on
+// its create instead of a read): stock helm's rollback does not check for a
+// pending revision; it writes a newer deployed revision beside ours, and
+// our final update of our pending revision, unchanged since its create,
+// must still be refused, or the release ends with two deployed revisions.
+func TestIntegrationFenceRefusesUpdateAfterStockRollback(t *testing.T) {
+	env := testenv.Get(t)
+	ns := env.Namespace(t)
+	ours := newHeld("rolled-past-session", time.Now())
+	d := fencedDriver(t, env.Config, ns, ours)
+	if err := store(t, d, 1, common.StatusPendingUpgrade); err != nil {
+		t.Fatalf("our create: %v", err)
+	}
+	stock := driver.NewSecrets(env.Client.CoreV1().Secrets(ns))
+	if err := store(t, stock, 2, common.StatusDeployed); err != nil {
+		t.Fatalf("stock helm's rollback: %v", err)
+	}
+	if err := d.Update(ReleaseSecretName("web", 1), webRelease(1, common.StatusDeployed)); !errors.Is(err, lock.ErrLost) {
+		t.Fatalf("our final update after stock helm's rollback wrote revision 2: %v; want ErrLost", err)
+	}
+	deployed := 0
+	for _, h := range env.History(t, ns, "web") {
+		if h.Status == "deployed" {
+			deployed++
+		}
+	}
+	if deployed != 1 {
+		t.Errorf("%d deployed revisions; want 1 (stock helm's)", deployed)
+	}
+}

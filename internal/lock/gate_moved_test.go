@@ -139,6 +139,29 @@ func (w *rworld) carry(t *testing.T, h *Held, rev int) {
 	}
 }
 
+// takeAndRelease takes the lock with a session of its own and releases it
+// (a beat then exists, naming a released holder).
+func (w *rworld) takeAndRelease(t *testing.T) {
+	t.Helper()
+	ctx := context.Background()
+	h, _, err := w.b.TryAcquire(ctx, req(OpUpgrade, 15*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// verbsSince returns the verbs of the client's requests after the first n.
+func (w *rworld) verbsSince(n int) []string {
+	var verbs []string
+	for _, a := range w.cs.Actions()[n:] {
+		verbs = append(verbs, a.GetVerb())
+	}
+	return verbs
+}
+
 func (w *rworld) beat(t *testing.T) *corev1.Secret {
 	b, err := w.cs.CoreV1().Secrets(ns).Get(context.Background(), LeaseName("web"), metav1.GetOptions{})
 	if err != nil {
@@ -229,9 +252,10 @@ func TestStaleQueueWriteAfterGateMovedConflicts(t *testing.T) {
 }
 
 // TestHolderWritesAfterOwnCarry: after helm's write carried the lock onto a
-// new newest record, the holder's renewal writes the beat (a list, a read of
-// the beat, the write) and its release the gate (the same reads, the record
-// read and written), with no conflict and no read again.
+// new newest record, the holder's renewal writes the beat (a list, which
+// returns the records and the beat, and the write) and its release the
+// gate (the same list, the record read and written: the fake client cannot
+// patch), with no conflict and no read again.
 func TestHolderWritesAfterOwnCarry(t *testing.T) {
 	w := newRWorld(t)
 	ctx := context.Background()
@@ -245,14 +269,78 @@ func TestHolderWritesAfterOwnCarry(t *testing.T) {
 	if err := h.Renew(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if got := len(w.cs.Actions()) - n; got != 3 {
-		t.Errorf("the renewal after our own create made %d requests, want 3", got)
+	if got := len(w.cs.Actions()) - n; got != 2 {
+		t.Errorf("the renewal after our own create made %d requests, want 2", got)
 	}
 	n = len(w.cs.Actions())
 	if err := h.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if got := len(w.cs.Actions()) - n; got != 4 {
-		t.Errorf("the release made %d requests, want 4", got)
+	if got := len(w.cs.Actions()) - n; got != 3 {
+		t.Errorf("the release made %d requests, want 3", got)
+	}
+}
+
+// TestReleaseAfterAnUnsureWriteFindsTheNewest (reviews of the release
+// where the lock was last written): the fence noted the holder's write of
+// revision 2 (GateWritten, inside its Carry); then a create of revision 3
+// under the lock committed, and the lock was not told where it went: its
+// answer was lost (the fence says GateUnsure), or the Carry's write did
+// not call GateWritten (a caller telling the lock only after Carry
+// returned would leave a gap where a release, from a signal path say,
+// finds the last copy on revision 2, unchanged). The release must not
+// patch revision 2 and leave revision 3, the newest, with the holder's
+// unreleased lock: it reads where the lock is, releases it there, and
+// another session takes the release at once. Told of every write, it
+// releases where the last one went.
+func TestReleaseAfterAnUnsureWriteFindsTheNewest(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		create func(t *testing.T, w *rworld, h *Held) // the write of revision 3, if any
+		newest int
+	}{
+		{"every write told", nil, 2},
+		{"answer lost", func(t *testing.T, w *rworld, h *Held) { w.carry(t, h, 3); h.GateUnsure() }, 3},
+		{"carry not told", func(t *testing.T, w *rworld, h *Held) { w.carry(t, h, 3) }, 3},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			w := newRWorld(t)
+			ctx := context.Background()
+			h, _, err := w.b.TryAcquire(ctx, req(OpUpgrade, 15*time.Second))
+			if err != nil {
+				t.Fatal(err)
+			}
+			err = h.Carry(func(rec Record) error {
+				rec.Revision = 2
+				enc, _ := rec.Encode()
+				out, err := w.cs.CoreV1().Secrets(ns).Create(ctx, recSecret(2, "pending-upgrade", map[string]string{AnnotationRecord: enc}), metav1.CreateOptions{})
+				if err == nil {
+					h.GateWritten(out.ObjectMeta)
+				}
+				return err
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c.create != nil {
+				c.create(t, w, h)
+			}
+			if err := h.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+			newest := "sh.helm.release.v1.web.v" + strconv.Itoa(c.newest)
+			s, err := w.cs.CoreV1().Secrets(ns).Get(ctx, newest, metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if rec, err := DecodeRecord(s.Annotations[AnnotationRecord]); err != nil || rec.Session != h.Session() || rec.ReleasedAt.IsZero() {
+				t.Errorf("the newest record %s carries %+v (%v), want the holder's lock released", newest, rec, err)
+			}
+			r2 := req(OpUpgrade, 15*time.Second)
+			r2.Session = "other-session"
+			if _, _, err := w.b.TryAcquire(ctx, r2); err != nil {
+				t.Errorf("another session right after the holder's release: %v; want the lock free", err)
+			}
+		})
 	}
 }

@@ -12,6 +12,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/helm-autorecover/helm-autorecover/internal/records"
 	"github.com/helm-autorecover/helm-autorecover/internal/sleepclock"
 )
 
@@ -55,6 +56,82 @@ type Held struct {
 	// waited is set by Wait when the lock was not taken at its first
 	// attempt: someone else held it, or waiters came first.
 	waited bool
+
+	// gateAt is, on the release store, where the write fence last wrote
+	// this holder's unreleased lock onto a release record
+	// (recordAt(name, resourceVersion)), on the highest revision it
+	// wrote, gateAtRev; "" when it wrote none. Its release is written there
+	// first (see releaseStore.Update, annotationGateAt).
+	gateAt    string
+	gateAtRev int
+	// gateUnsure is set once a write made under the lock may have left a
+	// copy of it somewhere GateWritten was not told of (GateUnsure, or a
+	// Carry whose write did not call GateWritten): the release then reads
+	// where the lock is. carryNoted is set by GateWritten during a Carry.
+	gateUnsure bool
+	carryNoted bool
+}
+
+// GateUnsure tells a lock on the release store that a write made under it
+// did not end in an accepted answer: it may have committed (a lost answer,
+// a write cut off at the deadline) and left the lock on a record other than
+// the one GateWritten last named, a newer one say. The release is then
+// written only after reading where the lock is, as before any write.
+func (h *Held) GateUnsure() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.gateUnsure = true
+}
+
+// Newest is the release's newest record as this lock last read or wrote
+// it, on the release store (ok false on a Lease, and when a record of the
+// release carries no status label): its name, revision (0 and "" when the
+// release had no record) and status label.
+func (h *Held) Newest() (name string, rev int, status string, ok bool) {
+	if h.b.store != StoreRelease {
+		return "", 0, "", false
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	a := h.lease.Annotations
+	if a[annotationAnchor] == "" {
+		return "", 0, "", true
+	}
+	if a[annotationUnlabelled] != "" {
+		return "", 0, "", false // read the whole history: see read
+	}
+	rev, err := strconv.Atoi(a[annotationAnchorRevision])
+	if err != nil || rev <= 0 {
+		return "", 0, "", false
+	}
+	return a[annotationAnchor], rev, a[annotationAnchorStatus], true
+}
+
+// GateWritten tells a lock on the release store that a write made under it
+// (the write fence's copy of the lock onto helm's record write) was
+// accepted: meta is the record as the API server returned it. A write that
+// copies the lock goes through Carry and calls GateWritten inside it, while
+// no release can run: a Carry whose write does not makes the release read
+// where the lock is (it may have left a copy on a newer record). When it
+// carries this holder's unreleased lock, at a revision no lower than the
+// last such write, the release is written there, conditional on that
+// resourceVersion, without reading the records again: if anything wrote
+// the record since, the release reads them as usual.
+func (h *Held) GateWritten(meta metav1.ObjectMeta) {
+	if h.b.store != StoreRelease || meta.ResourceVersion == "" {
+		return
+	}
+	rec := annotatedRecord(meta.Annotations)
+	if rec == nil || rec.Session != h.req.Session || !rec.ReleasedAt.IsZero() {
+		return
+	}
+	rev := records.RevisionOf(meta.Labels)
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.carryNoted = true
+	if rev >= h.gateAtRev {
+		h.gateAt, h.gateAtRev = recordAt(meta.Name, meta.ResourceVersion), rev
+	}
 }
 
 func (b *Backend) newHeld(req *Request, l *coordinationv1.Lease, rec Record, sent time.Time, prev *Record, prevState State) *Held {
@@ -123,7 +200,19 @@ func (h *Held) Carry(write func(Record) error) error {
 		}
 		rec = gateForm(rec)
 	}
-	return write(rec)
+	h.mu.Lock()
+	h.carryNoted = false
+	h.mu.Unlock()
+	err := write(rec)
+	h.mu.Lock()
+	if !h.carryNoted {
+		// The copy went somewhere this lock was not told of (GateWritten
+		// inside write), or its outcome is unknown: the release reads
+		// where the lock is.
+		h.gateUnsure = true
+	}
+	h.mu.Unlock()
+	return err
 }
 
 // Session is the holder's session ID.
@@ -256,16 +345,16 @@ func (h *Held) Renew(ctx context.Context) error {
 // SetRevision records the revision being written, renewing the lock in the
 // same write.
 //
-// On a Lease it writes nothing when the record already names rev and no
-// abandoned holder (the take named it: nextRevision), beyond checking the
-// lock is still valid. A record lock always writes: its take left the
-// beat as a claim (claimed from the gate's previous holder), and this
-// write turns it into the holder's own beat; a claim left standing would
-// count as a live lock against any later gate-less newest record (stock
-// helm's) until it ran out (TestUnreadableRecordIsSkipped).
+// It writes nothing when the record already names rev and no abandoned
+// holder (the take named it: nextRevision), beyond checking the lock is
+// still valid. On the release store the take's beat is then left as the
+// claim it wrote: it names the record it was made against
+// (annotationClaimedOn), so it is never taken for a claim in flight against
+// a later record (stock helm's, say: TestUnreadableRecordIsSkipped); the
+// first renewal makes it the holder's own beat.
 func (h *Held) SetRevision(ctx context.Context, rev int) error {
 	h.mu.Lock()
-	named := h.rec.Revision == rev && h.rec.Abandoned == nil && !h.released && h.b.store != StoreRelease
+	named := h.rec.Revision == rev && h.rec.Abandoned == nil && !h.released
 	h.mu.Unlock()
 	if named {
 		return h.Valid()
@@ -519,6 +608,11 @@ func (h *Held) writeLocked(ctx context.Context, release bool, mutate func(*Recor
 		if h.b.store == StoreRelease {
 			// The holder's own write (see releaseStore.Update); never stored.
 			l.Annotations[annotationHolderWrite] = h.req.Session
+			h.mu.Lock()
+			if release && h.gateAt != "" && !h.gateUnsure {
+				l.Annotations[annotationGateAt] = h.gateAt
+			}
+			h.mu.Unlock()
 		}
 		updated, err := leases.Update(ctx, l, metav1.UpdateOptions{})
 		switch {
@@ -551,6 +645,10 @@ func (h *Held) writeLocked(ctx context.Context, release bool, mutate func(*Recor
 	return fmt.Errorf("renew lock on release %q in namespace %q: lease changed %d times; retry", h.req.Release, h.req.Namespace, maxConflicts)
 }
 
+// firstProbeAfter bounds how long a holder waits, once it holds the lock,
+// before its first server-time probe (see Keep).
+const firstProbeAfter = time.Second
+
 // Keep renews the lock every third of its lease until ctx is done or the
 // lock is released or lost. It calls onLost once, with an error wrapping
 // ErrLost or ErrMaxHold, when the lock was taken, could not be renewed before
@@ -567,6 +665,12 @@ func (h *Held) Keep(ctx context.Context, onLost func(error)) {
 			onLost(err)
 		}
 	}
+	// The probes below narrow the server-time bounds for the LOCKED TILL
+	// the next renewal writes; the take's is written already. An operation
+	// that ends within its first moments (a no-wait upgrade: half a
+	// second) renews nothing, and probing would only add requests: the
+	// first probe waits a sixth of the lease, at most firstProbeAfter.
+	probeAfter = clk.Now().Add(min(lease/6, firstProbeAfter))
 	for {
 		h.mu.Lock()
 		if h.released || h.lost != nil {

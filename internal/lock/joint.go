@@ -7,6 +7,8 @@ import (
 	"slices"
 	"sync"
 	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
 // Joint is the set of locks one operation holds under one session: with
@@ -170,6 +172,20 @@ func AcquireJoint(ctx context.Context, req Request, wait bool, onProgress func(*
 		}
 	}
 	return fail(fmt.Errorf("lock release %q in namespace %q: its lock kept moving while it was being taken; retry", req.Release, req.Namespace))
+}
+
+// GateWritten tells the first part that a write made under the lock was
+// accepted (Held.GateWritten).
+func (j *Joint) GateWritten(meta metav1.ObjectMeta) { j.parts[0].GateWritten(meta) }
+
+// GateUnsure tells the first part that a write made under the lock may
+// have committed unseen (Held.GateUnsure).
+func (j *Joint) GateUnsure() { j.parts[0].GateUnsure() }
+
+// Newest is the release's newest record as the first part last read or
+// wrote it (Held.Newest).
+func (j *Joint) Newest() (name string, rev int, status string, ok bool) {
+	return j.parts[0].Newest()
 }
 
 // Session is the session ID all parts share.

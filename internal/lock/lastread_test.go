@@ -4,6 +4,7 @@ import (
 	"context"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -27,10 +28,7 @@ func TestTakeReadsOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var verbs []string
-	for _, a := range w.cs.Actions()[n:] {
-		verbs = append(verbs, a.GetVerb())
-	}
+	verbs := w.verbsSince(n)
 	if len(verbs) != 6 {
 		t.Errorf("the take made %d requests %v, want 6 (list, get beat, put beat, list, get gate, put gate)", len(verbs), verbs)
 	}
@@ -75,14 +73,7 @@ func TestTakeFromStaleReadConflicts(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			w := newRWorld(t)
 			ctx := context.Background()
-			// A first holder takes and releases, so that a beat exists.
-			h, _, err := w.b.TryAcquire(ctx, req(OpUpgrade, 15*time.Second))
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := h.Release(ctx); err != nil {
-				t.Fatal(err)
-			}
+			w.takeAndRelease(t) // so that a beat exists
 			st := w.b.leases(ns).(*releaseStore)
 			seen, err := st.Get(ctx, LeaseName("web"), metav1.GetOptions{})
 			if err != nil {
@@ -158,15 +149,19 @@ func TestTakeNamesNextRevision(t *testing.T) {
 			if c.want == 0 {
 				return
 			}
+			n := len(w.cs.Actions())
 			if err := h.SetRevision(ctx, c.want); err != nil {
 				t.Fatal(err)
 			}
-			// A record lock writes its beat anyway: from the take's claim
-			// to the holder's own.
-			if from := w.beat(t).Annotations[annotationClaimedFrom]; from != h.Session() {
-				t.Errorf("after SetRevision the beat is claimed from %q, want the holder's own session", from)
+			if got := w.cs.Actions()[n:]; len(got) != 0 {
+				t.Errorf("SetRevision of the revision the take named made %d requests, want none: %v", len(got), got)
 			}
-			n := len(w.cs.Actions())
+			// The take's claim is left, naming the record it was made
+			// against: the gate it wrote there since.
+			if on := w.beat(t).Annotations[annotationClaimedOn]; !strings.HasPrefix(on, "sh.helm.release.v1.web.v1@") {
+				t.Errorf("the beat left by the take is claimed on %q, want the record it took", on)
+			}
+			n = len(w.cs.Actions())
 			if err := h.SetRevision(ctx, c.want+1); err != nil {
 				t.Fatal(err)
 			}
@@ -182,8 +177,7 @@ func TestTakeNamesNextRevision(t *testing.T) {
 
 // TestJointNamesNextRevision: the Lease, taken after the record lock, names
 // the revision the record lock found, so the joint SetRevision of it does
-// not write the Lease (the record lock's beat is written: see
-// Held.SetRevision).
+// not write at all (Held.SetRevision).
 func TestJointNamesNextRevision(t *testing.T) {
 	w := newRWorld(t)
 	ctx := context.Background()
@@ -211,10 +205,8 @@ func TestJointNamesNextRevision(t *testing.T) {
 	if err := j.SetRevision(ctx, 2); err != nil {
 		t.Fatal(err)
 	}
-	for _, a := range w.cs.Actions()[n:] {
-		if a.GetResource().Resource == "leases" {
-			t.Errorf("the joint SetRevision of the named revision wrote the Lease: %v", a)
-		}
+	if got := w.cs.Actions()[n:]; len(got) != 0 {
+		t.Errorf("the joint SetRevision of the named revision made %d requests, want none: %v", len(got), got)
 	}
 }
 
@@ -224,17 +216,12 @@ func TestJointNamesNextRevision(t *testing.T) {
 func TestTakeLandsOnlyOnNewest(t *testing.T) {
 	w := newRWorld(t)
 	ctx := context.Background()
-	p, _, err := w.b.TryAcquire(ctx, req(OpUpgrade, 15*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := p.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
+	w.takeAndRelease(t)
 	fired := false
-	w.cs.PrependReactor("get", "secrets", func(a k8stesting.Action) (bool, runtime.Object, error) {
-		if !fired && a.(k8stesting.GetAction).GetName() == LeaseName("web") {
-			// Right after the Get's read of the beat.
+	w.cs.PrependReactor("update", "secrets", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if o, ok := a.(k8stesting.UpdateAction).GetObject().(metav1.Object); !fired && ok && o.GetName() == LeaseName("web") {
+			// After the Get's read (one list returns the records and the
+			// beat), just before the beat is claimed.
 			fired = true
 			w.s.mu.Lock()
 			w.s.rv++
@@ -357,5 +344,138 @@ func TestJointTakenAtOnceWritesNoMore(t *testing.T) {
 	noWait, wait := writes(false), writes(true)
 	if !slices.Equal(wait, noWait) {
 		t.Errorf("taken at once while waiting, the joint lock wrote %v; without waiting %v", wait, noWait)
+	}
+}
+
+// TestNewestAsTaken: a record lock tells what its take read of the newest
+// record (its revision and status label, which its gate write was
+// conditional on); a Lease tells nothing.
+func TestNewestAsTaken(t *testing.T) {
+	w := newRWorld(t)
+	ctx := context.Background()
+	g, _ := w.cs.CoreV1().Secrets(ns).Get(ctx, "sh.helm.release.v1.web.v1", metav1.GetOptions{})
+	g.Labels["status"] = "failed"
+	if _, err := w.cs.CoreV1().Secrets(ns).Update(ctx, g, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	h, _, err := w.b.TryAcquire(ctx, req(OpUpgrade, 15*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if name, rev, st, ok := h.Newest(); !ok || name != "sh.helm.release.v1.web.v1" || rev != 1 || st != "failed" {
+		t.Errorf("record lock: newest %s %d %q %v, want sh.helm.release.v1.web.v1, 1, failed", name, rev, st, ok)
+	}
+	if err := h.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// A record without helm's status label (another tool's, or corrupt):
+	// the lock tells nothing, so that the history is read in full.
+	odd := recSecret(0, "deployed", nil)
+	delete(odd.Labels, "status")
+	if _, err := w.cs.CoreV1().Secrets(ns).Create(ctx, odd, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	h, _, err = w.b.TryAcquire(ctx, req(OpUpgrade, 15*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if name, rev, st, ok := h.Newest(); ok {
+		t.Errorf("with an unlabelled record: newest %s %d %q, want none told", name, rev, st)
+	}
+	est := servertime.New(w.clk)
+	est.Observe(w.clk.Now(), w.clk.Now(), t0.Truncate(time.Second))
+	lb := NewLeaseBackend(w.cs, est, w.clk)
+	hl, _, err := lb.TryAcquire(ctx, req(OpUpgrade, 15*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, _, ok := hl.Newest(); ok {
+		t.Error("a Lease told a newest record")
+	}
+}
+
+// TestReadFindsTheBeatInTheList: once the beat carries the release's name
+// label, one metadata list returns the records and the beat, and a take
+// reads nothing else (a Secret of the user's labelled with the same name
+// is ignored); a beat an earlier version wrote without the label is read
+// by name, as before.
+func TestReadFindsTheBeatInTheList(t *testing.T) {
+	for _, c := range []struct {
+		name     string
+		unlabel  bool
+		wantGets int
+	}{
+		{"beat labelled", false, 1},
+		{"beat of an earlier version", true, 2},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			w := newRWorld(t)
+			ctx := context.Background()
+			w.takeAndRelease(t)
+			bt := w.beat(t)
+			if bt.Labels[recordLabelName] != "web" && !c.unlabel {
+				t.Fatalf("the beat's labels %v carry no name", bt.Labels)
+			}
+			if c.unlabel {
+				delete(bt.Labels, recordLabelName)
+				if _, err := w.cs.CoreV1().Secrets(ns).Update(ctx, bt, metav1.UpdateOptions{}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			mine := recSecret(9, "deployed", nil)
+			mine.Name, mine.Labels = "users-own", map[string]string{recordLabelName: "web"}
+			if _, err := w.cs.CoreV1().Secrets(ns).Create(ctx, mine, metav1.CreateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			n := len(w.cs.Actions())
+			h, _, err := w.b.TryAcquire(ctx, req(OpUpgrade, 15*time.Second))
+			if err != nil {
+				t.Fatal(err)
+			}
+			gets := 0
+			for _, v := range w.verbsSince(n) {
+				if v == "get" {
+					gets++
+				}
+			}
+			if gets != c.wantGets {
+				t.Errorf("the take made %d gets %v, want %d (the gate's read for its write, and the beat's only when the list cannot show it)", gets, w.cs.Actions()[n:], c.wantGets)
+			}
+			if got := h.lease.Annotations[annotationAnchor]; got != "sh.helm.release.v1.web.v1" {
+				t.Errorf("the lock is on %q, want helm's newest record", got)
+			}
+		})
+	}
+}
+
+// TestFirstInstallTakeReadsOnce: the lock of a release with no record is
+// virtual (nothing is written); its take reads the release once (the Get:
+// one list, and the beat by name when the list shows none), its Create
+// reuses that read, and it names revision 1, the one an install writes, so
+// that naming it costs nothing.
+func TestFirstInstallTakeReadsOnce(t *testing.T) {
+	w := newRWorld(t)
+	ctx := context.Background()
+	if err := w.cs.CoreV1().Secrets(ns).Delete(ctx, "sh.helm.release.v1.web.v1", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	n := len(w.cs.Actions())
+	h, _, err := w.b.TryAcquire(ctx, req(OpInstall, 15*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	verbs := w.verbsSince(n)
+	if !slices.Equal(verbs, []string{"list", "get"}) {
+		t.Errorf("the take made %v, want one read (list, get of the beat)", verbs)
+	}
+	if got := h.Record().Revision; got != 1 {
+		t.Errorf("the take named revision %d, want 1", got)
+	}
+	n = len(w.cs.Actions())
+	if err := h.SetRevision(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	if got := w.cs.Actions()[n:]; len(got) != 0 {
+		t.Errorf("naming revision 1 made %v, want nothing", got)
 	}
 }

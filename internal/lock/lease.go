@@ -275,7 +275,7 @@ func (b *Backend) decode(l *coordinationv1.Lease, now servertime.Bounds, self st
 	// left by an earlier holder, or by a claim that lost, names another
 	// gate than the current one.
 	if c := claimOf(l); v.state != Live && c != nil && c.Session != self && c.ReleasedAt.IsZero() &&
-		l.Annotations[annotationClaimedFrom] == gateSession &&
+		l.Annotations[annotationClaimedFrom] == gateSession && claimAgainstGate(l) &&
 		(now.IsZero() || !now.Earliest.After(c.LockedTill.Add(b.margin()))) {
 		v.state, v.claim = Live, c
 	}
@@ -458,6 +458,18 @@ func ceilMilli(t time.Time) time.Time {
 	return r.UTC()
 }
 
+// SettledStatus reports whether a release revision with helm status
+// status is settled: deployed, failed, superseded or uninstalled, no
+// operation writing it. Pending statuses, uninstalling, unknown and none
+// are not.
+func SettledStatus(status string) bool {
+	switch status {
+	case "deployed", "failed", "superseded", "uninstalled":
+		return true
+	}
+	return false
+}
+
 // nextRevision is the revision req's operation will write, as the lock
 // (its virtual Lease's anchor annotations) shows it before any recovery:
 // on a record lock, the one after the newest record's as this take read
@@ -478,9 +490,7 @@ func nextRevision(req *Request, anchor map[string]string) int {
 		// just before, in the same AcquireJoint, if any.
 		return req.nextRevision
 	}
-	switch anchor[annotationAnchorStatus] {
-	case "deployed", "failed", "superseded", "uninstalled":
-	default:
+	if !SettledStatus(anchor[annotationAnchorStatus]) {
 		return 0
 	}
 	n, err := strconv.Atoi(anchor[annotationAnchorRevision])
@@ -565,6 +575,11 @@ func (b *Backend) create(ctx context.Context, req *Request, maybe *maybeTaken) (
 	rec := newRecord(req, now)
 	if rec.Revision == 0 {
 		rec.Revision = nextRevision(req, nil)
+		if b.store == StoreRelease && rec.Revision == 0 && (req.Operation == OpInstall || req.Operation == OpUpgrade) {
+			// The release has no record: the operation writes its first
+			// revision, named now (Held.SetRevision then writes nothing).
+			rec.Revision = 1
+		}
 	}
 	l := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{
 		Name:      LeaseName(req.Release),

@@ -157,7 +157,8 @@ func sameBeatHolder(seen *coordinationv1.Lease, a map[string]string) bool {
 		// same only while it is that same one.
 		claim, err := DecodeRecord(c)
 		return err == nil && claim.Session == bt.Session && claim.ReleasedAt.Equal(bt.ReleasedAt) &&
-			seen.Annotations[annotationClaimedFrom] == a[annotationClaimedFrom]
+			seen.Annotations[annotationClaimedFrom] == a[annotationClaimedFrom] &&
+			seen.Annotations[annotationClaimedOn] == a[annotationClaimedOn]
 	}
 	// The beat seen was the gate holder's own (merged into the record), or
 	// there was none: the same only for that holder's renewal.

@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -62,6 +64,16 @@ const annotationAnchorStatus = "helm-autorecover.io/anchor-status"
 // goes on when the holder's own writes moved the gate (see Update).
 const annotationHolderWrite = "helm-autorecover.io/holder-write"
 
+// annotationUnlabelled marks, on a virtual Lease only (never stored), a
+// release with a record that carries no status label (see read).
+const annotationUnlabelled = "helm-autorecover.io/unlabelled-records"
+
+// annotationGateAt carries, on a virtual Lease only (never stored), where
+// the holder's last fenced write left its lock (Held.GateWritten): a
+// holder's own release is written there first, conditional on that
+// resourceVersion, with no read (see releaseStore.Update).
+const annotationGateAt = "helm-autorecover.io/gate-at"
+
 // unreadableHolder stands for the holder of a lock record that is not JSON
 // at all: the lock is judged Live (its expiry cannot be told) until someone
 // unlocks it with --force naming this session.
@@ -92,9 +104,12 @@ func NewReleaseBackend(client kubernetes.Interface, est *servertime.Estimator, c
 	store := records.New(client, driver)
 	bt := beats{client: client, kind: store.Kind()}
 	seen := &lastReads{}
+	noPatch := &atomic.Bool{}
 	return &Backend{
 		client: client, time: est, clock: clk, Margin: TakeoverMargin, RenewMargin: RenewMargin, store: StoreRelease,
-		api: func(ns string) leaseAPI { return &releaseStore{records: store, beats: bt, ns: ns, seen: seen} },
+		api: func(ns string) leaseAPI {
+			return &releaseStore{records: store, beats: bt, ns: ns, seen: seen, noPatch: noPatch}
+		},
 	}
 }
 
@@ -148,6 +163,9 @@ type releaseStore struct {
 	beats   beats
 	ns      string
 	seen    *lastReads
+	// noPatch is set, for the backend's life, once the API server refused
+	// to patch a record (no patch right): gates are then read and updated.
+	noPatch *atomic.Bool
 }
 
 func historySelector(release string) string {
@@ -169,20 +187,71 @@ func splitRV(rv string) (gate, beat, list string) {
 }
 
 // read returns the metadata of the release's newest record (false when it
-// has none), the list's resourceVersion, and the beat object. The gate is
-// read first: a claim lands on the beat before its gate, so a gate read
-// first is never newer than the beat read after it.
+// has none), the list's resourceVersion, and the beat object.
+//
+// One metadata list of the objects labelled with the release's name
+// returns both, from one snapshot: helm's records (also labelled
+// owner=helm) and the beat (labelled with the name since this version, see
+// beatLabels); other objects a user labelled so are ignored. A beat the
+// list does not show (none yet, or one an earlier version wrote without
+// the label) is read by name after it; so it is after a floored list
+// (records.Floored), which may be served older than a read by name. The
+// gate is then read first: a claim lands on the beat before its gate, so a
+// gate read first is never newer than the beat read after it.
 func (s *releaseStore) read(ctx context.Context, release string) (records.Record, bool, string, beatObj, error) {
-	rs, listRV, err := s.records.ListMeta(ctx, s.ns, historySelector(release))
+	selector, floored := recordLabelName+"="+release, records.Floored(ctx)
+	if floored {
+		selector = historySelector(release)
+	}
+	items, listRV, err := s.records.ListMeta(ctx, s.ns, selector)
 	if err != nil {
 		return records.Record{}, false, "", beatObj{}, fmt.Errorf("reading the stored revisions of release %q in namespace %q: %w", release, s.ns, err)
 	}
+	rs := items[:0:0]
+	var beat beatObj
+	for _, it := range items {
+		switch {
+		case it.Meta.Labels[recordLabelOwner] == recordOwnerHelm:
+			rs = append(rs, it)
+		case !floored && it.Meta.Name == LeaseName(release) && it.Meta.Labels[LabelManagedBy] == ManagedBy:
+			beat = beatObj{meta: it.Meta, exists: true}
+		}
+	}
 	gate, ok := records.NewestOf(rs)
-	beat, err := s.beats.get(ctx, s.ns, LeaseName(release))
-	if err != nil {
-		return records.Record{}, false, "", beatObj{}, fmt.Errorf("reading the lock's beat %s of release %q in namespace %q: %w", LeaseName(release), release, s.ns, err)
+	if ok && slices.ContainsFunc(rs, func(r records.Record) bool { return r.Meta.Labels[recordLabelStatus] == "" }) {
+		// A record without helm's status label (written by another tool,
+		// or corrupted): said on the virtual Lease, so that the history is
+		// read in full, and such records named, before a decision is made
+		// from the newest record alone (see Held.Newest).
+		markUnlabelled(&gate, "true")
+	}
+	if !beat.exists {
+		if beat, err = s.beats.get(ctx, s.ns, LeaseName(release)); err != nil {
+			return records.Record{}, false, "", beatObj{}, fmt.Errorf("reading the lock's beat %s of release %q in namespace %q: %w", LeaseName(release), release, s.ns, err)
+		}
 	}
 	return gate, ok, listRV, beat, nil
+}
+
+// markUnlabelled sets annotationUnlabelled to v on a copy of r's
+// annotations (r's metadata came from a list or an answer shared with no
+// one else, but its map may be).
+func markUnlabelled(r *records.Record, v string) {
+	r.Meta.Annotations = maps.Clone(r.Meta.Annotations)
+	if r.Meta.Annotations == nil {
+		r.Meta.Annotations = map[string]string{}
+	}
+	r.Meta.Annotations[annotationUnlabelled] = v
+}
+
+// beatLabels are the labels of release's beat: the Lease's, and helm's
+// name label, so that one list of the release's objects returns its
+// records and its beat (see read). It carries no owner=helm: helm never
+// lists it.
+func beatLabels(release string) map[string]string {
+	l := leaseLabels(release)
+	l[recordLabelName] = release
+	return l
 }
 
 // virtual renders the lock of release, gate record r and beat object beat,
@@ -241,6 +310,9 @@ func (s *releaseStore) virtual(release string, r records.Record, beat beatObj, l
 		if enc, err := bt.Encode(); err == nil {
 			l.Annotations[annotationClaim] = enc
 			l.Annotations[annotationClaimedFrom] = from
+			if on := beat.meta.Annotations[annotationClaimedOn]; on != "" {
+				l.Annotations[annotationClaimedOn] = on
+			}
 		}
 	}
 	if ws := decodeWaiters(beat.meta.Annotations[AnnotationWaiters]); len(ws) > 0 {
@@ -276,7 +348,7 @@ func virtualLease(release string, r records.Record) *coordinationv1.Lease {
 			annotationAnchorStatus:   r.Meta.Labels[recordLabelStatus],
 		},
 	}}
-	for _, k := range []string{AnnotationRecord, AnnotationQueue} {
+	for _, k := range []string{AnnotationRecord, AnnotationQueue, annotationUnlabelled} {
 		if v, ok := r.Meta.Annotations[k]; ok {
 			l.Annotations[k] = v
 		}
@@ -321,6 +393,9 @@ func (s *releaseStore) Get(ctx context.Context, name string, _ metav1.GetOptions
 		return nil, err
 	}
 	if !ok {
+		if s.seen != nil {
+			s.seen.put(s.ns+"/"+name, lastRead{rv: noRecordRead, listRV: listRV, beat: beat})
+		}
 		return nil, apierrors.NewNotFound(leaseResource, name)
 	}
 	out := s.virtual(rel, r, beat, listRV)
@@ -335,12 +410,21 @@ func (s *releaseStore) Get(ctx context.Context, name string, _ metav1.GetOptions
 // returned carries the list's resourceVersion, so a watch from it misses
 // nothing, and no anchor.
 func (s *releaseStore) Create(ctx context.Context, l *coordinationv1.Lease, _ metav1.CreateOptions) (*coordinationv1.Lease, error) {
-	_, ok, listRV, _, err := s.read(ctx, releaseOf(l.Name))
-	if err != nil {
-		return nil, err
-	}
-	if ok {
-		return nil, apierrors.NewAlreadyExists(leaseResource, l.Name)
+	var listRV string
+	if lr, hit := s.createFromGet(l.Name); hit {
+		// The Get just before found no record: nothing is written here,
+		// so reading again would decide nothing (the create of revision 1
+		// decides, through the write fence).
+		listRV = lr.listRV
+	} else {
+		_, ok, rv, _, err := s.read(ctx, releaseOf(l.Name))
+		if err != nil {
+			return nil, err
+		}
+		if ok {
+			return nil, apierrors.NewAlreadyExists(leaseResource, l.Name)
+		}
+		listRV = rv
 	}
 	out := l.DeepCopy()
 	out.ResourceVersion = joinRV(listRV, "", listRV)
@@ -363,6 +447,9 @@ func (s *releaseStore) Create(ctx context.Context, l *coordinationv1.Lease, _ me
 //   - the queue: the beat only.
 func (s *releaseStore) Update(ctx context.Context, l *coordinationv1.Lease, _ metav1.UpdateOptions) (*coordinationv1.Lease, error) {
 	rel := releaseOf(l.Name)
+	if out, ok, err := s.releaseWhereWritten(ctx, rel, l); ok || err != nil {
+		return out, err
+	}
 	anchor := l.Annotations[annotationAnchor]
 	gateRV, beatRV, _ := splitRV(l.ResourceVersion)
 	lr, cached := s.lastRead(l)
@@ -416,14 +503,14 @@ func (s *releaseStore) Update(ctx context.Context, l *coordinationv1.Lease, _ me
 	if meta.Labels == nil {
 		meta.Labels = map[string]string{}
 	}
-	for k, v := range leaseLabels(rel) {
+	for k, v := range beatLabels(rel) {
 		meta.Labels[k] = v
 	}
 	if meta.Annotations == nil {
 		meta.Annotations = map[string]string{}
 	}
 	writeBeat := false
-	setBeat := func(rec Record, from *string) error {
+	setBeat := func(rec Record, from *string, on string) error {
 		enc, err := encodeBeat(rec)
 		if err != nil {
 			return err
@@ -434,17 +521,22 @@ func (s *releaseStore) Update(ctx context.Context, l *coordinationv1.Lease, _ me
 		} else {
 			meta.Annotations[annotationClaimedFrom] = *from
 		}
+		if on == "" {
+			delete(meta.Annotations, annotationClaimedOn)
+		} else {
+			meta.Annotations[annotationClaimedOn] = on
+		}
 		writeBeat = true
 		return nil
 	}
 	switch {
 	case take:
 		from := sessionOfRaw(have)
-		if err := setBeat(*want, &from); err != nil {
+		if err := setBeat(*want, &from, claimedOn(want.Session, r.Meta.Name, gateRV)); err != nil {
 			return nil, err
 		}
 	case gateChange && want.ReleasedBy != "":
-		if err := setBeat(*want, nil); err != nil {
+		if err := setBeat(*want, nil, ""); err != nil {
 			return nil, err
 		}
 	case !gateChange && want != nil && l.Annotations[AnnotationRecord] != cur.Annotations[AnnotationRecord]:
@@ -454,7 +546,7 @@ func (s *releaseStore) Update(ctx context.Context, l *coordinationv1.Lease, _ me
 		// takeover of this holder names it in claimed-from, and Held stops
 		// on it before writing).
 		from := want.Session
-		if err := setBeat(*want, &from); err != nil {
+		if err := setBeat(*want, &from, ""); err != nil {
 			return nil, err
 		}
 	}
@@ -489,30 +581,131 @@ func (s *releaseStore) Update(ctx context.Context, l *coordinationv1.Lease, _ me
 		}
 	}
 	if gateChange {
-		full, err := s.records.Get(ctx, s.ns, r.Meta.Name)
-		switch {
-		case apierrors.IsNotFound(err):
-			return nil, apierrors.NewConflict(leaseResource, l.Name, fmt.Errorf("the newest record %s of release %q was deleted", r.Meta.Name, rel))
-		case err != nil:
-			return nil, err
-		case full.Meta.ResourceVersion != gateRV:
-			return nil, apierrors.NewConflict(leaseResource, l.Name, fmt.Errorf("the newest record %s of release %q changed", r.Meta.Name, rel))
-		}
-		g := gateForm(*want)
-		enc, err := g.Encode()
-		if err != nil {
+		unlabelled, told := r.Meta.Annotations[annotationUnlabelled]
+		if r, err = s.writeGate(ctx, rel, r.Meta.Name, gateRV, *want); err != nil {
 			return nil, err
 		}
-		if full.Meta.Annotations == nil {
-			full.Meta.Annotations = map[string]string{}
-		}
-		full.Meta.Annotations[AnnotationRecord] = enc
-		delete(full.Meta.Annotations, AnnotationQueue)
-		if r, err = s.records.Update(ctx, full, FieldManager); err != nil {
-			return nil, err
+		if told {
+			// What the read found of the other records still holds.
+			markUnlabelled(&r, unlabelled)
 		}
 	}
 	return s.virtual(rel, r, beat, listRV), nil
+}
+
+// writeGate writes want as the gate on record name of release rel,
+// conditional on its resourceVersion rv, with one patch of its annotations
+// (the lock record set, a queue of an earlier version removed); when the
+// API server refuses patches (no patch right: remembered for the backend's
+// life) or the client cannot make them, by reading the record and updating
+// it whole. A record changed or deleted since rv is a Conflict on the
+// virtual Lease: the caller reads again.
+func (s *releaseStore) writeGate(ctx context.Context, rel, name, rv string, want Record) (records.Record, error) {
+	g := gateForm(want)
+	enc, err := g.Encode()
+	if err != nil {
+		return records.Record{}, err
+	}
+	if !s.noPatch.Load() {
+		r, err := s.records.PatchAnnotations(ctx, s.ns, name, rv, map[string]*string{AnnotationRecord: &enc, AnnotationQueue: nil}, FieldManager)
+		switch {
+		case err == nil:
+			return r, nil
+		case apierrors.IsConflict(err):
+			return records.Record{}, apierrors.NewConflict(leaseResource, LeaseName(rel), fmt.Errorf("the newest record %s of release %q changed", name, rel))
+		case apierrors.IsNotFound(err):
+			return records.Record{}, apierrors.NewConflict(leaseResource, LeaseName(rel), fmt.Errorf("the newest record %s of release %q was deleted", name, rel))
+		case errors.Is(err, records.ErrNoPatch), apierrors.IsForbidden(err):
+			s.noPatch.Store(true)
+		default:
+			return records.Record{}, err
+		}
+	}
+	full, err := s.records.Get(ctx, s.ns, name)
+	switch {
+	case apierrors.IsNotFound(err):
+		return records.Record{}, apierrors.NewConflict(leaseResource, LeaseName(rel), fmt.Errorf("the newest record %s of release %q was deleted", name, rel))
+	case err != nil:
+		return records.Record{}, err
+	case full.Meta.ResourceVersion != rv:
+		return records.Record{}, apierrors.NewConflict(leaseResource, LeaseName(rel), fmt.Errorf("the newest record %s of release %q changed", name, rel))
+	}
+	if full.Meta.Annotations == nil {
+		full.Meta.Annotations = map[string]string{}
+	}
+	full.Meta.Annotations[AnnotationRecord] = enc
+	delete(full.Meta.Annotations, AnnotationQueue)
+	return s.records.Update(ctx, full, FieldManager)
+}
+
+// releaseWhereWritten writes the holder's own release of l (see
+// Held.writeLocked) onto the record where its last fenced write left the
+// lock (annotationGateAt), conditional on the resourceVersion that write
+// returned, without reading the records or the beat: ok reports that it
+// did. Nobody wrote that record since, so it still carries this holder's
+// unreleased lock: a takeover, a person's release, stock helm's rewrite or
+// the holder's own later write would each have changed it. A newer record
+// written since (only by a client that takes no lock: the holder's own
+// revision is no longer pending) carries no lock, and this one is left
+// released. Anything else, or a record written since, goes the usual way
+// (ok false, nil error): read, judge, write.
+func (s *releaseStore) releaseWhereWritten(ctx context.Context, rel string, l *coordinationv1.Lease) (*coordinationv1.Lease, bool, error) {
+	at := l.Annotations[annotationGateAt]
+	want := annotatedRecord(l.Annotations)
+	if at == "" || want == nil || want.ReleasedAt.IsZero() || want.ReleasedBy != "" || l.Annotations[annotationHolderWrite] != want.Session {
+		return nil, false, nil
+	}
+	name, rv, ok := strings.Cut(at, "@")
+	if !ok {
+		return nil, false, nil
+	}
+	r, err := s.writeGate(ctx, rel, name, rv, *want)
+	if err != nil {
+		if apierrors.IsConflict(err) {
+			return nil, false, nil
+		}
+		return nil, false, err
+	}
+	_, beatRV, listRV := splitRV(l.ResourceVersion)
+	out := s.virtual(rel, r, beatObj{}, listRV)
+	gateRV, _, _ := splitRV(out.ResourceVersion)
+	out.ResourceVersion = joinRV(gateRV, beatRV, listRV)
+	return out, true, nil
+}
+
+// recordAt names release record name at resourceVersion rv.
+func recordAt(name, rv string) string { return name + "@" + rv }
+
+// claimedOn is the annotationClaimedOn of session's claim against release
+// record name at resourceVersion rv. The session is in it so that a claim
+// written over it by a version that does not know the annotation (and
+// leaves it) is not judged by it.
+func claimedOn(session, name, rv string) string { return recordAt(name, rv) + "@" + session }
+
+// claimAgainstGate tells whether the claim the virtual Lease l carries was
+// made against its gate as it stands (see annotationClaimedOn): always for
+// a claim that names no record, or names it for another session (written
+// by an earlier version over this one's).
+func claimAgainstGate(l *coordinationv1.Lease) bool {
+	on, ok := l.Annotations[annotationClaimedOn]
+	c := claimOf(l)
+	if !ok || c == nil {
+		return true
+	}
+	at, session, _ := cutLast(on, "@")
+	if session != c.Session {
+		return true
+	}
+	gateRV, _, _ := splitRV(l.ResourceVersion)
+	return at == recordAt(l.Annotations[annotationAnchor], gateRV)
+}
+
+// cutLast cuts s around the last sep.
+func cutLast(s, sep string) (before, after string, found bool) {
+	if i := strings.LastIndex(s, sep); i >= 0 {
+		return s[:i], s[i+len(sep):], true
+	}
+	return s, "", false
 }
 
 // annotatedRecord is the lock record in annotations as far as it can be
@@ -535,6 +728,19 @@ func gateWrite(want, have *Record) (gateChange, take bool) {
 	gateChange = want != nil && (have == nil || want.Session != have.Session ||
 		!want.ReleasedAt.Equal(have.ReleasedAt) || want.ReleasedBy != have.ReleasedBy)
 	return gateChange, gateChange && want.ReleasedAt.IsZero()
+}
+
+// noRecordRead is the lastRead.rv of a Get that found no record (its
+// NotFound), for the Create that follows it (createFromGet).
+const noRecordRead = "-"
+
+// createFromGet returns what the Get just before read of the lock named
+// name when it found no record.
+func (s *releaseStore) createFromGet(name string) (lastRead, bool) {
+	if s.seen == nil {
+		return lastRead{}, false
+	}
+	return s.seen.take(s.ns+"/"+name, noRecordRead)
 }
 
 // lastRead returns what the Get just before read of the lock l, when l was
@@ -578,7 +784,7 @@ func (s *releaseStore) ensureBeat(ctx context.Context, rec Record) (string, erro
 		if meta.Labels == nil {
 			meta.Labels = map[string]string{}
 		}
-		for k, v := range leaseLabels(rec.Release) {
+		for k, v := range beatLabels(rec.Release) {
 			meta.Labels[k] = v
 		}
 		if meta.Annotations == nil {
@@ -590,6 +796,7 @@ func (s *releaseStore) ensureBeat(ctx context.Context, rec Record) (string, erro
 		}
 		meta.Annotations[AnnotationBeat] = enc
 		meta.Annotations[annotationClaimedFrom] = rec.Session // holding (see Update)
+		delete(meta.Annotations, annotationClaimedOn)
 		written, err := s.beats.put(ctx, beat, *meta)
 		if err == nil {
 			return written.rv(), nil

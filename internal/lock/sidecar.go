@@ -59,6 +59,17 @@ const (
 	// annotationClaimedFrom names, on the beat object, the gate's session
 	// its claimant judged Free or Expired ("" when the gate had none).
 	annotationClaimedFrom = "helm-autorecover.io/claimed-from"
+	// annotationClaimedOn names, on the beat object, the release record a
+	// claim was made against and its resourceVersion ("NAME@RV"): the gate
+	// the claimant writes next, conditional on that version. A claim counts
+	// against that gate only: once the record changed (the claimant's gate
+	// landed, or a write beat it) or a newer record became the newest, the
+	// claim is either the holder's own beat or dead. So a holder's beat that
+	// was never renewed after its take is not taken for a claim in flight
+	// against a later record (stock helm's, carrying no lock). Renewals and
+	// beats of earlier versions carry none: a claim without it counts
+	// against any gate naming the session it claims from.
+	annotationClaimedOn = "helm-autorecover.io/claimed-on"
 	// AnnotationWaiters holds, on the beat object, the waiters' queue in a
 	// compact form (see compactWaiter).
 	AnnotationWaiters = "helm-autorecover.io/waiters"

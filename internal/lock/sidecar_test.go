@@ -215,3 +215,44 @@ func TestStaleBeatIsNoClaim(t *testing.T) {
 		t.Fatalf("state %s (claim %v), want free", v.state, v.claim)
 	}
 }
+
+// TestClaimCountsOnlyAgainstItsRecord: a take's claim names the record it
+// was made against (annotationClaimedOn), and counts as a claim in flight
+// only while that record, at that version, is the newest: a holder whose
+// take is the last write of its beat (its SetRevision wrote nothing) leaves
+// no claim against a later record that carries no lock (stock helm's); a
+// beat of an earlier version, naming no record or naming it for another
+// session (an earlier version claimed over this one's beat and left the
+// annotation), counts as before.
+func TestClaimCountsOnlyAgainstItsRecord(t *testing.T) {
+	t0 := time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)
+	claim := Record{Session: "A", Operation: OpUpgrade, LeaseDuration: metav1.Duration{Duration: 15 * time.Second}, AcquiredAt: t0, RenewedAt: t0, LockedTill: t0.Add(15 * time.Second)}
+	enc, _ := encodeBeat(claim)
+	b := &Backend{Margin: TakeoverMargin}
+	now := servertime.Bounds{Earliest: t0.Add(time.Second), Latest: t0.Add(2 * time.Second)}
+	for _, tc := range []struct {
+		name      string
+		newest    string // name of the newest record (carrying no lock)
+		newestRV  string
+		claimedOn string // "" for none
+		want      State
+	}{
+		{"claim against the newest record as read", "sh.helm.release.v1.web.v3", "5", "sh.helm.release.v1.web.v3@5@A", Live},
+		{"claim against an older record", "sh.helm.release.v1.web.v4", "8", "sh.helm.release.v1.web.v3@5@A", Free},
+		{"claim against an earlier version of the newest record", "sh.helm.release.v1.web.v3", "6", "sh.helm.release.v1.web.v3@5@A", Free},
+		{"claim of an earlier version, naming no record", "sh.helm.release.v1.web.v4", "8", "", Live},
+		{"claim of an earlier version over another session's record name", "sh.helm.release.v1.web.v4", "8", "sh.helm.release.v1.web.v3@5@Z", Live},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ann := map[string]string{AnnotationBeat: enc, annotationClaimedFrom: ""}
+			if tc.claimedOn != "" {
+				ann[annotationClaimedOn] = tc.claimedOn
+			}
+			r := records.Record{Kind: records.KindSecret, Meta: metav1.ObjectMeta{Name: tc.newest, Namespace: "shop", ResourceVersion: tc.newestRV}}
+			l := (&releaseStore{ns: "shop"}).virtual("web", r, beatObj{exists: true, meta: metav1.ObjectMeta{Name: LeaseName("web"), Namespace: "shop", ResourceVersion: "7", Annotations: ann}}, "9")
+			if v := b.decode(l, now, "C"); v.state != tc.want {
+				t.Fatalf("state %s (claim %v), want %s", v.state, v.claim, tc.want)
+			}
+		})
+	}
+}

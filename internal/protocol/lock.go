@@ -9,7 +9,9 @@ import (
 	"sync/atomic"
 	"time"
 
+	"helm.sh/helm/v4/pkg/release/common"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/helm-autorecover/helm-autorecover/internal/helmx"
 	"github.com/helm-autorecover/helm-autorecover/internal/lock"
@@ -47,6 +49,25 @@ func (l *Lock) ReadFloor() string {
 	return l.joint.ReadFloor()
 }
 
+// NewestAtTake is the release's newest record as the take of its record
+// lock read or wrote it (revision 0: none; its name, revision and status
+// label), from the read that take's write was conditional on; false when
+// no part was taken on the release's records (a Lease alone, the sql
+// driver). It is given once, to the first recovery under the lock
+// (Conn.Recover): when that record is not pending, only it is read, not
+// the whole history. Later recoveries (after helm wrote a revision) read
+// the history.
+func (l *Lock) NewestAtTake() (helmx.Summary, bool) {
+	if l.newestGiven.Swap(true) {
+		return helmx.Summary{}, false
+	}
+	name, rev, status, ok := l.joint.Newest()
+	if !ok {
+		return helmx.Summary{}, false
+	}
+	return helmx.Summary{RecordName: name, Name: l.release, Namespace: l.namespace, Revision: rev, Status: common.Status(status)}, true
+}
+
 // Lock is a release lock taken through Acquire: every store's part under
 // one session, and what it was taken from. Its methods are safe for
 // concurrent use.
@@ -55,8 +76,10 @@ type Lock struct {
 	joint              *lock.Joint
 	release, namespace string
 
-	// floorGiven is set once ReadFloor has given the take's floor.
-	floorGiven atomic.Bool
+	// floorGiven is set once ReadFloor has given the take's floor;
+	// newestGiven once NewestAtTake has said what the take read.
+	floorGiven  atomic.Bool
+	newestGiven atomic.Bool
 	// lastRecordWrite is the resourceVersion of the fence's last accepted
 	// write of a record of the release (guarded by mu).
 	lastRecordWrite string
@@ -130,13 +153,21 @@ func (l *Lock) Deadline() time.Time {
 }
 
 // RecordWritten is how the write fence (helmx.RecordWriteNoter) tells the
-// lock the resourceVersion of each record write it made: Release reads not
-// older than the last.
-func (l *Lock) RecordWritten(rv string) {
+// lock the metadata of each record write it made, as the server returned
+// it: Release reads not older than the last, and writes the release where
+// the last write carrying the lock left it (lock.Held.GateWritten).
+func (l *Lock) RecordWritten(meta metav1.ObjectMeta) {
 	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.lastRecordWrite = rv
+	l.lastRecordWrite = meta.ResourceVersion
+	l.mu.Unlock()
+	l.joint.GateWritten(meta)
 }
+
+// RecordWriteUnsure is how the write fence (helmx.RecordWriteNoter) tells
+// the lock that a record write it was asked to make did not end in an
+// accepted answer: the release then reads where the lock is before writing
+// it (lock.Held.GateUnsure).
+func (l *Lock) RecordWriteUnsure() { l.joint.GateUnsure() }
 
 // OwnRecordWrite is how the write fence (helmx.OwnRecordReporter) tells the
 // lock that a write of revision rev, one of the holder's own, failed or

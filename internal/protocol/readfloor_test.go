@@ -76,7 +76,7 @@ func TestFirstReadFromTheTake(t *testing.T) {
 func TestReleaseReadsFromHelmsLastWrite(t *testing.T) {
 	l, cs := heldRecordLock(t)
 	ctx := context.Background()
-	l.RecordWritten("77")
+	l.RecordWritten(metav1.ObjectMeta{ResourceVersion: "77"})
 	cs.ClearActions()
 	if err := l.Release(ctx); err != nil {
 		t.Fatal(err)
@@ -99,7 +99,7 @@ func TestReleaseReadsFromHelmsLastWrite(t *testing.T) {
 func TestReleaseAfterUnsettledWriteReadsConsistently(t *testing.T) {
 	l, cs := heldRecordLock(t)
 	ctx := context.Background()
-	l.RecordWritten("77")
+	l.RecordWritten(metav1.ObjectMeta{ResourceVersion: "77"})
 	l.OwnRecordWrite(2, false) // its answer was lost
 	cs.ClearActions()
 	_ = l.Release(ctx)

@@ -177,10 +177,23 @@ func (c *Conn) Recover(ctx context.Context, p Procedure) (Outcome, error) {
 	if f, ok := p.Writer.(interface{ ReadFloor() string }); ok {
 		floor = f.ReadFloor()
 	}
+	// When the take found the newest record settled by its labels, that
+	// record alone is read (its release data says the status helm goes
+	// by; labels can be edited by hand): settled there too, the decision
+	// needs no more (recovery.Decide's rule 2 looks at the newest
+	// revision's status alone), and the whole history, every revision's
+	// release data, is not read.
+	settled, haveSettled := c.settledAtTake(ctx, p)
 	for attempt := 0; attempt < maxRecoverAttempts; {
-		// A floored read that fails is read again consistently (records).
-		hist, err := c.History(records.WithNotOlderThan(ctx, floor), p.Namespace, p.Release)
-		floor = ""
+		var hist []helmx.Summary
+		var err error
+		if haveSettled {
+			hist, haveSettled = settled, false
+		} else {
+			// A floored read that fails is read again consistently (records).
+			hist, err = c.History(records.WithNotOlderThan(ctx, floor), p.Namespace, p.Release)
+			floor = ""
+		}
 		if err != nil {
 			return out, err
 		}
@@ -272,6 +285,38 @@ func (c *Conn) Recover(ctx context.Context, p Procedure) (Outcome, error) {
 		return out, nil
 	}
 	return out, fmt.Errorf("%s: other writers kept changing the release during recovery; try again: %w", subject, ErrConflict)
+}
+
+// settledAtTake returns, for the first recovery under p.Writer's lock, the
+// history to decide from when its take says nothing is pending: empty when
+// the take found no record; the newest record alone when the take found
+// its status label settled (deployed, failed, superseded, uninstalled)
+// and its release data, read now, says a settled status too. ok false
+// otherwise (pending, unknown, unreadable, or a take that read no record):
+// the whole history is read.
+func (c *Conn) settledAtTake(ctx context.Context, p Procedure) (hist []helmx.Summary, ok bool) {
+	n, isLock := p.Writer.(interface{ NewestAtTake() (helmx.Summary, bool) })
+	if !isLock || c.recordsErr != nil {
+		return nil, false
+	}
+	taken, ok := n.NewestAtTake()
+	switch {
+	case !ok:
+		return nil, false
+	case taken.Revision == 0:
+		return nil, true
+	case !lock.SettledStatus(string(taken.Status)):
+		return nil, false
+	}
+	r, err := c.records.Get(ctx, p.Namespace, taken.RecordName)
+	if err != nil {
+		return nil, false
+	}
+	s, err := helmx.SummarizeRecord(r)
+	if err != nil || s.Revision != taken.Revision || !lock.SettledStatus(string(s.Status)) {
+		return nil, false
+	}
+	return []helmx.Summary{s}, true
 }
 
 // rollsBackBefore reports whether helm's rollback may run before next:

@@ -200,6 +200,15 @@ func WithNotOlderThan(ctx context.Context, rv string) context.Context {
 	return context.WithValue(ctx, notOlderThanKey{}, &floor{rv: rv})
 }
 
+// Floored reports whether the next List or ListMeta under ctx is the
+// floored one (WithNotOlderThan): served from the API server's cache, so
+// what it returns may be older than a consistent read would be, down to
+// the floor.
+func Floored(ctx context.Context) bool {
+	f, _ := ctx.Value(notOlderThanKey{}).(*floor)
+	return f != nil && !f.used.Load()
+}
+
 // floorOf returns the floor of ctx for the first read under it, "" after.
 func floorOf(ctx context.Context) string {
 	f, _ := ctx.Value(notOlderThanKey{}).(*floor)
