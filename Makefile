@@ -13,10 +13,15 @@ GOLANGCI_LINT := $(shell $(GO) env GOPATH)/bin/golangci-lint
 # Integration tests start processes and wait on them: generous, not infinite.
 TEST_TIMEOUT ?= 40m
 
-.PHONY: dist docs build test test-unit test-integration lint fmt vet demo bench bench-controller cluster-up cluster-down cluster-bins tools clean chart-lint
+.PHONY: dist docs build build-chaos chaos test test-unit test-integration lint fmt vet demo bench bench-controller cluster-up cluster-down cluster-bins tools clean chart-lint
 
 build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/helm-autorecover
+
+## build-chaos: the fault suite's binary, with the hooks of internal/chaos
+## (kill points, a simulated clock offset); never shipped.
+build-chaos:
+	$(GO) build -tags chaos -ldflags "$(LDFLAGS)" -o bin/helm-autorecover-chaos ./cmd/helm-autorecover
 
 ## dist: archives for linux, darwin and windows on amd64 and arm64, with
 ## checksums, in dist/ (hack/dist.sh): what the plugin's install hook takes
@@ -62,6 +67,16 @@ bench: build cluster-up
 		--helm $${HELM4:-$$HOME/.cache/helm-autorecover/bin/helm-v4} $(if $(BENCH_BASELINE),--baseline $(BENCH_BASELINE))
 	KUBECONFIG=$(CURDIR)/.local-cluster/kubeconfig $(GO) run ./hack/benchsuite --bin $(BIN) \
 		--helm $${HELM4:-$$HOME/.cache/helm-autorecover/bin/helm-v4} $(BENCH_SUITE_FLAGS)
+
+## chaos: the fault-injection suite (issue 14) on the local control plane:
+## kills at every step, skewed clocks and servers, failing servers, restarts,
+## pauses, contention; writes docs/reliability.md. Not part of make test (a
+## smoke subset is: TestChaosSmoke). CHAOS_FLAGS='--scenarios=kill' runs one
+## group (see go run ./hack/benchsuite --help).
+CHAOS_FLAGS ?=
+chaos: build-chaos cluster-up
+	KUBECONFIG=$(CURDIR)/.local-cluster/kubeconfig $(GO) run ./hack/benchsuite --suite chaos \
+		--helm $${HELM4:-$$HOME/.cache/helm-autorecover/bin/helm-v4} $(CHAOS_FLAGS)
 
 ## bench-controller: the controller at scale (issue 12 item 7): 10,000 releases
 ## in 100 namespaces, 100 left stuck under dead holders' locks; time to sync,

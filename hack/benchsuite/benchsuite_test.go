@@ -221,3 +221,47 @@ func TestWriteSection(t *testing.T) {
 		t.Errorf("dataLink = %q; want bench/handoff.png", got)
 	}
 }
+
+// TestChaosSmoke runs a few cases of the fault suite (make chaos) so that
+// `make test` keeps it from rotting: an upgrade killed after its pending
+// write and a rollback killed in its pre-hook, under each backend, and an
+// install killed while recovery marks its abandoned revision failed. Each
+// case must reach its point, be recovered by the next operation, and leave
+// a clean history with no overlapping holders in the audit log.
+func TestChaosSmoke(t *testing.T) {
+	env := testenv.Get(t)
+	dir := t.TempDir()
+	o := defaults()
+	o.family = chaosFamily
+	o.bin, o.helm, o.kubeconfig = env.ChaosBin(t), env.Helm4, env.Kubeconfig
+	o.doc, o.data = filepath.Join(dir, "reliability.md"), filepath.Join(dir, "reliability")
+	o.chaos.chart = filepath.Join(env.RepoRoot, o.chaos.chart)
+	o.chaos.auditLog = filepath.Join(filepath.Dir(env.Kubeconfig), "logs", "audit.log")
+	o.scenarios = []string{"kill"}
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	defer cancel()
+	for _, c := range []struct{ ops, points, backends []string }{
+		{[]string{"upgrade", "rollback"}, []string{"after-pending-write", "pre-hook"}, []string{"release", "lease"}},
+		{[]string{"install"}, []string{"recovery"}, []string{"release"}},
+	} {
+		o.chaos.ops, o.chaos.points, o.chaos.backends = c.ops, c.points, c.backends
+		res, err := run(ctx, o)
+		if err != nil {
+			t.Fatalf("chaos: %v", err)
+		}
+		r := res.chaos["kill"]
+		if want := len(c.ops) * len(c.points) * len(c.backends); r == nil || r.cases != want {
+			t.Fatalf("chaos kill: %v cases; want %d", r, want)
+		}
+		if r.violations != 0 {
+			t.Errorf("chaos kill: %d violations:\n%s", r.violations, strings.Join(r.lines, "\n"))
+		}
+	}
+	doc, err := os.ReadFile(o.doc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(doc), "### Kill matrix") || !strings.Contains(string(doc), chaosFamily.beginScenario("kill")) {
+		t.Errorf("%s lacks the kill matrix:\n%s", o.doc, doc)
+	}
+}

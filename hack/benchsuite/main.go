@@ -31,11 +31,13 @@ import (
 	"time"
 )
 
-// scenarioNames are the scenarios in the order they run and are written.
+// scenarioNames are the bench's scenarios in the order they run and are
+// written.
 var scenarioNames = []string{"overhead", "recovery", "handoff", "contention"}
 
 // options are the command's flags.
 type options struct {
+	family                family // the bench (docs/benchmarks.md) or the fault suite (docs/reliability.md)
 	bin, helm, kubeconfig string
 	doc, data             string // the Markdown file and the folder of PNG and CSV
 	scenarios             []string
@@ -50,10 +52,13 @@ type options struct {
 	handoffs          int
 	clients, upgrades int // contention
 	soloRuns          int // contention: upgrades alone, for the baseline
+
+	chaos chaosOptions
 }
 
 func defaults() options {
 	return options{
+		family:            benchFamily,
 		bin:               "bin/helm-autorecover",
 		helm:              os.ExpandEnv("$HOME/.cache/helm-autorecover/bin/helm-v4"),
 		kubeconfig:        os.Getenv("KUBECONFIG"),
@@ -72,12 +77,14 @@ func defaults() options {
 		clients:           20,
 		upgrades:          5,
 		soloRuns:          10,
+		chaos:             chaosDefaults(),
 	}
 }
 
 func main() {
 	o := defaults()
 	fs := flag.NewFlagSet("benchsuite", flag.ExitOnError)
+	suiteName := fs.String("suite", "bench", "bench: stock helm and helm-autorecover side by side (docs/benchmarks.md); chaos: the fault-injection suite (docs/reliability.md, make chaos) against a binary built with -tags chaos")
 	fs.StringVar(&o.bin, "bin", o.bin, "the helm-autorecover binary")
 	fs.StringVar(&o.helm, "helm", o.helm, "the stock helm v4 binary")
 	fs.StringVar(&o.kubeconfig, "kubeconfig", o.kubeconfig, "admin kubeconfig of the cluster (default $KUBECONFIG)")
@@ -96,7 +103,23 @@ func main() {
 	fs.IntVar(&o.clients, "clients", o.clients, "contention: clients upgrading one release at once")
 	fs.IntVar(&o.upgrades, "upgrades", o.upgrades, "contention: upgrades per client, one after another")
 	fs.IntVar(&o.soloRuns, "solo-runs", o.soloRuns, "contention: upgrades alone before, whose median is the baseline")
+	o.chaos.flags(fs)
 	_ = fs.Parse(os.Args[1:])
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	switch *suiteName {
+	case "bench":
+	case "chaos":
+		o.family = chaosFamily
+		for name, v := range map[string]*string{"bin": &o.bin, "doc": &o.doc, "data": &o.data, "scenarios": scen} {
+			if !set[name] {
+				*v = map[string]string{"bin": "bin/helm-autorecover-chaos", "doc": "docs/reliability.md", "data": "docs/reliability", "scenarios": strings.Join(chaosFamily.scenarios, ",")}[name]
+			}
+		}
+	default:
+		fmt.Fprintf(os.Stderr, "benchsuite: --suite=%q: must be bench or chaos\n", *suiteName)
+		os.Exit(2)
+	}
 	o.scenarios = splitList(*scen)
 	var err error
 	if o.leases, err = parseLeases(*leases); err != nil {
@@ -105,8 +128,11 @@ func main() {
 	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	_, err = run(ctx, o)
+	res, err := run(ctx, o)
 	stop()
+	if o.family.word == chaosFamily.word && res != nil {
+		fmt.Print("\n" + chaosSummary(res))
+	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "benchsuite:", err)
 		os.Exit(1)

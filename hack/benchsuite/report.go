@@ -26,8 +26,23 @@ const (
 	endSuite   = "<!-- END benchsuite -->"
 )
 
-func beginScenario(name string) string { return "<!-- BEGIN benchsuite " + name + " -->" }
-func endScenario(name string) string   { return "<!-- END benchsuite " + name + " -->" }
+func beginScenario(name string) string { return benchFamily.beginScenario(name) }
+func endScenario(name string) string   { return benchFamily.endScenario(name) }
+
+// family is a set of scenarios whose figures are one generated block of
+// one document: the side-by-side bench (docs/benchmarks.md) or the fault
+// suite (docs/reliability.md).
+type family struct {
+	word       string // of the block's markers
+	begin, end string // the block's markers
+	intro      string
+	scenarios  []string // in the order they run and are written
+}
+
+func (f family) beginScenario(name string) string { return "<!-- BEGIN " + f.word + " " + name + " -->" }
+func (f family) endScenario(name string) string   { return "<!-- END " + f.word + " " + name + " -->" }
+
+var benchFamily = family{word: "benchsuite", begin: beginSuite, end: endSuite, intro: suiteIntro, scenarios: scenarioNames}
 
 // suiteIntro opens the generated section.
 const suiteIntro = `## Side by side with stock helm (issue 13)
@@ -53,22 +68,23 @@ func (s *suite) writeSection(name string, sec section) error {
 		return err
 	}
 	doc := string(b)
-	if !strings.Contains(doc, beginSuite) || !strings.Contains(doc, endSuite) {
+	f := s.o.family
+	if !strings.Contains(doc, f.begin) || !strings.Contains(doc, f.end) {
 		var blk strings.Builder
-		blk.WriteString(beginSuite + "\n\n" + suiteIntro)
-		for _, n := range scenarioNames {
-			fmt.Fprintf(&blk, "\n%s\n\n_%s: not measured yet._\n\n%s\n", beginScenario(n), n, endScenario(n))
+		blk.WriteString(f.begin + "\n\n" + f.intro)
+		for _, n := range f.scenarios {
+			fmt.Fprintf(&blk, "\n%s\n\n_%s: not measured yet._\n\n%s\n", f.beginScenario(n), n, f.endScenario(n))
 		}
-		blk.WriteString("\n" + endSuite + "\n")
+		blk.WriteString("\n" + f.end + "\n")
 		if doc != "" && !strings.HasSuffix(doc, "\n\n") {
 			doc = strings.TrimRight(doc, "\n") + "\n\n"
 		}
 		doc += blk.String()
 	}
-	begin, end := beginScenario(name), endScenario(name)
+	begin, end := f.beginScenario(name), f.endScenario(name)
 	i, j := strings.Index(doc, begin), strings.Index(doc, end)
 	if i < 0 || j < i {
-		return fmt.Errorf("%s: the block of %s (%q ... %q) is missing or broken; remove the whole benchsuite block to have it written again", s.o.doc, name, begin, end)
+		return fmt.Errorf("%s: the block of %s (%q ... %q) is missing or broken; remove the whole %s block to have it written again", s.o.doc, name, begin, end, f.word)
 	}
 	doc = doc[:i] + begin + "\n\n" + strings.TrimSpace(sec.markdown) + "\n\n" + doc[j:]
 	if err := os.MkdirAll(filepath.Dir(s.o.doc), 0o755); err != nil {

@@ -48,13 +48,14 @@ type results struct {
 	recovery   *recoveryResult
 	handoff    *handoffResult
 	contention *contentionResult
+	chaos      map[string]*chaosResult
 }
 
 // run runs the scenarios o asks for and writes their figures.
 func run(ctx context.Context, o options) (*results, error) {
 	for _, name := range o.scenarios {
-		if !slices.Contains(scenarioNames, name) {
-			return nil, fmt.Errorf("unknown scenario %q (known: %s)", name, strings.Join(scenarioNames, ", "))
+		if !slices.Contains(o.family.scenarios, name) {
+			return nil, fmt.Errorf("unknown scenario %q (known: %s)", name, strings.Join(o.family.scenarios, ", "))
 		}
 	}
 	for _, p := range []*string{&o.bin, &o.helm, &o.smallChart, &o.mediumChart} {
@@ -92,7 +93,7 @@ func run(ctx context.Context, o options) (*results, error) {
 		"XDG_CACHE_HOME="+filepath.Join(s.dir, "xdg-cache"),
 	)
 	s.machine = readMachine(ctx, cs, o)
-	res := &results{machine: s.machine}
+	res := &results{machine: s.machine, chaos: map[string]*chaosResult{}}
 	fmt.Fprintf(os.Stderr, "benchsuite: %s\n", s.machine.summary())
 	for _, name := range o.scenarios {
 		start := time.Now()
@@ -107,6 +108,8 @@ func run(ctx context.Context, o options) (*results, error) {
 			sec, err = measure(ctx, &res.handoff, s.handoff, s.handoffReport)
 		case "contention":
 			sec, err = measure(ctx, &res.contention, s.contention, s.contentionReport)
+		default:
+			sec, err = s.chaosScenario(ctx, name, res)
 		}
 		if err != nil {
 			return res, fmt.Errorf("%s: %w", name, err)
@@ -189,9 +192,14 @@ func (s *suite) start(ctx context.Context, id, bin string, args ...string) (*pro
 	if err != nil {
 		return nil, err
 	}
+	return s.startWith(ctx, kc, nil, bin, args...)
+}
+
+// startWith starts bin with args, with kubeconfig kc and extra environment.
+func (s *suite) startWith(ctx context.Context, kc string, env []string, bin string, args ...string) (*proc, error) {
 	p := &proc{args: args, done: make(chan struct{})}
 	p.cmd = exec.CommandContext(ctx, bin, args...)
-	p.cmd.Env = append(slices.Clip(s.env), "KUBECONFIG="+kc)
+	p.cmd.Env = append(append(slices.Clip(s.env), "KUBECONFIG="+kc), env...)
 	p.cmd.Stdout, p.cmd.Stderr = &p.stdout, &p.stderr
 	p.start = time.Now()
 	if err := p.cmd.Start(); err != nil {

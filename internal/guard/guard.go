@@ -19,6 +19,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/clock"
 
+	"github.com/helm-autorecover/helm-autorecover/internal/chaos"
 	"github.com/helm-autorecover/helm-autorecover/internal/events"
 	"github.com/helm-autorecover/helm-autorecover/internal/exitcode"
 	"github.com/helm-autorecover/helm-autorecover/internal/helmx"
@@ -81,6 +82,7 @@ func (g *Guard) Run(ctx context.Context, t Target, op func() error) error {
 	// The guard handles the end of helm (plugin mode) itself, as a first
 	// signal: no SIGTERM from parentwatch, which would count as a second.
 	parentwatch.Claim()
+	chaos.Point("before-lock")
 	conn, err := protocol.Connect(g.Config, g.Clock, g.HelmDriver)
 	if err != nil {
 		return fmt.Errorf("release %q in namespace %q: %w", t.Release, t.Namespace, err)
@@ -112,6 +114,7 @@ func (g *Guard) Run(ctx context.Context, t Target, op func() error) error {
 	if err != nil {
 		return err
 	}
+	chaos.Point("after-lock")
 	r := &run{g: g, t: t, conn: conn, held: held, opDone: make(chan struct{})}
 	return r.do(ctx, op)
 }
@@ -433,6 +436,7 @@ func (r *run) recordRevision(ctx context.Context, latest int) error {
 
 // release gives the lock back (and deletes it after a complete uninstall).
 func (r *run) release(success bool) {
+	chaos.Point("before-release")
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	var err error

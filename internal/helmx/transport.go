@@ -28,6 +28,7 @@ import (
 	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 
+	"github.com/helm-autorecover/helm-autorecover/internal/chaos"
 	"github.com/helm-autorecover/helm-autorecover/internal/lock"
 	"github.com/helm-autorecover/helm-autorecover/internal/records"
 )
@@ -260,6 +261,16 @@ func isWrite(method string) bool {
 const maxPutRetries = 8
 
 func (f *fenceRT) RoundTrip(req *http.Request) (*http.Response, error) {
+	if chaos.Enabled {
+		point := chaos.Classify(req)
+		resp, err := f.roundTrip(req)
+		chaos.Answered(point, resp, err)
+		return resp, err
+	}
+	return f.roundTrip(req)
+}
+
+func (f *fenceRT) roundTrip(req *http.Request) (*http.Response, error) {
 	g := f.w.cur.Load()
 	if g == nil || !isWrite(req.Method) {
 		return f.next.RoundTrip(req)

@@ -7,6 +7,7 @@ import (
 	"io"
 	"time"
 
+	"github.com/helm-autorecover/helm-autorecover/internal/chaos"
 	"github.com/helm-autorecover/helm-autorecover/internal/helmx"
 	"github.com/helm-autorecover/helm-autorecover/internal/lock"
 	"github.com/helm-autorecover/helm-autorecover/internal/records"
@@ -443,6 +444,7 @@ func (c *Conn) markAbandoned(ctx context.Context, p Procedure, out *Outcome, des
 		switch {
 		case err == nil:
 			out.Marked = append(out.Marked, Mark{Abandonment: a, Description: desc, Record: rec})
+			chaos.Point("recovery")
 		case errors.Is(err, recovery.ErrNotPending) && a.Release.Revision == dec.Target.Release.Revision:
 			// The target left pending since it was read (its writer ended
 			// it): decide again, rather than roll back what it deployed.

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"k8s.io/utils/clock"
+
+	"github.com/helm-autorecover/helm-autorecover/internal/chaos"
 )
 
 // Meter is implemented by clocks that can tell how much time passed between
@@ -97,6 +99,13 @@ const maxTries = 8
 // Now returns time.Now(), having noted how long the machine had been
 // suspended at that instant.
 func (c *system) Now() time.Time {
+	if chaos.Enabled {
+		return c.now().Add(chaos.ClockOffset())
+	}
+	return c.now()
+}
+
+func (c *system) now() time.Time {
 	if c.suspended == nil {
 		return time.Now()
 	}

@@ -46,10 +46,6 @@ var (
 	once     sync.Once
 	shared   *Env
 	setupErr error
-
-	binOnce sync.Once
-	binPath string
-	binErr  error
 )
 
 // Main runs the tests of a package and exits; call it from TestMain.
@@ -58,8 +54,10 @@ func Main(m *testing.M) {
 	if shared != nil {
 		_ = os.RemoveAll(shared.HelmHome)
 	}
-	if binPath != "" {
-		_ = os.RemoveAll(filepath.Dir(binPath))
+	for _, b := range []*builtBin{&plainBin, &chaosBin} {
+		if b.path != "" {
+			_ = os.RemoveAll(filepath.Dir(b.path))
+		}
 	}
 	os.Exit(code)
 }
@@ -181,24 +179,44 @@ func (e *Env) Namespace(t testing.TB) string {
 // binary from this checkout.
 func (e *Env) Bin(t testing.TB) string {
 	t.Helper()
-	binOnce.Do(func() {
+	return plainBin.get(t, e.RepoRoot)
+}
+
+// ChaosBin returns helm-autorecover built once per test binary with the
+// chaos tag: the fault suite's hooks (internal/chaos).
+func (e *Env) ChaosBin(t testing.TB) string {
+	t.Helper()
+	return chaosBin.get(t, e.RepoRoot, "-tags", "chaos")
+}
+
+// builtBin is a helm-autorecover binary built once per test binary.
+type builtBin struct {
+	once sync.Once
+	path string
+	err  error
+}
+
+var plainBin, chaosBin builtBin
+
+func (b *builtBin) get(t testing.TB, repo string, flags ...string) string {
+	t.Helper()
+	b.once.Do(func() {
 		dir, err := os.MkdirTemp("", "helm-autorecover-bin-")
 		if err != nil {
-			binErr = err
+			b.err = err
 			return
 		}
-		binPath = filepath.Join(dir, "helm-autorecover")
-		cmd := exec.Command("go", "build", "-o", binPath, "./cmd/helm-autorecover")
-		cmd.Dir = e.RepoRoot
-		out, err := cmd.CombinedOutput()
-		if err != nil {
-			binErr = fmt.Errorf("go build: %w: %s", err, out)
+		b.path = filepath.Join(dir, "helm-autorecover")
+		cmd := exec.Command("go", append(append([]string{"build"}, flags...), "-o", b.path, "./cmd/helm-autorecover")...)
+		cmd.Dir = repo
+		if out, err := cmd.CombinedOutput(); err != nil {
+			b.err = fmt.Errorf("go build: %w: %s", err, out)
 		}
 	})
-	if binErr != nil {
-		t.Fatalf("building helm-autorecover: %v", binErr)
+	if b.err != nil {
+		t.Fatalf("building helm-autorecover: %v", b.err)
 	}
-	return binPath
+	return b.path
 }
 
 // Chart returns the path of a test chart under testdata/charts.

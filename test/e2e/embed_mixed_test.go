@@ -17,7 +17,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/watch"
-	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/helm-autorecover/helm-autorecover/internal/exitcode"
 	"github.com/helm-autorecover/helm-autorecover/internal/helmx"
@@ -90,30 +89,13 @@ func buildEmbed(t *testing.T, dir string) string {
 	return bin
 }
 
-// impersonatingKubeconfig writes a copy of the cluster's admin kubeconfig
-// whose every user impersonates user (in group system:masters, so it has
-// the admin's rights): the audit log then names user as the impersonated
-// user of every request the embed program makes.
+// impersonatingKubeconfig is testenv.ImpersonatingKubeconfig of the
+// cluster's admin kubeconfig, failing t on an error.
 func impersonatingKubeconfig(t *testing.T, env *testenv.Env, dir, user string) string {
 	t.Helper()
-	cfg, err := clientcmd.LoadFromFile(env.Kubeconfig)
+	path, err := testenv.ImpersonatingKubeconfig(env.Kubeconfig, dir, user)
 	if err != nil {
-		t.Fatalf("loading %s: %v", env.Kubeconfig, err)
-	}
-	// Relative certificate paths stay valid in the copy.
-	if err := clientcmd.ResolveLocalPaths(cfg); err != nil {
-		t.Fatalf("resolving the paths of %s: %v", env.Kubeconfig, err)
-	}
-	if len(cfg.AuthInfos) == 0 {
-		t.Fatalf("%s has no user to impersonate from", env.Kubeconfig)
-	}
-	for _, ai := range cfg.AuthInfos {
-		ai.Impersonate = user
-		ai.ImpersonateGroups = []string{"system:masters"}
-	}
-	path := filepath.Join(dir, "kubeconfig-"+user)
-	if err := clientcmd.WriteToFile(*cfg, path); err != nil {
-		t.Fatalf("writing %s: %v", path, err)
+		t.Fatal(err)
 	}
 	return path
 }

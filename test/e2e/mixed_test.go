@@ -1,8 +1,6 @@
 package e2e
 
 import (
-	"bufio"
-	"encoding/json"
 	"os"
 	"path/filepath"
 	"sync"
@@ -13,24 +11,7 @@ import (
 	"github.com/helm-autorecover/helm-autorecover/internal/testenv"
 )
 
-// auditEvent is the part of an audit.k8s.io/v1 Event the test reads.
-type auditEvent struct {
-	Stage     string `json:"stage"`
-	Verb      string `json:"verb"`
-	ObjectRef *struct {
-		Resource  string `json:"resource"`
-		Namespace string `json:"namespace"`
-		Name      string `json:"name"`
-	} `json:"objectRef"`
-	ResponseStatus *struct {
-		Code int `json:"code"`
-	} `json:"responseStatus"`
-	ImpersonatedUser *struct {
-		Username string `json:"username"`
-	} `json:"impersonatedUser"`
-	RequestReceived time.Time `json:"requestReceivedTimestamp"`
-	StageTimestamp  time.Time `json:"stageTimestamp"`
-}
+type auditEvent = testenv.AuditEvent
 
 // op is one successful guarded operation of one client, by wall clock.
 type op struct {
@@ -157,38 +138,12 @@ func TestMixedBackendsNeverOverlap(t *testing.T) {
 	}
 }
 
-// readAuditWrites returns the successful writes in ns to secrets and leases
-// by an impersonated user, in log order.
+// readAuditWrites is testenv.ReadAuditWrites, failing t on an error.
 func readAuditWrites(t *testing.T, path, ns string) []auditEvent {
 	t.Helper()
-	f, err := os.Open(path)
+	out, err := testenv.ReadAuditWrites(path, ns)
 	if err != nil {
-		t.Fatalf("audit log: %v", err)
-	}
-	defer func() { _ = f.Close() }()
-	var out []auditEvent
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 1<<20), 16<<20)
-	for sc.Scan() {
-		var e auditEvent
-		if json.Unmarshal(sc.Bytes(), &e) != nil || e.Stage != "ResponseComplete" || e.ObjectRef == nil || e.ObjectRef.Namespace != ns {
-			continue
-		}
-		switch e.Verb {
-		case "create", "update", "patch", "delete":
-		default:
-			continue
-		}
-		if e.ObjectRef.Resource != "secrets" && e.ObjectRef.Resource != "leases" {
-			continue
-		}
-		if e.ResponseStatus == nil || e.ResponseStatus.Code >= 300 || e.ImpersonatedUser == nil {
-			continue
-		}
-		out = append(out, e)
-	}
-	if err := sc.Err(); err != nil {
-		t.Fatalf("reading audit log: %v", err)
+		t.Fatal(err)
 	}
 	return out
 }
