@@ -39,8 +39,10 @@ type family struct {
 	scenarios  []string // in the order they run and are written
 }
 
-func (f family) beginScenario(name string) string { return "<!-- BEGIN " + f.word + " " + name + " -->" }
-func (f family) endScenario(name string) string   { return "<!-- END " + f.word + " " + name + " -->" }
+func (f family) beginScenario(name string) string {
+	return "<!-- BEGIN " + f.word + " " + name + " -->"
+}
+func (f family) endScenario(name string) string { return "<!-- END " + f.word + " " + name + " -->" }
 
 var benchFamily = family{word: "benchsuite", begin: beginSuite, end: endSuite, intro: suiteIntro, scenarios: scenarioNames}
 
