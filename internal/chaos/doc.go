@@ -12,6 +12,13 @@
 //     reading the tool makes (sleepclock.System, and helm's own timestamps
 //     through action.Timestamper) by DURATION: Go reads time without libc,
 //     so a skewed machine is simulated inside the process.
+//   - HELM_AUTORECOVER_CHAOS_SUSPEND_AT=POINT[#N]:DURATION simulates a
+//     system sleep there: the process sends itself SIGSTOP and, once
+//     continued, sleepclock's sampler of the time the machine spent
+//     suspended (CLOCK_BOOTTIME less CLOCK_MONOTONIC) reports DURATION
+//     more. CLOCK_MONOTONIC keeps running while a process is stopped, so
+//     the readings also show however long it was held: a runner that
+//     continues it at once tests the boot-time reading alone.
 //
 // Without the tag (every release build) Enabled is false, every hook is an
 // empty function and the calls compile away: no environment is read.

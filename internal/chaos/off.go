@@ -21,3 +21,6 @@ func Answered(string, *http.Response, error) {}
 
 // ClockOffset is zero outside chaos builds.
 func ClockOffset() time.Duration { return 0 }
+
+// Suspended is zero outside chaos builds.
+func Suspended() time.Duration { return 0 }

@@ -8,10 +8,10 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"regexp"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -27,6 +27,7 @@ const (
 	EnvStopAt      = "HELM_AUTORECOVER_CHAOS_STOP_AT"
 	EnvLog         = "HELM_AUTORECOVER_CHAOS_LOG"
 	EnvClockOffset = "HELM_AUTORECOVER_CHAOS_CLOCK_OFFSET"
+	EnvSuspendAt   = "HELM_AUTORECOVER_CHAOS_SUSPEND_AT"
 )
 
 var (
@@ -71,7 +72,27 @@ func Point(name string) {
 	if matches(os.Getenv(EnvStopAt), name, n) {
 		_ = syscall.Kill(os.Getpid(), syscall.SIGSTOP)
 	}
+	if spec, d, ok := strings.Cut(os.Getenv(EnvSuspendAt), ":"); ok && matches(spec, name, n) {
+		slept, err := time.ParseDuration(d)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "chaos: %s=%q: %v\n", EnvSuspendAt, os.Getenv(EnvSuspendAt), err)
+			os.Exit(2)
+		}
+		// The machine "sleeps": the process stops (the runner holds it
+		// as long as the world should move on), and once continued the
+		// boot-time clock claims slept more than the monotonic one.
+		_ = syscall.Kill(os.Getpid(), syscall.SIGSTOP)
+		suspended.Add(int64(slept))
+	}
 }
+
+// suspended is the time the simulated system sleeps of EnvSuspendAt add to
+// the machine's (CLOCK_BOOTTIME less CLOCK_MONOTONIC).
+var suspended atomic.Int64
+
+// Suspended is the total simulated system sleep so far: sleepclock's
+// sampler of the suspended time adds it to the kernel's.
+func Suspended() time.Duration { return time.Duration(suspended.Load()) }
 
 // matches reports whether spec (POINT or POINT#N) names the nth reach of
 // point name.
@@ -91,53 +112,22 @@ func matches(spec, name string, n int) bool {
 }
 
 var (
-	recordName = regexp.MustCompile(`/api/v1/namespaces/[^/]+/(?:secrets|configmaps)(?:/sh\.helm\.release\.v1\.[^/]+)?$`)
-	statusLbl  = regexp.MustCompile(`"status":"([a-z-]+)"`)
-	hookAnn    = regexp.MustCompile(`"helm\.sh/hook":"(pre|post)-`)
-	applied    sync.Once
-	watched    sync.Once
+	applied  sync.Once
+	didApply atomic.Bool
+	watched  sync.Once
 )
 
 // Classify returns the point helm's request req reaches once it is
 // answered ("" for none). It reads (and puts back) a write's body.
 func Classify(req *http.Request) string {
-	path := req.URL.Path
-	if req.Method == http.MethodGet {
-		if req.URL.Query().Get("watch") == "true" && !strings.Contains(path, "/secrets") && !strings.Contains(path, "/leases") && !strings.Contains(path, "/events") {
-			return "wait"
-		}
-		return ""
-	}
 	var body []byte
-	if req.Body != nil && req.Body != http.NoBody {
+	if req.Method != http.MethodGet && req.Body != nil && req.Body != http.NoBody {
 		body, _ = io.ReadAll(req.Body)
 		_ = req.Body.Close()
 		req.Body = io.NopCloser(bytes.NewReader(body))
 		req.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
 	}
-	isRecord := recordName.MatchString(path) && (bytes.Contains(body, []byte(`"owner":"helm"`)) || strings.Contains(path, "sh.helm.release.v1."))
-	switch {
-	case isRecord && req.Method == http.MethodDelete:
-		return "after-final-write"
-	case isRecord:
-		m := statusLbl.FindSubmatch(body)
-		if m == nil {
-			return ""
-		}
-		switch string(m[1]) {
-		case "pending-install", "pending-upgrade", "pending-rollback", "uninstalling":
-			return "after-pending-write"
-		case "deployed", "uninstalled":
-			return "after-final-write"
-		}
-		return ""
-	case strings.Contains(path, "/leases") || strings.Contains(path, "/events"):
-		return ""
-	}
-	if m := hookAnn.FindSubmatch(body); m != nil {
-		return string(m[1]) + "-hook"
-	}
-	return "apply"
+	return classify(req.Method, req.URL.Path, req.URL.Query().Get("watch") == "true", body)
 }
 
 // Answered acts on point (from Classify) once its request was answered
@@ -148,9 +138,12 @@ func Answered(point string, resp *http.Response, err error) {
 	}
 	switch point {
 	case "apply":
-		applied.Do(func() { Point(point) })
+		applied.Do(func() { didApply.Store(true); Point(point) })
 	case "wait":
-		watched.Do(func() { Point(point) })
+		// helm's wait for the chart's objects, not for a hook's.
+		if didApply.Load() {
+			watched.Do(func() { Point(point) })
+		}
 	default:
 		Point(point)
 	}
