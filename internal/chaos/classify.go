@@ -1,15 +1,16 @@
 package chaos
 
 import (
-	"bytes"
 	"net/http"
 	"regexp"
 	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/kubernetes/scheme"
 )
 
 var (
 	recordPath = regexp.MustCompile(`/api/v1/namespaces/[^/]+/(?:secrets|configmaps)(?:/sh\.helm\.release\.v1\.[^/]+)?$`)
-	statusLbl  = regexp.MustCompile(`"status":"([a-z-]+)"`)
 	hookAnn    = regexp.MustCompile(`"helm\.sh/hook":"(pre|post)-`)
 )
 
@@ -28,6 +29,26 @@ var (
 //     helm deleting a hook of the suite's chart (named *-hook) before it
 //     creates it again is not;
 //   - a watch of anything but Secrets, Leases and Events is wait.
+//
+// recordLabels are the labels of a Secret or ConfigMap in body, JSON or
+// protobuf (helm's typed clients may send either); nil for anything else.
+func recordLabels(path string, body []byte) map[string]string {
+	if len(body) == 0 || !recordPath.MatchString(path) {
+		return nil
+	}
+	obj, _, err := scheme.Codecs.UniversalDeserializer().Decode(body, nil, nil)
+	if err != nil {
+		return nil
+	}
+	switch o := obj.(type) {
+	case *corev1.Secret:
+		return o.Labels
+	case *corev1.ConfigMap:
+		return o.Labels
+	}
+	return nil
+}
+
 func classify(method, path string, watch bool, body []byte) string {
 	if method == http.MethodGet {
 		if watch && !strings.Contains(path, "/secrets") && !strings.Contains(path, "/leases") && !strings.Contains(path, "/events") {
@@ -35,16 +56,13 @@ func classify(method, path string, watch bool, body []byte) string {
 		}
 		return ""
 	}
-	isRecord := recordPath.MatchString(path) && (bytes.Contains(body, []byte(`"owner":"helm"`)) || strings.Contains(path, "sh.helm.release.v1."))
+	labels := recordLabels(path, body)
+	isRecord := recordPath.MatchString(path) && (labels["owner"] == "helm" || strings.Contains(path, "sh.helm.release.v1."))
 	switch {
 	case isRecord && method == http.MethodDelete:
 		return "after-final-write"
 	case isRecord:
-		m := statusLbl.FindSubmatch(body)
-		if m == nil {
-			return ""
-		}
-		switch string(m[1]) {
+		switch labels["status"] {
 		case "pending-install", "pending-upgrade", "pending-rollback", "uninstalling":
 			return "after-pending-write"
 		case "deployed", "uninstalled":

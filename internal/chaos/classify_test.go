@@ -1,11 +1,33 @@
 package chaos
 
-import "testing"
+import (
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes/scheme"
+)
+
+// protobufRecord is a release record as helm's typed client may send it.
+func protobufRecord(t *testing.T, status string) []byte {
+	t.Helper()
+	info, ok := runtime.SerializerInfoForMediaType(scheme.Codecs.SupportedMediaTypes(), runtime.ContentTypeProtobuf)
+	if !ok {
+		t.Fatal("no protobuf serializer")
+	}
+	enc := scheme.Codecs.EncoderForVersion(info.Serializer, corev1.SchemeGroupVersion)
+	b, err := runtime.Encode(enc, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "sh.helm.release.v1.r.v3", Labels: map[string]string{"owner": "helm", "name": "r", "status": status, "version": "3"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
 
 func TestClassify(t *testing.T) {
 	const ns = "/api/v1/namespaces/n"
 	rec := func(status string) []byte {
-		return []byte(`{"metadata":{"name":"sh.helm.release.v1.r.v2","labels":{"name":"r","owner":"helm","status":"` + status + `","version":"2"}}}`)
+		return []byte(`{"apiVersion":"v1","kind":"Secret","metadata":{"name":"sh.helm.release.v1.r.v2","labels":{"name":"r","owner":"helm","status":"` + status + `","version":"2"}}}`)
 	}
 	for _, c := range []struct {
 		name, method, path string
@@ -14,6 +36,8 @@ func TestClassify(t *testing.T) {
 		want               string
 	}{
 		{"pending create", "POST", ns + "/secrets", false, rec("pending-upgrade"), "after-pending-write"},
+		{"pending create, protobuf", "POST", ns + "/secrets", false, protobufRecord(t, "pending-upgrade"), "after-pending-write"},
+		{"deployed, protobuf", "PUT", ns + "/secrets/sh.helm.release.v1.r.v3", false, protobufRecord(t, "deployed"), "after-final-write"},
 		{"pending install", "POST", ns + "/secrets", false, rec("pending-install"), "after-pending-write"},
 		{"pending rollback", "POST", ns + "/configmaps", false, rec("pending-rollback"), "after-pending-write"},
 		{"uninstalling", "PUT", ns + "/secrets/sh.helm.release.v1.r.v2", false, rec("uninstalling"), "after-pending-write"},
