@@ -323,6 +323,12 @@ func (r *run) do(ctx context.Context, op func() error) (err error) {
 		// write: it holds the release (a first install raced with ours).
 		err = &exitcode.Error{Code: exitcode.Locked, Err: fmt.Errorf("release %q in namespace %q is locked: another client wrote its next revision first (%w); wait for it with --lock-timeout=DURATION, or list locks with \"helm-autorecover locks\": %w", r.t.Release, r.t.Namespace, lock.ErrLocked, err)}
 	}
+	var coded *exitcode.Error
+	if err != nil && errors.Is(err, lock.ErrLost) && !errors.As(err, &coded) {
+		// The fence refused helm's write: the lock was lost or taken
+		// over (helm wraps the refusal in its own error).
+		err = r.lost(err)
+	}
 	if derr := r.removeDeferred(ctx); derr != nil && err == nil {
 		err = derr
 	}
