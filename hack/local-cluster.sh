@@ -7,6 +7,9 @@
 #   hack/local-cluster.sh down     stop the processes this script started (by recorded PID)
 #   hack/local-cluster.sh status   exit 0 when the API server is ready
 #   hack/local-cluster.sh env      print `export KUBECONFIG=...`
+#   hack/local-cluster.sh restart etcd|kube-apiserver
+#                                  stop that one process and start it again with
+#                                  the same flags and ports; wait until ready
 #
 # State lives in $LOCAL_CLUSTER_DIR (default .local-cluster/ in the repo):
 # kubeconfig, pki/, logs/ (one per component, plus audit.log), pids/.
@@ -266,19 +269,79 @@ cmd_up() {
   cmd_env
 }
 
+# running PID: the process exists and has not exited (a zombie, which
+# holds no port or file any more, waits only for init to reap it).
+running() {
+  local st
+  st=$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null) || return 1
+  [[ ${st:0:1} != Z ]]
+}
+
+# stop NAME: SIGTERM to the recorded process for NAME, SIGKILL after 5 s;
+# returns 1 when it was not running.
+stop() {
+  local pid
+  alive "$1" || return 1
+  pid=$(cat "$PIDS/$1.pid")
+  kill "$pid" 2>/dev/null || true
+  for _ in $(seq 50); do running "$pid" || break; sleep 0.1; done
+  running "$pid" && kill -9 "$pid" 2>/dev/null || true
+  for _ in $(seq 50); do running "$pid" || break; sleep 0.1; done
+}
+
 cmd_down() {
-  local c pid stopped=0
+  local c stopped=0
   for c in kwok kube-scheduler kube-controller-manager kube-apiserver etcd; do
-    if alive "$c"; then
-      pid=$(cat "$PIDS/$c.pid")
-      kill "$pid" 2>/dev/null || true
-      for _ in $(seq 50); do [[ -d /proc/$pid ]] || break; sleep 0.1; done
-      [[ -d /proc/$pid ]] && kill -9 "$pid" 2>/dev/null || true
+    if stop "$c"; then
       stopped=$((stopped + 1))
     fi
     rm -f "$PIDS/$c.pid"
   done
   log "stopped $stopped process(es)"
+}
+
+# flag_value NAME ARGS...: the value of --NAME in ARGS ("--NAME V" or "--NAME=V").
+flag_value() {
+  local name=$1; shift
+  while (($#)); do
+    case $1 in
+      "--$name") echo "${2:-}"; return 0 ;;
+      "--$name="*) echo "${1#*=}"; return 0 ;;
+    esac
+    shift
+  done
+  return 1
+}
+
+# cmd_restart NAME: stops the one component NAME (etcd or kube-apiserver) by
+# its recorded PID and starts it again with the same command line (so the
+# same flags, ports and data), then waits until it and the API server are
+# ready. The other components keep running.
+cmd_restart() {
+  local name=${1:-} pid url
+  case $name in
+    etcd | kube-apiserver) ;;
+    *) echo "usage: $0 restart etcd|kube-apiserver" >&2; exit 2 ;;
+  esac
+  mkdir -p "$CLUSTER_DIR"
+  exec 9>"$CLUSTER_DIR/up.lock"
+  flock 9
+  alive "$name" || die "$name is not running (see $0 up)"
+  pid=$(cat "$PIDS/$name.pid")
+  local args=()
+  mapfile -d '' args < "/proc/$pid/cmdline"
+  local t0=$SECONDS
+  log "stopping $name (pid $pid)"
+  stop "$name" || true
+  log "starting $name again (its earlier log: $LOGS/$name.log.prev)"
+  mv -f "$LOGS/$name.log" "$LOGS/$name.log.prev" 2>/dev/null || true
+  start "$name" "${args[@]:1}"
+  if [[ $name == etcd ]]; then
+    url=$(flag_value listen-client-urls "${args[@]:1}") || die "etcd has no --listen-client-urls"
+    wait_for etcd 30 etcd_healthy "${url##*:}"
+  fi
+  wait_for kube-apiserver 60 ready
+  log "$name restarted, API server ready in $((SECONDS - t0))s"
 }
 
 cmd_status() {
@@ -297,5 +360,6 @@ case "${1:-}" in
   down) cmd_down ;;
   status) cmd_status ;;
   env) cmd_env ;;
-  *) echo "usage: $0 up|down|status|env" >&2; exit 2 ;;
+  restart) cmd_restart "${2:-}" ;;
+  *) echo "usage: $0 up|down|status|env|restart etcd|kube-apiserver" >&2; exit 2 ;;
 esac

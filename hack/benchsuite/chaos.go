@@ -62,6 +62,7 @@ type chaosOptions struct {
 	points   []string
 	chart    string
 	auditLog string
+	parallel int // kill cases at once
 }
 
 // chaosPoints are the kill points of internal/chaos, in the order an
@@ -83,6 +84,7 @@ func chaosDefaults() chaosOptions {
 		points:   chaosPoints,
 		chart:    "hack/benchsuite/testdata/charts/hooks",
 		auditLog: filepath.Join(dir, "logs", "audit.log"),
+		parallel: 4,
 	}
 }
 
@@ -92,6 +94,7 @@ func (c *chaosOptions) flags(fs *flag.FlagSet) {
 	fs.Func("chaos-ops", "chaos kill: operations, comma-separated (default install,upgrade,rollback,uninstall)", func(v string) error { c.ops = splitList(v); return nil })
 	fs.Func("chaos-points", "chaos kill: kill points, comma-separated (default all: "+strings.Join(chaosPoints, ",")+")", func(v string) error { c.points = splitList(v); return nil })
 	fs.StringVar(&c.chart, "chaos-chart", c.chart, "chaos: the chart (a ConfigMap, a Deployment, pre- and post- hooks on every event)")
+	fs.IntVar(&c.parallel, "chaos-parallel", c.parallel, "chaos kill: cases run at once")
 	fs.StringVar(&c.auditLog, "audit-log", c.auditLog, "chaos: the API server's audit log (default $LOCAL_CLUSTER_DIR/logs/audit.log)")
 }
 

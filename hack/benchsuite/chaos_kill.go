@@ -2,12 +2,14 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"k8s.io/apimachinery/pkg/types"
@@ -73,25 +75,54 @@ func (s *suite) chaosKill(ctx context.Context) (*chaosResult, error) {
 		return nil, err
 	}
 	res := &chaosResult{}
-	var cases []killCase
+	type job struct{ op, point, backend string }
+	var jobs []job
 	for _, backend := range s.o.chaos.backends {
 		for _, op := range s.o.chaos.ops {
 			for _, point := range s.o.chaos.points {
-				k, err := s.killOnce(ctx, ns, op, point, backend)
-				if err != nil {
-					return res, fmt.Errorf("kill %s at %s (%s): %w", op, point, backend, err)
-				}
-				cases = append(cases, k)
-				res.cases++
-				verdict := "ok"
-				if !k.ok() {
-					res.violations++
-					verdict = "VIOLATION"
-				}
-				res.line("kill %-9s %-19s %-7s %-9s reached=%t exit=%d recovery=%.2fs lost=%d deployed=%d pending=%d overlaps=%d recreated=%d %s",
-					op, point, backend, verdict, k.reached, k.exit, k.recovery, k.lost, k.deployed, k.pending, k.overlaps, k.recreated, k.note)
+				jobs = append(jobs, job{op, point, backend})
 			}
 		}
+	}
+	// Cases are independent (a release and users of their own) and spend
+	// most of their time waiting for a dead holder's lease: a few run at
+	// once.
+	cases := make([]killCase, len(jobs))
+	errs := make([]error, len(jobs))
+	sem := make(chan struct{}, max(1, s.o.chaos.parallel))
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	for i, j := range jobs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			if ctx.Err() != nil {
+				errs[i] = ctx.Err()
+				return
+			}
+			k, err := s.killOnce(ctx, ns, j.op, j.point, j.backend)
+			if err != nil {
+				errs[i] = fmt.Errorf("kill %s at %s (%s): %w", j.op, j.point, j.backend, err)
+				return
+			}
+			cases[i] = k
+			mu.Lock()
+			defer mu.Unlock()
+			res.cases++
+			verdict := "ok"
+			if !k.ok() {
+				res.violations++
+				verdict = "VIOLATION"
+			}
+			res.line("kill %-9s %-19s %-7s %-9s reached=%t exit=%d recovery=%.2fs lost=%d deployed=%d pending=%d overlaps=%d recreated=%d %s",
+				k.op, k.point, k.backend, verdict, k.reached, k.exit, k.recovery, k.lost, k.deployed, k.pending, k.overlaps, k.recreated, k.note)
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return res, err
 	}
 	res.markdown = s.killReport(cases)
 	return res, nil

@@ -25,7 +25,8 @@ var (
 //     after-final-write;
 //   - a write whose body carries a helm.sh/hook annotation pre-* or post-*
 //     is pre-hook or post-hook;
-//   - any other write of an object (not a Lease, not an Event) is apply;
+//   - any other write of an object (not a Lease, not the lock's beat
+//     helm-autorecover.v1.*, not an Event) is apply;
 //     helm deleting a hook of the suite's chart (named *-hook) before it
 //     creates it again is not;
 //   - a watch of anything but Secrets, Leases and Events is wait.
@@ -69,7 +70,8 @@ func classify(method, path string, watch bool, body []byte) string {
 			return "after-final-write"
 		}
 		return ""
-	case strings.Contains(path, "/leases") || strings.Contains(path, "/events"):
+	case strings.Contains(path, "/leases") || strings.Contains(path, "/events") || strings.Contains(path, "/helm-autorecover.v1."):
+		// The lock's own objects (a Lease, the beat) and Events.
 		return ""
 	case method == http.MethodDelete && strings.HasSuffix(path, "-hook"):
 		return ""

@@ -52,6 +52,8 @@ func TestClassify(t *testing.T) {
 		{"uninstall's delete", "DELETE", "/apis/apps/v1/namespaces/n/deployments/r", false, nil, "apply"},
 		{"a chart's Secret is applied", "POST", ns + "/secrets", false, []byte(`{"metadata":{"name":"s"}}`), "apply"},
 		{"lease write", "PUT", "/apis/coordination.k8s.io/v1/namespaces/n/leases/x", false, []byte(`{}`), ""},
+		{"the lock's beat", "PUT", ns + "/secrets/helm-autorecover.v1.r", false, []byte(`{"kind":"Secret"}`), ""},
+		{"the lock's gate patch", "PATCH", ns + "/secrets/sh.helm.release.v1.r.v2", false, []byte(`{"metadata":{"annotations":{"x":"y"}}}`), ""},
 		{"event", "POST", ns + "/events", false, []byte(`{}`), ""},
 		{"watch of the chart", "GET", "/apis/apps/v1/namespaces/n/deployments", true, nil, "wait"},
 		{"list is no wait", "GET", "/apis/apps/v1/namespaces/n/deployments", false, nil, ""},

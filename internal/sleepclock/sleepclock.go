@@ -63,8 +63,20 @@ var (
 // is one per process so that every reading's suspensions are noted in one
 // place.
 func System() Clock {
-	systemOnce.Do(func() { systemClk = newSystem(suspendedSampler()) })
+	systemOnce.Do(func() { systemClk = newSystem(chaosSuspended(suspendedSampler())) })
 	return systemClk
+}
+
+// chaosSuspended returns sample, plus in chaos builds the simulated system
+// sleeps of HELM_AUTORECOVER_CHAOS_SUSPEND_AT (see internal/chaos).
+func chaosSuspended(sample func() (time.Duration, bool)) func() (time.Duration, bool) {
+	if !chaos.Enabled || sample == nil {
+		return sample
+	}
+	return func() (time.Duration, bool) {
+		d, ok := sample()
+		return d + chaos.Suspended(), ok
+	}
 }
 
 // system is the real clock. With suspended set it notes, at each reading,
