@@ -16,7 +16,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
-	"github.com/helm-autorecover/helm-autorecover/internal/lock"
 	"github.com/helm-autorecover/helm-autorecover/internal/testenv"
 )
 
@@ -199,10 +198,7 @@ func (s *suite) holderSpans(ns, rel string) ([]span, error) {
 	}
 	by := map[string]*span{}
 	for _, e := range evs {
-		name := e.ObjectRef.Name
-		ok := e.ObjectRef.Resource == "leases" && name == lock.LeaseName(rel) ||
-			e.ObjectRef.Resource == "secrets" && strings.HasPrefix(name, "sh.helm.release.v1."+rel+".v")
-		if !ok {
+		if !holderWrite(e, rel) {
 			continue
 		}
 		u := e.ImpersonatedUser.Username
