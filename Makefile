@@ -13,7 +13,7 @@ GOLANGCI_LINT := $(shell $(GO) env GOPATH)/bin/golangci-lint
 # Integration tests start processes and wait on them: generous, not infinite.
 TEST_TIMEOUT ?= 40m
 
-.PHONY: dist docs build build-chaos chaos test test-unit test-integration lint fmt vet demo bench bench-controller cluster-up cluster-down cluster-bins tools clean chart-lint
+.PHONY: dist docs build build-chaos chaos test test-unit test-integration lint fmt vet demo bench bench-controller cluster-up cluster-down cluster-bins tools clean chart-lint fuzz
 
 build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/helm-autorecover
@@ -41,6 +41,21 @@ test: build cluster-up
 ## test-unit: pure unit tests only; integration tests skip under -short.
 test-unit:
 	$(GO) test -short -count=1 ./...
+
+## fuzz: every fuzz target (func FuzzX in a *_test.go file under internal/
+## and pkg/) for $(FUZZ_TIME) each, one after the other; a new target is
+## picked up by itself. Crashers land in the package's testdata/fuzz/FuzzX/
+## and then run as regression tests under plain go test.
+## FUZZ_FLAGS adds go test flags (-parallel 1 on a busy machine).
+FUZZ_TIME ?= 5m
+FUZZ_FLAGS ?=
+fuzz:
+	@set -e; for file in $$(grep -rl --include='*_test.go' '^func Fuzz' internal pkg | sort); do \
+		for target in $$(sed -n 's/^func \(Fuzz[A-Za-z0-9_]*\)(.*/\1/p' $$file); do \
+			echo "== $$target ($$(dirname $$file)), $(FUZZ_TIME)"; \
+			$(GO) test -run '^$$' -fuzz "^$$target\$$" -fuzztime $(FUZZ_TIME) $(FUZZ_FLAGS) ./$$(dirname $$file); \
+		done; \
+	done
 
 cluster-bins:
 	hack/build-cluster-bins.sh

@@ -140,8 +140,10 @@ func (s *suite) chaosFaults(ctx context.Context) (*chaosResult, error) {
 func (s *suite) faultOnce(ctx context.Context, ns, mode, backend string, seed int64) (faultCase, error) {
 	rnd := rand.New(rand.NewSource(seed))
 	rel := fmt.Sprintf("faults-%s-%s", mode, shortBackend(backend))
-	c := faultCase{mode: mode, backend: backend, rel: rel, exit: -1, nextExit: -1,
-		lease: time.Duration(faultsLeaseMin+rnd.Intn(faultsLeaseMax-faultsLeaseMin+1)) * time.Second}
+	c := faultCase{
+		mode: mode, backend: backend, rel: rel, exit: -1, nextExit: -1,
+		lease: time.Duration(faultsLeaseMin+rnd.Intn(faultsLeaseMax-faultsLeaseMin+1)) * time.Second,
+	}
 	logFile := filepath.Join(s.dir, "chaos-"+rel+".log")
 	if err := s.chaosMust(ctx, "chaos-setup-"+rel, withLease(s.opArgs("install", rel, ns, backend, true), faultsSteadyLease)); err != nil {
 		c.note = "setup failed: " + tail(err.Error(), 300)
@@ -490,9 +492,11 @@ func faultTables(cases []faultCase) (string, string) {
 		if !c.ok() {
 			verdict = "**failed**"
 		}
-		rows = append(rows, []string{c.mode, c.backend, c.lease.String(), c.injected, strconv.Itoa(c.exit),
+		rows = append(rows, []string{
+			c.mode, c.backend, c.lease.String(), c.injected, strconv.Itoa(c.exit),
 			strconv.Itoa(c.lateWrites), strconv.Itoa(c.lateOther), strconv.Itoa(c.pending), strconv.Itoa(c.unclear),
-			strconv.Itoa(c.overlaps), strconv.Itoa(c.nextExit), verdict})
+			strconv.Itoa(c.overlaps), strconv.Itoa(c.nextExit), verdict,
+		})
 		late += c.lateWrites
 		lateOther += c.lateOther
 		pending += c.pending

@@ -283,8 +283,10 @@ func (s *suite) pauseReport(cases []pauseCase) string {
 		if !c.ok() {
 			verdict = "**failed**"
 		}
-		rows = append(rows, []string{c.kind, c.backend, verdict, fmt.Sprintf("%.1f s", c.held), fmt.Sprintf("%d, %.1f s", c.takerExit, c.takeover),
-			fmt.Sprintf("%d, %.2f s", c.holderExit, c.holderStop), strconv.Itoa(c.lateWrites), strconv.Itoa(c.deployed), strconv.Itoa(c.pending), strconv.Itoa(c.overlaps)})
+		rows = append(rows, []string{
+			c.kind, c.backend, verdict, fmt.Sprintf("%.1f s", c.held), fmt.Sprintf("%d, %.1f s", c.takerExit, c.takeover),
+			fmt.Sprintf("%d, %.2f s", c.holderExit, c.holderStop), strconv.Itoa(c.lateWrites), strconv.Itoa(c.deployed), strconv.Itoa(c.pending), strconv.Itoa(c.overlaps),
+		})
 	}
 	b.WriteString(table([]string{"case", "backend", "verdict", "held stopped", "taker exit, time", "holder exit, SIGCONT to exit", "holder writes after takeover (goal 0)", "deployed (goal 1)", "pending (goal 0)", "overlaps (goal 0)"}, rows))
 	var failed []string

@@ -237,9 +237,11 @@ func (s *suite) restartReport(cases []restartCase) string {
 		if !c.ok(lease) {
 			verdict = "**failed**"
 		}
-		rows = append(rows, []string{c.component, c.backend, verdict, strconv.Itoa(c.holderExit), fmt.Sprintf("%.1f s", c.restart), strconv.Itoa(c.exit),
+		rows = append(rows, []string{
+			c.component, c.backend, verdict, strconv.Itoa(c.holderExit), fmt.Sprintf("%.1f s", c.restart), strconv.Itoa(c.exit),
 			fmt.Sprintf("%.2f s", c.fromReady), fmt.Sprintf("%.2f s", c.fromFree), fmt.Sprintf("%.2f s (%s + 2 s + %.2f s)", c.bound(lease), lease, c.alone),
-			strconv.Itoa(c.deployed), strconv.Itoa(c.pending), strconv.Itoa(c.overlaps)})
+			strconv.Itoa(c.deployed), strconv.Itoa(c.pending), strconv.Itoa(c.overlaps),
+		})
 	}
 	b.WriteString(table([]string{"restarted", "backend", "verdict", "holder exit", "stop to ready", "next exit", "ready to success", "free to success", "goal: at most", "deployed (goal 1)", "pending (goal 0)", "overlaps (goal 0)"}, rows))
 	var failed []string

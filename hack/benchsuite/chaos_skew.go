@@ -37,8 +37,10 @@ func holdChart() string {
 // (the message value changes something in every revision), followed by
 // extra.
 func (s *suite) upgradeArgs(rel, ns, backend, message string, extra ...string) []string {
-	args := []string{"upgrade", rel, holdChart(), "--install", "--history-max", "0", "--set", "message=" + message,
-		"--namespace", ns, "--lease-duration", s.o.chaos.lease.String(), "--lock-backend", backend, "--timeout", holdTimeout}
+	args := []string{
+		"upgrade", rel, holdChart(), "--install", "--history-max", "0", "--set", "message=" + message,
+		"--namespace", ns, "--lease-duration", s.o.chaos.lease.String(), "--lock-backend", backend, "--timeout", holdTimeout,
+	}
 	return append(args, extra...)
 }
 
@@ -304,9 +306,11 @@ func (s *suite) skewReport(cases []skewCase) string {
 		if !k.ok() {
 			result = "**failed**"
 		}
-		rows = append(rows, []string{k.backend, signed(k.offset), signed(-k.offset),
+		rows = append(rows, []string{
+			k.backend, signed(k.offset), signed(-k.offset),
 			fmt.Sprintf("%d of %d", k.refused, k.attempts), strconv.FormatBool(k.holderAlive),
-			fmt.Sprintf("%.2f s", k.killToTake), fmt.Sprintf("%.2f s", k.takeFirst), result})
+			fmt.Sprintf("%.2f s", k.killToTake), fmt.Sprintf("%.2f s", k.takeFirst), result,
+		})
 		ft += k.falseTakeovers
 		extra += k.extraWaits
 		ovl += k.overlaps

@@ -27,7 +27,6 @@ const (
 )
 
 func beginScenario(name string) string { return benchFamily.beginScenario(name) }
-func endScenario(name string) string   { return benchFamily.endScenario(name) }
 
 // family is a set of scenarios whose figures are one generated block of
 // one document: the side-by-side bench (docs/benchmarks.md) or the fault
@@ -42,6 +41,7 @@ type family struct {
 func (f family) beginScenario(name string) string {
 	return "<!-- BEGIN " + f.word + " " + name + " -->"
 }
+
 func (f family) endScenario(name string) string { return "<!-- END " + f.word + " " + name + " -->" }
 
 var benchFamily = family{word: "benchsuite", begin: beginSuite, end: endSuite, intro: suiteIntro, scenarios: scenarioNames}
