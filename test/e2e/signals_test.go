@@ -128,9 +128,6 @@ func TestSecondSignal(t *testing.T) {
 				t.Fatalf("%s after the second signal: exit %d\nstderr:\n%s\nhistory: %v", c.recover[0], res.ExitCode, res.Stderr, env.Summary(t, ns, rel))
 			}
 			figure(t, "after second SIGINT %s: next %s succeeded %s after the exit (lease %s)", c.name, c.recover[0], secs(time.Since(exitedAt)), killLease)
-			if took := time.Since(exitedAt); took > killLease+killSlack+2*time.Second {
-				t.Errorf("the next operation succeeded %s after the exit; want about the lease (at most lease + %s)", took.Round(time.Millisecond), killSlack+2*time.Second)
-			}
 			for _, r := range revisions(t, env, ns, rel) {
 				if strings.HasPrefix(string(r.Status), "pending") || r.Status == "uninstalling" {
 					t.Errorf("revision %d is still %s after recovery", r.Revision, r.Status)

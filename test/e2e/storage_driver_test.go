@@ -73,9 +73,6 @@ func TestConfigMapDriver(t *testing.T) {
 			if !strings.Contains(res.Stderr, "recovered") || !strings.Contains(res.Stderr, holder.Session) {
 				t.Errorf("the recovering upgrade does not report the recovery of session %s:\n%s", holder.Session, res.Stderr)
 			}
-			if took > killLease+killSlack {
-				t.Errorf("kill to success took %s; want at most %s", took.Round(time.Millisecond), killLease+killSlack)
-			}
 			if got := cmHistory(t, records, ns, rel); got != "1:superseded 2:failed 3:deployed" {
 				t.Fatalf("history in ConfigMaps after recovery = %s", got)
 			}
