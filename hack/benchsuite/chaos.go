@@ -135,6 +135,39 @@ func chaosSummary(res *results) string {
 	return table([]string{"scenario", "cases", "violations"}, rows)
 }
 
+// tally counts a case that ended, ok or not, and returns its verdict for
+// the case's line.
+func (r *chaosResult) tally(ok bool) string {
+	r.cases++
+	if !ok {
+		r.violations++
+		return "VIOLATION"
+	}
+	return "ok"
+}
+
+// releaseCheck is what a case finds of a release once it is done: its
+// history (historyCheck) and its holders' write spans in the audit log.
+type releaseCheck struct {
+	lost, deployed, pending, overlaps int
+	spans                             []span
+}
+
+// checkRelease reads rel's history and holder spans.
+func (s *suite) checkRelease(ctx context.Context, ns, rel string) (releaseCheck, error) {
+	var c releaseCheck
+	h, err := s.history(ctx, ns, rel)
+	if err != nil {
+		return c, err
+	}
+	c.lost, c.deployed, c.pending = historyCheck(h)
+	if c.spans, err = s.holderSpans(ns, rel); err != nil {
+		return c, err
+	}
+	c.overlaps = overlaps(c.spans)
+	return c, nil
+}
+
 // line prints a case's line and keeps it.
 func (r *chaosResult) line(format string, args ...any) {
 	l := fmt.Sprintf(format, args...)

@@ -92,12 +92,7 @@ func (s *suite) chaosContentionMixed(ctx context.Context) (*chaosResult, error) 
 			return res, fmt.Errorf("contention %s: %w", b, err)
 		}
 		cases = append(cases, c)
-		res.cases++
-		verdict := "ok"
-		if !c.ok() {
-			res.violations++
-			verdict = "VIOLATION"
-		}
+		verdict := res.tally(c.ok())
 		res.line("contention-mixed %-7s %-9s succeeded=%d/%d revisions=%d lost=%d deployed=%d pending=%d interleavings=%d overlaps=%d unattributed=%d unordered=%d writes/upgrade=%.0f total=%.1fs %s",
 			c.name, verdict, c.succeeded, c.upgrades, c.revisions, c.lost, c.deployed, c.pending, c.interleavings, c.overlaps, c.unattributed, c.unordered, median(c.writesPerOp), c.total, c.note)
 	}

@@ -102,12 +102,7 @@ func (s *suite) chaosDateshift(ctx context.Context) (*chaosResult, error) {
 					return res, fmt.Errorf("dateshift %s of the %s (%s): %w", signed(shift), role, backend, err)
 				}
 				cases = append(cases, k)
-				res.cases++
-				verdict := "ok"
-				if !k.ok() {
-					res.violations++
-					verdict = "VIOLATION"
-				}
+				verdict := res.tally(k.ok())
 				res.line("dateshift %-10s %-7s %-7s %-9s taken-over=%t challenger-exit=%d challenger=%.2fs holder-alive=%t holder-exit=%d holder-stop=%.2fs overlaps=%d deployed=%d %s",
 					role, signed(shift), backend, verdict, k.takenOver(), k.challengerExit, k.challengerSecs, k.holderAlive, k.holderExit, k.holderStop, k.overlaps, k.deployed, k.note)
 			}

@@ -118,12 +118,7 @@ func (s *suite) chaosFaults(ctx context.Context) (*chaosResult, error) {
 				return res, fmt.Errorf("faults %s (%s): %w", mode, backend, err)
 			}
 			cases = append(cases, c)
-			res.cases++
-			verdict := "ok"
-			if !c.ok() {
-				res.violations++
-				verdict = "VIOLATION"
-			}
+			verdict := res.tally(c.ok())
 			res.line("faults %-15s %-7s %-9s lease=%s exit=%d lock-lost-not-4=%t late-writes=%d late-other=%d left-pending=%d unclear=%d overlaps=%d next-exit=%d lost=%d deployed=%d injected=[%s] %s",
 				mode, backend, verdict, c.lease, c.exit, c.wrongCode, c.lateWrites, c.lateOther, c.pending, c.unclear, c.overlaps, c.nextExit, c.lost, c.deployed, c.injected, c.note)
 		}
@@ -196,16 +191,12 @@ func (s *suite) faultOnce(ctx context.Context, ns, mode, backend string, seed in
 	if c.injected = inj.summary(); c.injected == "" {
 		c.note += " (no fault injected: the client ended before one)"
 	}
-	h, err := s.history(ctx, ns, rel)
+	rc, err := s.checkRelease(ctx, ns, rel)
 	if err != nil {
 		return c, err
 	}
-	c.lost, c.deployed, c.pending = historyCheck(h)
-	spans, err := s.holderSpans(ns, rel)
-	if err != nil {
-		return c, err
-	}
-	c.overlaps = overlaps(spans)
+	c.lost, c.deployed, c.pending, c.overlaps = rc.lost, rc.deployed, rc.pending, rc.overlaps
+	spans := rc.spans
 	var nextFirst time.Time
 	for _, sp := range spans {
 		if sp.user == next {

@@ -115,12 +115,7 @@ func (s *suite) chaosKill(ctx context.Context) (*chaosResult, error) {
 			cases[i] = k
 			mu.Lock()
 			defer mu.Unlock()
-			res.cases++
-			verdict := "ok"
-			if !k.ok() {
-				res.violations++
-				verdict = "VIOLATION"
-			}
+			verdict := res.tally(k.ok())
 			res.line("kill %-9s %-19s %-7s %-9s reached=%t exit=%d recovery=%.2fs lost=%d deployed=%d pending=%d overlaps=%d recreated=%d %s",
 				k.op, k.point, k.backend, verdict, k.reached, k.exit, k.recovery, k.lost, k.deployed, k.pending, k.overlaps, k.recreated, k.note)
 		}()

@@ -74,12 +74,7 @@ func (s *suite) chaosPause(ctx context.Context) (*chaosResult, error) {
 				return res, fmt.Errorf("pause %s (%s): %w", kind, backend, err)
 			}
 			cases = append(cases, c)
-			res.cases++
-			verdict := "ok"
-			if !c.ok() {
-				res.violations++
-				verdict = "VIOLATION"
-			}
+			verdict := res.tally(c.ok())
 			res.line("pause %-14s %-7s %-9s reached=%t held=%.2fs taker-exit=%d takeover=%.2fs holder-exit=%d holder-stop=%.2fs late-writes=%d lost=%d deployed=%d pending=%d overlaps=%d %s",
 				kind, backend, verdict, c.reached, c.held, c.takerExit, c.takeover, c.holderExit, c.holderStop, c.lateWrites, c.lost, c.deployed, c.pending, c.overlaps, c.note)
 		}
@@ -161,16 +156,12 @@ func (s *suite) pauseOnce(ctx context.Context, ns, kind, backend string) (pauseC
 	if taker.exit != 0 {
 		c.note += " taker: " + errorLine(taker.stderr.String())
 	}
-	h, err := s.history(ctx, ns, rel)
+	rc, err := s.checkRelease(ctx, ns, rel)
 	if err != nil {
 		return c, err
 	}
-	c.lost, c.deployed, c.pending = historyCheck(h)
-	spans, err := s.holderSpans(ns, rel)
-	if err != nil {
-		return c, err
-	}
-	c.overlaps = overlaps(spans)
+	c.lost, c.deployed, c.pending, c.overlaps = rc.lost, rc.deployed, rc.pending, rc.overlaps
+	spans := rc.spans
 	// The holder's late writes: after the taker's first write of the
 	// release, or (sleep-boottime, nobody took over while it slept) after
 	// it woke.

@@ -207,16 +207,11 @@ func (s *suite) restartOnce(ctx context.Context, ns, script, clusterDir, compone
 		free = holder.end
 	}
 	c.fromFree = next.end.Sub(free).Seconds()
-	h, err := s.history(ctx, ns, rel)
+	rc, err := s.checkRelease(ctx, ns, rel)
 	if err != nil {
 		return c, err
 	}
-	c.lost, c.deployed, c.pending = historyCheck(h)
-	spans, err := s.holderSpans(ns, rel)
-	if err != nil {
-		return c, err
-	}
-	c.overlaps = overlaps(spans)
+	c.lost, c.deployed, c.pending, c.overlaps = rc.lost, rc.deployed, rc.pending, rc.overlaps
 	return c, nil
 }
 

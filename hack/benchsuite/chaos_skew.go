@@ -167,12 +167,7 @@ func (s *suite) chaosSkew(ctx context.Context) (*chaosResult, error) {
 				return res, fmt.Errorf("skew %s (%s): %w", signed(off), backend, err)
 			}
 			cases = append(cases, k)
-			res.cases++
-			verdict := "ok"
-			if !k.ok() {
-				res.violations++
-				verdict = "VIOLATION"
-			}
+			verdict := res.tally(k.ok())
 			res.line("skew %-7s %-7s %-9s refused=%d/%d false-takeovers=%d holder-alive=%t kill-to-take=%.2fs kill-to-exit=%.2fs recover-exit=%d clean-take=%.2fs/%.2fs take-exit=%d extra-waits=%d overlaps=%d lost=%d deployed=%d pending=%d %s",
 				signed(k.offset), backend, verdict, k.refused, k.attempts, k.falseTakeovers, k.holderAlive, k.killToTake, k.killToExit, k.recoverExit,
 				k.takeFirst, k.takeElapsed, k.takeExit, k.extraWaits, k.overlaps, k.lost, k.deployed, k.pending, k.note)
