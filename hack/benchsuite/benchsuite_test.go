@@ -183,7 +183,7 @@ func checkCSV(t *testing.T, path string, cols []string) {
 // rerun replaces its block alone.
 func TestWriteSection(t *testing.T) {
 	dir := t.TempDir()
-	s := &suite{o: options{doc: filepath.Join(dir, "docs", "benchmarks.md"), data: filepath.Join(dir, "docs", "bench")}}
+	s := &suite{o: options{family: benchFamily, doc: filepath.Join(dir, "docs", "benchmarks.md"), data: filepath.Join(dir, "docs", "bench")}}
 	if err := os.MkdirAll(filepath.Dir(s.o.doc), 0o755); err != nil {
 		t.Fatal(err)
 	}

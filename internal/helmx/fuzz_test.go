@@ -83,7 +83,7 @@ func (h helmStore) write(tb testing.TB, rel *rspb.Release) *corev1.Secret {
 }
 
 // read has helm's driver read s, as stock helm reads a record we wrote.
-func (h helmStore) read(_ testing.TB, s *corev1.Secret) (*rspb.Release, error) {
+func (h helmStore) read(s *corev1.Secret) (*rspb.Release, error) {
 	s = s.DeepCopy()
 	s.Namespace = fuzzNS
 	h.secrets.m[s.Name] = s
@@ -150,7 +150,7 @@ func FuzzDecodeReleasePayload(f *testing.F) {
 			Type:       ReleaseSecretType,
 			Data:       map[string][]byte{ReleaseDataKey: data},
 		}
-		helmRel, helmErr := h.read(t, sec)
+		helmRel, helmErr := h.read(sec)
 		if helmErr != nil {
 			return
 		}
@@ -308,7 +308,7 @@ func FuzzMarkFailedReadByHelm(f *testing.F) {
 			Manifest: manifest,
 		}
 		sec := h.write(t, rel)
-		asStored, err := h.read(t, sec)
+		asStored, err := h.read(sec)
 		if err != nil {
 			t.Fatalf("helm cannot read what it wrote: %v", err)
 		}
@@ -345,7 +345,7 @@ func FuzzMarkFailedReadByHelm(f *testing.F) {
 		marked := sec.DeepCopy()
 		marked.Data[ReleaseDataKey] = payload
 		marked.Labels[LabelStatus] = string(common.StatusFailed)
-		got, err := h.read(t, marked)
+		got, err := h.read(marked)
 		if err != nil {
 			t.Fatalf("stock helm cannot read the release recovery marked failed: %v", err)
 		}
