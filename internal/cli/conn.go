@@ -39,8 +39,10 @@ type conn struct {
 
 func newConn(pc *protocol.Conn, backend string) *conn {
 	cn := &conn{Conn: pc, backend: backend, lease: lock.NewLeaseBackend(pc.Client(), pc.Estimator(), pc.Clock())}
+	cn.lease.Sightings = pc.Sightings()
 	if d, err := records.ParseDriver(pc.Driver()); err == nil {
 		cn.records = lock.NewReleaseBackend(pc.Client(), pc.Estimator(), pc.Clock(), d)
+		cn.records.Sightings = pc.Sightings()
 	}
 	return cn
 }

@@ -106,7 +106,7 @@ func (r *Reconciler) reconcile(ctx context.Context, log *slog.Logger, key, ns, r
 		// A live holder: nothing to decide before its LOCKED TILL (the
 		// history is not read).
 		r.metrics.observe(key, "live", len(st.Waiters))
-		step := Next(Observation{Decision: recovery.Decision{Verdict: recovery.Blocked}, Live: true, LockedTill: st.LockedTill, Margin: lock.TakeoverMargin, NowEarliest: st.Now.Earliest})
+		step := Next(Observation{Decision: recovery.Decision{Verdict: recovery.Blocked}, Live: true, LockedTill: st.LockedTill, Margin: lock.TakeoverMargin, NowEarliest: st.Now.Earliest, ConfirmIn: st.ConfirmIn})
 		log.Debug("held by a live holder", slog.String("holder", st.HolderIdentity), slog.Duration("again_in", step.After))
 		return reconcile.Result{RequeueAfter: step.After}, nil
 	}
@@ -121,7 +121,7 @@ func (r *Reconciler) reconcile(ctx context.Context, log *slog.Logger, key, ns, r
 	r.metrics.observe(key, stateOf(plan.Decision, st), len(st.Waiters))
 	step := Next(Observation{
 		Decision: plan.Decision, Live: live, LockedTill: st.LockedTill,
-		Margin: lock.TakeoverMargin, NowEarliest: st.Now.Earliest,
+		Margin: lock.TakeoverMargin, NowEarliest: st.Now.Earliest, ConfirmIn: st.ConfirmIn,
 	})
 	if holder := st.HolderIdentity; holder != "" {
 		// "session" names the controller's own session once it holds the

@@ -24,6 +24,9 @@ type Observation struct {
 	Margin     time.Duration
 	// NowEarliest is the earliest the API server's clock can read now.
 	NowEarliest time.Time
+	// ConfirmIn is set when the lock is Live only because its LOCKED TILL
+	// passed too recently (lock.Confirm): how long until it is confirmed.
+	ConfirmIn time.Duration
 }
 
 // Step is what the controller does next with a release.
@@ -50,7 +53,7 @@ func Next(o Observation) Step {
 	case o.Live && !o.LockedTill.IsZero():
 		// Judged again once its LOCKED TILL has passed: a holder that
 		// renews meanwhile is seen live then and looked at later again.
-		wait := o.LockedTill.Add(o.Margin).Sub(o.NowEarliest)
+		wait := max(o.LockedTill.Add(o.Margin).Sub(o.NowEarliest), o.ConfirmIn)
 		return Step{After: max(wait, minRequeue), Why: d.Reason}
 	case d.RetryAfter > 0:
 		return Step{After: max(d.RetryAfter, minRequeue), Why: d.Reason}

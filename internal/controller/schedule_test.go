@@ -31,6 +31,11 @@ func TestNext(t *testing.T) {
 			Step{After: minRequeue},
 		},
 		{
+			"expired too recently to trust the Date header alone: when it is confirmed",
+			Observation{Decision: recovery.Decision{Verdict: recovery.Blocked}, Live: true, LockedTill: now.Add(-2 * time.Second), Margin: margin, NowEarliest: now, ConfirmIn: 9 * time.Second},
+			Step{After: 9 * time.Second},
+		},
+		{
 			"young legacy pending revision: when it becomes recoverable",
 			Observation{Decision: recovery.Decision{Verdict: recovery.Blocked, RetryAfter: 14 * time.Minute}},
 			Step{After: 14 * time.Minute},

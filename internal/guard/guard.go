@@ -145,7 +145,7 @@ func (g *Guard) take(ctx context.Context, conn *protocol.Conn, t Target) (*proto
 }
 
 func (g *Guard) acquire(ctx context.Context, conn *protocol.Conn, stores []*lock.Backend, req lock.Request) (*protocol.Lock, error) {
-	held, err := conn.Acquire(ctx, req, stores, false, nil)
+	held, err := conn.Acquire(ctx, req, stores, false, confirmNotice(g.Stderr, req.Release, req.Namespace))
 	if err == nil {
 		return held, nil
 	}

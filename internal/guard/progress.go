@@ -55,3 +55,18 @@ func (p *progress) done() {
 		fmt.Fprint(p.w, "\r\033[K")
 	}
 }
+
+// confirmNotice tells, once per wait, that a lock which expired only just
+// now by the API server's clock is waited for until this client has seen
+// it unchanged for a lease (lock.Confirm), so that a short pause before a
+// recovery is explained.
+func confirmNotice(w io.Writer, release, namespace string) func(*lock.Record, time.Duration) {
+	return func(holder *lock.Record, in time.Duration) {
+		who := "its holder"
+		if holder != nil {
+			who = fmt.Sprintf("%s (%s, session %s)", holder.Who, holder.Operation, holder.Session)
+		}
+		fmt.Fprintf(w, "the lock of release %q in namespace %q held by %s expired by the API server's clock; taking it over in %s unless it is renewed (an expiry this recent is confirmed on this machine's own clock)\n",
+			release, namespace, who, in.Round(time.Second))
+	}
+}

@@ -200,7 +200,9 @@ func NewRow(in Input) Row {
 			if !st.LockedTill.IsZero() && !in.Now.IsZero() {
 				takeover := st.LockedTill.Add(in.Margin)
 				if r.State == StateLive {
-					r.TimeLeft, r.TimeLeftSeconds = durations(max(0, takeover.Sub(in.Now.Earliest)))
+					// A lock waiting to be confirmed expired (lock.Confirm)
+					// is live for as long as that takes.
+					r.TimeLeft, r.TimeLeftSeconds = durations(max(0, takeover.Sub(in.Now.Earliest), st.ConfirmIn))
 				} else {
 					r.ExpiredFor, r.ExpiredForSeconds = durations(max(0, in.Now.Earliest.Sub(takeover)))
 				}

@@ -37,6 +37,13 @@ type LockedError struct {
 	// estimate is sure of) unless the holder renews it.
 	LockedTill time.Time
 	Left       time.Duration
+	// Confirming is set when the lock's LOCKED TILL has passed in server
+	// time, but too recently for that alone to show its holder stopped:
+	// it is taken over once this process has seen it unchanged for a lease
+	// (see Confirm), in Left unless the holder renews it meanwhile.
+	Confirming bool
+	// confirmAt is that moment on this process's clock.
+	confirmAt time.Time
 	// Ahead counts live waiters queued before the caller.
 	Ahead int
 	// Waited is how long the caller waited for the lock before it gave up
@@ -112,7 +119,10 @@ func (e *LockedError) Error() string {
 		}
 		b.WriteString(")")
 	}
-	if !e.LockedTill.IsZero() {
+	switch {
+	case e.Confirming:
+		fmt.Fprintf(&b, ", LOCKED TILL %s (passed by the API server's clock; can be taken over in %s unless renewed, once this client has seen it unchanged for a lease)", formatTime(e.LockedTill), e.Left.Round(time.Second))
+	case !e.LockedTill.IsZero():
 		fmt.Fprintf(&b, ", LOCKED TILL %s (can be taken over in %s unless renewed)", formatTime(e.LockedTill), e.Left.Round(time.Second))
 	}
 	if e.Ahead > 0 {

@@ -32,7 +32,9 @@ const maxJointRetries = 5
 // live client (releasing the parts it took); with wait true it waits for
 // each in turn until ctx ends, keeping every part it holds renewed while it
 // waits for another (an earlier one lost meanwhile included). onProgress
-// is passed to Backend.Wait.
+// is passed to Backend.Wait; with wait false, it is called when a part
+// that expired too recently to be taken at once is waited for (see
+// Confirm).
 func AcquireJoint(ctx context.Context, req Request, wait bool, onProgress func(*Record, time.Duration), backends ...*Backend) (*Joint, error) {
 	if len(backends) == 0 {
 		return nil, errors.New("acquire lock: no backend")
@@ -84,10 +86,21 @@ func AcquireJoint(ctx context.Context, req Request, wait bool, onProgress func(*
 			// changed).
 			req.nextRevision = 0
 		}
+		r := req
+		if later := backends[i+1:]; len(later) > 0 {
+			// A dead holder's later parts are confirmed expired while
+			// this one is (see Confirm), not one after the other.
+			r.sightLater = func(ctx context.Context) {
+				for _, b := range later {
+					_, _ = b.Inspect(ctx, req.Namespace, req.Release)
+				}
+			}
+		}
 		if wait {
-			h, err = backends[i].Wait(ctx, req, onProgress)
+			h, err = backends[i].Wait(ctx, r, onProgress)
 		} else {
-			h, _, err = backends[i].TryAcquire(ctx, req)
+			r.onConfirm = onProgress
+			h, _, err = backends[i].TryAcquire(ctx, r)
 		}
 		if err != nil {
 			return err

@@ -165,3 +165,62 @@ func waitersAhead(live []Waiter, session string) int {
 	}
 	return len(live)
 }
+
+// DateTrust is how far past its LOCKED TILL (plus the margin) a lock must be,
+// in server time, for that alone to show its holder stopped. Server time is
+// read from the API server's Date headers; a replica with a wrong clock, or a
+// proxy's own error page, can shift it by seconds or minutes, and a lock
+// judged only by it would be taken over while its holder still renews
+// (docs/reliability.md, dateshift). A lock expired by less than this is
+// taken over only once this process has also seen it unchanged for its
+// lease in its own elapsed time (see Confirm), as client-go's leader
+// election judges every lock. A holder that died long ago is recovered at
+// once; one that died within the last quarter hour costs a client that
+// was not already watching it at most one lease more.
+const DateTrust = 15 * time.Minute
+
+// Confirm judges a lock again by this process's own elapsed time. st is the
+// judgement in server time (Judge); overdue is how far server time is
+// certainly past LOCKED TILL plus the margin; seenFor is how long this
+// process has seen the holder's latest renewal unchanged (a holder writes a
+// new renewal at least every third of its lease while it runs); lease is
+// the holder's lease duration.
+//
+// An Expired lock stays Expired when it is overdue by DateTrust or more, or
+// when it has been seen unchanged for a lease plus the margin: the holder
+// stops writing a lease after it sent its last renewal, so whatever a lying
+// Date header says, a lock seen unchanged that long has no writer left.
+// Otherwise it is Live, and confirmIn says how long until it is confirmed
+// unless it changes. Any other state is returned as it is.
+func Confirm(st State, overdue, seenFor, lease, margin time.Duration) (State, time.Duration) {
+	return confirm(st, overdue, seenFor, lease, margin, DateTrust)
+}
+
+// confirm is Confirm with trust in place of DateTrust.
+func confirm(st State, overdue, seenFor, lease, margin, trust time.Duration) (State, time.Duration) {
+	if st != Expired || overdue >= trust {
+		return st, 0
+	}
+	need := lease + margin
+	if seenFor >= need {
+		return Expired, 0
+	}
+	return Live, need - max(seenFor, 0)
+}
+
+// leaseOf is the lease the holder named in spec renews its lock for: the
+// longer of its record's and the spec's (DefaultLeaseDuration when neither
+// says).
+func leaseOf(rec *Record, spec *coordinationv1.LeaseSpec) time.Duration {
+	var d time.Duration
+	if spec != nil && spec.LeaseDurationSeconds != nil {
+		d = time.Duration(*spec.LeaseDurationSeconds) * time.Second
+	}
+	if rec != nil && rec.Session == holderOf(spec) {
+		d = max(d, rec.LeaseDuration.Duration)
+	}
+	if d <= 0 {
+		return DefaultLeaseDuration
+	}
+	return d
+}

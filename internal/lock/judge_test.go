@@ -137,3 +137,68 @@ func TestQueueAdmission(t *testing.T) {
 		})
 	}
 }
+
+func TestConfirm(t *testing.T) {
+	const (
+		lease  = 15 * time.Second
+		margin = 250 * time.Millisecond
+	)
+	cases := []struct {
+		name      string
+		st        State
+		overdue   time.Duration
+		seenFor   time.Duration
+		want      State
+		confirmIn time.Duration
+	}{
+		{name: "free stays free", st: Free, want: Free},
+		{name: "live stays live", st: Live, seenFor: time.Hour, want: Live},
+		{name: "just expired, first seen now: a lease and the margin to go", st: Expired, overdue: time.Millisecond, want: Live, confirmIn: lease + margin},
+		{name: "just expired, seen unchanged for half a lease", st: Expired, overdue: time.Second, seenFor: lease / 2, want: Live, confirmIn: lease/2 + margin},
+		{name: "seen unchanged for a lease, margin not yet", st: Expired, overdue: time.Second, seenFor: lease, want: Live, confirmIn: margin},
+		{name: "seen unchanged for a lease and the margin", st: Expired, overdue: time.Second, seenFor: lease + margin, want: Expired},
+		{name: "10 minutes overdue (a Date shifted 10 minutes) is not enough", st: Expired, overdue: 10 * time.Minute, want: Live, confirmIn: lease + margin},
+		{name: "just under the trust window", st: Expired, overdue: DateTrust - time.Millisecond, want: Live, confirmIn: lease + margin},
+		{name: "overdue by the trust window: taken at once", st: Expired, overdue: DateTrust, want: Expired},
+		{name: "a day overdue: taken at once", st: Expired, overdue: 24 * time.Hour, want: Expired},
+		{name: "a clock that ran backwards counts as unseen", st: Expired, overdue: time.Second, seenFor: -time.Second, want: Live, confirmIn: lease + margin},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			st, in := Confirm(tc.st, tc.overdue, tc.seenFor, lease, margin)
+			if st != tc.want || in != tc.confirmIn {
+				t.Errorf("Confirm = %v, %v; want %v, %v", st, in, tc.want, tc.confirmIn)
+			}
+		})
+	}
+}
+
+func TestSightingsKeepFirstSightOfLatestRenewal(t *testing.T) {
+	s := NewSightings()
+	first := s.mark("k", "a", at(0), at(1*time.Second))
+	if !first.Equal(at(1 * time.Second)) {
+		t.Fatalf("first sight = %v", first)
+	}
+	// The same renewal, or an older copy of it, seen again: unchanged.
+	for _, r := range []time.Duration{0, -5 * time.Second} {
+		if got := s.mark("k", "a", at(r), at(9*time.Second)); !got.Equal(at(1 * time.Second)) {
+			t.Errorf("renewal at %v seen again: first sight moved to %v", r, got)
+		}
+	}
+	// A later renewal: seen now.
+	if got := s.mark("k", "a", at(5*time.Second), at(10*time.Second)); !got.Equal(at(10 * time.Second)) {
+		t.Errorf("a later renewal: first sight %v, want %v", got, at(10*time.Second))
+	}
+	// Another holder, even with an older renewal: seen now.
+	if got := s.mark("k", "b", at(time.Second), at(11*time.Second)); !got.Equal(at(11 * time.Second)) {
+		t.Errorf("another holder: first sight %v", got)
+	}
+	// Another lock is remembered apart; a forgotten one starts anew.
+	if got := s.mark("other", "b", at(time.Second), at(12*time.Second)); !got.Equal(at(12 * time.Second)) {
+		t.Errorf("another lock: first sight %v", got)
+	}
+	s.forget("k")
+	if got := s.mark("k", "b", at(time.Second), at(13*time.Second)); !got.Equal(at(13 * time.Second)) {
+		t.Errorf("after forget: first sight %v", got)
+	}
+}

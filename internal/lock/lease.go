@@ -44,6 +44,13 @@ type Request struct {
 	// Revision is the revision the operation will write, when known; see
 	// Held.SetRevision.
 	Revision int
+	// onConfirm, when set, is told when TryAcquire waits for an expired
+	// lock to be confirmed (see Confirm): the holder, and for how long.
+	onConfirm func(holder *Record, in time.Duration)
+	// sightLater, when set, reads the lock's later parts (AcquireJoint)
+	// once this part is found waiting to be confirmed, so that their
+	// confirmations run alongside this one's rather than after it.
+	sightLater func(ctx context.Context)
 	// nextRevision is the revision a part taken first (AcquireJoint) found
 	// the operation will write, for the parts after it (see nextRevision).
 	nextRevision int
@@ -85,6 +92,15 @@ type Backend struct {
 	// RenewMargin is taken off this backend's own renew deadline
 	// (RenewMargin unless set before first use).
 	RenewMargin time.Duration
+	// Sightings remembers when this process first saw each lock's latest
+	// renewal (see Confirm). The constructors give each backend its own;
+	// set a shared one before first use so that every backend of a
+	// process, and each operation's, remembers alike.
+	Sightings *Sightings
+	// DateTrust is how far past LOCKED TILL a lock must be in server time
+	// to be taken over without being seen unchanged for a lease
+	// (DateTrust unless set before first use; see Confirm).
+	DateTrust time.Duration
 }
 
 // Store names where a backend keeps its locks.
@@ -117,7 +133,8 @@ type leaseAPI interface {
 func NewLeaseBackend(client kubernetes.Interface, est *servertime.Estimator, clk clock.Clock) *Backend {
 	return &Backend{
 		client: client, time: est, clock: clk, Margin: TakeoverMargin, RenewMargin: RenewMargin, store: StoreLease,
-		api: func(ns string) leaseAPI { return client.CoordinationV1().Leases(ns) },
+		Sightings: NewSightings(),
+		api:       func(ns string) leaseAPI { return client.CoordinationV1().Leases(ns) },
 	}
 }
 
@@ -129,6 +146,10 @@ func (b *Backend) margin() time.Duration {
 		return TakeoverMargin
 	}
 	return b.Margin
+}
+
+func (b *Backend) seen() *Sightings {
+	return b.Sightings
 }
 
 func (b *Backend) renewMargin() time.Duration {
@@ -212,6 +233,22 @@ func (b *Backend) TryAcquire(ctx context.Context, req Request) (*Held, *Record, 
 		// tell yet.
 		res, err = b.attempt(ctx, &req, nil, maybe)
 	}
+	for range maxConfirms {
+		if err != nil || res.locked == nil || !res.locked.Confirming {
+			break
+		}
+		// Expired in server time, too recently for that alone: wait
+		// until this process has seen it unchanged for a lease, and judge
+		// it again (a holder that renewed meanwhile is Live then).
+		if req.onConfirm != nil {
+			req.onConfirm(res.locked.Holder, res.locked.Left)
+		}
+		if err = b.sleep(ctx, res.locked.confirmAt.Sub(b.clock.Now())); err != nil {
+			err = fmt.Errorf("lock release %q in namespace %q: %w", req.Release, req.Namespace, err)
+			break
+		}
+		res, err = b.attempt(ctx, &req, nil, maybe)
+	}
 	if err != nil {
 		return nil, nil, err
 	}
@@ -219,6 +256,26 @@ func (b *Backend) TryAcquire(ctx context.Context, req Request) (*Held, *Record, 
 		return nil, res.locked.Holder, res.locked
 	}
 	return res.held, nil, nil
+}
+
+// maxConfirms bounds how often TryAcquire waits for a lock that expired
+// in server time to be confirmed (see Confirm): a holder that renews every
+// time the wait ends is live, whatever the Date headers say.
+const maxConfirms = 3
+
+// sleep waits d on the backend's clock, or until ctx ends.
+func (b *Backend) sleep(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return ctx.Err()
+	}
+	t := b.clock.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	case <-t.C():
+		return nil
+	}
 }
 
 // Settled is for a lock judged Live only because this process's estimate of
@@ -235,7 +292,9 @@ func (b *Backend) Settled(ctx context.Context, state State, lockedTill time.Time
 	}
 	expiry := lockedTill.Add(b.margin())
 	now, ok := b.time.Now()
-	if !ok || !now.Latest.After(expiry) {
+	if !ok || !now.Latest.After(expiry) || now.Earliest.After(expiry) {
+		// Not expired yet, or already certainly: a lock Live then is
+		// waiting to be confirmed (Confirm), which no estimate speeds.
 		return false
 	}
 	past, err := b.time.Settle(ctx, b.clock, expiry, b.time.ProbeFunc(b.client.Discovery()))
@@ -249,6 +308,10 @@ type view struct {
 	recErr error
 	state  State
 	live   []Waiter
+	// confirmAt is set when the lock is Live only because server time says
+	// it expired too recently for that alone (Confirm): on this process's
+	// clock, the moment it will be confirmed Expired unless it changes.
+	confirmAt time.Time
 	// claim is another session's claim in flight on a release lock's beat
 	// (see sidecar.go): the lock is Live, held by it, until it lands on the
 	// gate or expires.
@@ -267,6 +330,7 @@ func (b *Backend) decode(l *coordinationv1.Lease, now servertime.Bounds, self st
 		judged = nil
 	}
 	v.state = Judge(judged, &l.Spec, now, b.margin())
+	v.confirmAt = b.confirm(&v, judged, l, now, self)
 	gateSession := ""
 	if v.rec != nil {
 		gateSession = v.rec.Session
@@ -281,6 +345,58 @@ func (b *Backend) decode(l *coordinationv1.Lease, now servertime.Bounds, self st
 	}
 	v.live = liveWaiters(decodeQueue(l.Annotations[AnnotationQueue]), now, b.margin())
 	return v
+}
+
+// confirm applies Confirm to the judgement of l in v: it marks the
+// holder's latest renewal in the backend's Sightings, and turns an Expired
+// lock that this process has not yet seen unchanged for a lease (and that
+// is not long overdue) into a Live one. It returns when, on this process's
+// clock, such a lock will be confirmed unless it changes (zero for any
+// other). A lock held by self (our own take whose answer was lost) is
+// judged in server time alone: this process knows it is not writing.
+func (b *Backend) confirm(v *view, judged *Record, l *coordinationv1.Lease, now servertime.Bounds, self string) time.Time {
+	key := b.sightKey(l.Namespace, l.Name)
+	holder, renewed := renewalOf(l)
+	if v.state == Free || holder == "" {
+		if b.Sightings != nil {
+			b.Sightings.forget(key)
+		}
+		return time.Time{}
+	}
+	if b.clock == nil || b.Sightings == nil {
+		// Nothing to measure elapsed time with: never seen before.
+		if v.state == Expired && holder != self {
+			if st, _ := b.confirmState(judged, l, now, 0); st == Live {
+				v.state = Live
+			}
+		}
+		return time.Time{}
+	}
+	localNow := b.clock.Now()
+	first := b.Sightings.mark(key, holder, renewed, localNow)
+	if v.state != Expired || holder == self {
+		return time.Time{}
+	}
+	st, in := b.confirmState(judged, l, now, b.clock.Since(first))
+	v.state = st
+	if st != Live {
+		return time.Time{}
+	}
+	return localNow.Add(in)
+}
+
+// confirmState is Confirm for an Expired lock l seen unchanged for seenFor.
+func (b *Backend) confirmState(judged *Record, l *coordinationv1.Lease, now servertime.Bounds, seenFor time.Duration) (State, time.Duration) {
+	till, _ := LockedTill(judged, &l.Spec)
+	overdue := now.Earliest.Sub(till.Add(b.margin()))
+	return confirm(Expired, overdue, seenFor, leaseOf(judged, &l.Spec), b.margin(), b.dateTrust())
+}
+
+func (b *Backend) dateTrust() time.Duration {
+	if b.DateTrust <= 0 {
+		return DateTrust
+	}
+	return b.DateTrust
 }
 
 // claimOf is the beat of a release lock that names another session than
@@ -352,6 +468,10 @@ func (b *Backend) attempt(ctx context.Context, req *Request, w *waitState, maybe
 			return attemptResult{}, fmt.Errorf("lock release %q in namespace %q: %w", req.Release, req.Namespace, err)
 		}
 		v := b.decode(cur, now, req.Session)
+		if !v.confirmAt.IsZero() && req.sightLater != nil {
+			req.sightLater(ctx)
+			req.sightLater = nil
+		}
 		// Our own lock whose take may have committed is adopted while it is
 		// live; once expired it is taken again only in its turn, as any
 		// expired lock is (waiters that queued meanwhile come first).
@@ -426,6 +546,11 @@ func (b *Backend) lockedError(req *Request, v view, now servertime.Bounds, ahead
 	if till, ok := LockedTill(judged, &v.lease.Spec); ok {
 		e.LockedTill = till
 		e.Left = max(0, till.Add(b.margin()).Sub(now.Earliest))
+	}
+	if !v.confirmAt.IsZero() {
+		e.confirmAt = v.confirmAt
+		e.Confirming = true
+		e.Left = max(0, v.confirmAt.Sub(b.clock.Now()))
 	}
 	return e
 }
@@ -752,6 +877,10 @@ type Status struct {
 	RecordErr      error
 	HolderIdentity string
 	LockedTill     time.Time
+	// ConfirmIn is set when State is Live only because LOCKED TILL passed
+	// too recently in server time for that alone (see Confirm): how long
+	// until this process will have seen it unchanged for a lease.
+	ConfirmIn time.Duration
 	// Waiters are the live queued waiters, first first.
 	Waiters []Waiter
 	// Now is the server time the state was judged at.
@@ -806,6 +935,9 @@ func (b *Backend) status(l *coordinationv1.Lease, now servertime.Bounds) *Status
 		HolderIdentity: holderOf(&l.Spec),
 		Waiters:        v.live,
 		Now:            now,
+	}
+	if !v.confirmAt.IsZero() {
+		st.ConfirmIn = max(0, v.confirmAt.Sub(b.clock.Now()))
 	}
 	if st.Release == "" && v.rec != nil {
 		st.Release = v.rec.Release

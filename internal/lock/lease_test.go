@@ -20,6 +20,10 @@ type world struct {
 	t       *testing.T
 	store   *casLeases
 	backend func(skew time.Duration) *client
+	// dated makes a client whose server-time estimate starts from a Date
+	// header shifted by dateShift, and that confirms recent expiries on its
+	// own clock as in production (Confirm).
+	dated   func(skew, dateShift time.Duration) *client
 	clients []*client
 }
 
@@ -33,7 +37,7 @@ type client struct {
 func newWorld(t *testing.T) *world {
 	cs, store := newCASClient()
 	w := &world{t: t, store: store}
-	w.backend = func(skew time.Duration) *client {
+	w.dated = func(skew, dateShift time.Duration) *client {
 		elapsed := time.Duration(0)
 		if len(w.clients) > 0 {
 			c0 := w.clients[0]
@@ -41,11 +45,20 @@ func newWorld(t *testing.T) *world {
 		}
 		clk := clocktesting.NewFakeClock(t0.Add(skew + elapsed))
 		est := servertime.New(clk)
-		// One response, generated at true time t0+elapsed, seen at once.
-		est.Observe(clk.Now(), clk.Now(), t0.Add(elapsed).Truncate(time.Second))
+		// One response, generated at true time t0+elapsed (its Date shifted
+		// by dateShift), seen at once.
+		est.Observe(clk.Now(), clk.Now(), t0.Add(elapsed+dateShift).Truncate(time.Second))
 		c := &client{skew: skew, clk: clk, est: est, b: NewLeaseBackend(cs, est, clk)}
 		c.b.Margin = time.Second
 		w.clients = append(w.clients, c)
+		return c
+	}
+	w.backend = func(skew time.Duration) *client {
+		c := w.dated(skew, 0)
+		// The clients of this world judge expiry by server time alone, as
+		// the tests below were written for; Confirm's elapsed-time rule is
+		// tested with clients made by dated (confirm_test.go).
+		c.b.DateTrust = time.Nanosecond
 		return c
 	}
 	return w

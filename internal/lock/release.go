@@ -107,6 +107,7 @@ func NewReleaseBackend(client kubernetes.Interface, est *servertime.Estimator, c
 	noPatch := &atomic.Bool{}
 	return &Backend{
 		client: client, time: est, clock: clk, Margin: TakeoverMargin, RenewMargin: RenewMargin, store: StoreRelease,
+		Sightings: NewSightings(),
 		api: func(ns string) leaseAPI {
 			return &releaseStore{records: store, beats: bt, ns: ns, seen: seen, noPatch: noPatch}
 		},

@@ -168,7 +168,14 @@ func (b *Backend) waitForChange(ctx context.Context, req *Request, w *waitState,
 				timer.Reset(decideIn())
 				continue
 			}
-			if ev.Type == watch.Bookmark || view.quiet(b.store, ev, b.serverNowOrZero(), b.margin()) {
+			if ev.Type == watch.Bookmark {
+				continue
+			}
+			// A renewal let pass here is still seen: the holder's lock
+			// is confirmed expired a lease after its last renewal was
+			// seen (Confirm), not a lease after it is next read.
+			b.sightEvent(req.Namespace, LeaseName(req.Release), ev.Object)
+			if view.quiet(b.store, ev, b.serverNowOrZero(), b.margin()) {
 				continue
 			}
 			return nil
@@ -194,7 +201,9 @@ func (b *Backend) progress(lk *LockedError, f func(*Record, time.Duration)) {
 		return
 	}
 	left := time.Duration(0)
-	if lk.State == Live && !lk.LockedTill.IsZero() {
+	if lk.Confirming {
+		left = max(0, lk.confirmAt.Sub(b.clock.Now()))
+	} else if lk.State == Live && !lk.LockedTill.IsZero() {
 		if now, ok := b.time.Now(); ok {
 			left = max(0, lk.LockedTill.Add(b.margin()).Sub(now.Earliest))
 		}
@@ -236,7 +245,10 @@ func (b *Backend) nextDecision(req *Request, w *waitState, seen *coordinationv1.
 	if !ok {
 		return max(next, past)
 	}
-	if lk != nil && lk.State == Live && !lk.LockedTill.IsZero() {
+	switch {
+	case lk != nil && lk.Confirming:
+		next = min(next, lk.confirmAt.Sub(b.clock.Now())+past)
+	case lk != nil && lk.State == Live && !lk.LockedTill.IsZero():
 		next = min(next, lk.LockedTill.Add(b.margin()).Sub(now.Earliest)+past)
 	}
 	if seen != nil {

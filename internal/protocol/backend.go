@@ -111,6 +111,7 @@ func (c *Conn) Stores(ctx context.Context, ns, choice string) (string, []*lock.B
 		return "", nil, fmt.Errorf("lock backend %q: must be auto, lease or release", choice)
 	}
 	leases := lock.NewLeaseBackend(c.client, c.est, c.clock)
+	leases.Sightings = c.seen
 	switch {
 	case errors.Is(driverErr, records.ErrNoReleaseRecords) && choice == BackendLease:
 		return choice, []*lock.Backend{leases}, nil
@@ -118,6 +119,7 @@ func (c *Conn) Stores(ctx context.Context, ns, choice string) (string, []*lock.B
 		return "", nil, fmt.Errorf("lock backend %s: %w", choice, driverErr)
 	}
 	recs := lock.NewReleaseBackend(c.client, c.est, c.clock, driver)
+	recs.Sightings = c.seen
 	if choice == BackendLease {
 		return choice, []*lock.Backend{recs, leases}, nil
 	}

@@ -11,6 +11,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/helm-autorecover/helm-autorecover/internal/helmx"
+	"github.com/helm-autorecover/helm-autorecover/internal/lock"
 	"github.com/helm-autorecover/helm-autorecover/internal/recovery"
 	"github.com/helm-autorecover/helm-autorecover/internal/servertime"
 	"github.com/helm-autorecover/helm-autorecover/internal/sleepclock"
@@ -44,7 +45,14 @@ type Conn struct {
 	memory *AutoMemory
 	// id identifies the server and credentials (for memory).
 	id string
+	// seen is what every backend of this connection remembers of the
+	// locks it read (lock.Confirm).
+	seen *lock.Sightings
 }
+
+// Sightings is the memory every lock backend of this connection shares
+// (see lock.Sightings); a backend made outside Stores should use it.
+func (c *Conn) Sightings() *lock.Sightings { return c.seen }
 
 // RememberAuto makes --lock-backend=auto's choice last across processes in
 // m (nil: asked once per connection, as before). Call it before the first
@@ -99,7 +107,7 @@ func Connect(cfg *rest.Config, clk clock.Clock, helmDriver string) (*Conn, error
 // revision that has a deployed predecessor then fails, and recovery with
 // it: the revision stays pending).
 func NewConn(client kubernetes.Interface, est *servertime.Estimator, clk clock.Clock, helmDriver string, kube func() (*recovery.Kube, error)) *Conn {
-	c := &Conn{client: client, est: est, clock: clk, driver: helmDriver, kube: kube}
+	c := &Conn{client: client, est: est, clock: clk, driver: helmDriver, kube: kube, seen: lock.NewSightings()}
 	c.records, c.recordsErr = helmx.NewRecords(client, helmDriver)
 	if c.recordsErr != nil {
 		c.recordsErr = fmt.Errorf("%w: %w", ErrNoRecords, c.recordsErr)

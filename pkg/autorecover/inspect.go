@@ -54,6 +54,12 @@ type LockStatus struct {
 	HolderSession string
 	// LockedTill is LOCKED TILL of the holder (zero when free).
 	LockedTill time.Time
+	// ConfirmIn is set when State is live although LockedTill has passed
+	// in the API server's time: it passed too recently for the server's
+	// Date header alone to show the holder stopped, and the lock is taken
+	// over once this client has seen it unchanged for a lease, in
+	// ConfirmIn unless the holder renews it (see docs/protocol.md).
+	ConfirmIn time.Duration
 	// Waiters counts the live clients queued for the lock.
 	Waiters int
 	// ServerTime is the API server's clock when the state was judged.
@@ -92,6 +98,7 @@ func (c *Client) Inspect(ctx context.Context, namespace, release string) (*LockS
 		LeaseExists:   st.Exists,
 		HolderSession: st.HolderIdentity,
 		LockedTill:    st.LockedTill,
+		ConfirmIn:     st.ConfirmIn,
 		Waiters:       len(st.Waiters),
 		ServerTime:    TimeBounds{Earliest: st.Now.Earliest, Latest: st.Now.Latest},
 		Revisions:     len(hist),

@@ -1,0 +1,208 @@
+package lock
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+)
+
+// These tests run clients that confirm recent expiries on their own clock,
+// as in production (Confirm), some of them reading a server whose Date
+// header runs ahead (a replica with a wrong clock, a proxy's error page).
+
+type tryResult struct {
+	held *Held
+	err  error
+}
+
+func tryAsync(ctx context.Context, c *client, r Request) <-chan tryResult {
+	done := make(chan tryResult, 1)
+	go func() {
+		h, _, err := c.b.TryAcquire(ctx, r)
+		done <- tryResult{h, err}
+	}()
+	return done
+}
+
+// settle waits until c waits on its clock or done has a result.
+func settle(t *testing.T, c *client, done <-chan tryResult) (tryResult, bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		select {
+		case r := <-done:
+			return r, true
+		default:
+		}
+		if c.clk.HasWaiters() {
+			return tryResult{}, false
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the client neither waited nor returned")
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// TestDateAheadTakerConfirmsADeadHolder: the holder dies; a client whose
+// Date runs 10 s ahead judges its lock expired at once, but takes it over
+// only once it has seen it unchanged for a lease (3 s) and the margin (1 s)
+// on its own clock, and says it waits.
+func TestDateAheadTakerConfirmsADeadHolder(t *testing.T) {
+	w := newWorld(t)
+	a, b := w.dated(0, 0), w.dated(0, 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	dead, _, err := a.b.TryAcquire(ctx, req(OpUpgrade, 3*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := req(OpUpgrade, 3*time.Second)
+	var told []time.Duration
+	r.onConfirm = func(_ *Record, in time.Duration) { told = append(told, in) }
+	done := tryAsync(ctx, b, r)
+	if res, ok := settle(t, b, done); ok {
+		t.Fatalf("took over a lock expired only by a shifted Date, at once: %+v", res)
+	}
+	w.advance(4*time.Second - time.Millisecond)
+	if res, ok := settle(t, b, done); ok {
+		t.Fatalf("took over before a lease and the margin on its own clock: %+v", res)
+	}
+	w.advance(time.Millisecond)
+	var res tryResult
+	select {
+	case res = <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no takeover a lease and the margin after the lock was first seen")
+	}
+	if res.err != nil {
+		t.Fatal(res.err)
+	}
+	if res.held.PreviousState != Expired || res.held.Previous == nil || res.held.Previous.Session != dead.Session() {
+		t.Errorf("previous = %v %+v", res.held.PreviousState, res.held.Previous)
+	}
+	if len(told) != 1 || told[0] != 4*time.Second {
+		t.Errorf("told of the wait %v, want once, 4s", told)
+	}
+}
+
+// TestDateAheadTakerNeverTakesARenewingHolder: the holder renews every
+// second (a third of its lease); a client whose Date runs 10 s ahead judges
+// every renewal expired by server time alone, yet never takes the lock:
+// each renewal it reads starts its confirmation anew, and it gives up
+// with the holder named, which still holds the lock.
+func TestDateAheadTakerNeverTakesARenewingHolder(t *testing.T) {
+	w := newWorld(t)
+	a, b := w.dated(0, 0), w.dated(0, 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	held, _, err := a.b.TryAcquire(ctx, req(OpUpgrade, 3*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := tryAsync(ctx, b, req(OpUpgrade, 3*time.Second))
+	var res tryResult
+	for i := 0; ; i++ {
+		r, ok := settle(t, b, done)
+		if ok {
+			res = r
+			break
+		}
+		if i > 40 {
+			t.Fatal("still waiting after 40 s of renewals")
+		}
+		w.advance(time.Second)
+		if err := held.Renew(ctx); err != nil {
+			t.Fatalf("the live holder lost its lock at its renewal %d: %v", i+1, err)
+		}
+	}
+	var le *LockedError
+	if !errors.As(res.err, &le) || le.State != Live || le.HolderIdentity != held.Session() {
+		t.Fatalf("the taker's result = %+v, %v; want locked by the live holder", res.held, res.err)
+	}
+	if err := held.Renew(ctx); err != nil {
+		t.Errorf("the holder lost its lock: %v", err)
+	}
+}
+
+// TestLongOverdueLockIsTakenAtOnce: a lock past its LOCKED TILL by more than
+// DateTrust in server time is taken over without waiting: a holder that
+// died long ago costs nothing extra.
+func TestLongOverdueLockIsTakenAtOnce(t *testing.T) {
+	w := newWorld(t)
+	a := w.dated(0, 0)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, _, err := a.b.TryAcquire(ctx, req(OpUpgrade, 3*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	w.advance(DateTrust + 10*time.Second)
+	b := w.dated(0, 0)
+	res, ok := settle(t, b, tryAsync(ctx, b, req(OpUpgrade, 3*time.Second)))
+	if !ok {
+		t.Fatal("waited to confirm a lock overdue by more than DateTrust")
+	}
+	if res.err != nil || res.held.PreviousState != Expired {
+		t.Fatalf("held %+v, err %v", res.held, res.err)
+	}
+}
+
+// TestWaiterSeesRenewalsOnItsWatch: a waiter that watched the holder
+// renew (on its watch, sightEvent, or on its own heartbeat's reads) has
+// seen the last renewal when it was made: once the holder dies, it takes
+// over at the lock's expiry in server time, not a lease later. Confirm
+// costs a client that waits nothing.
+func TestWaiterSeesRenewalsOnItsWatch(t *testing.T) {
+	w := newWorld(t)
+	a, b := w.dated(0, 0), w.dated(0, 0)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	held, _, err := a.b.TryAcquire(ctx, req(OpUpgrade, 3*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan tryResult, 1)
+	go func() {
+		h, err := b.b.Wait(ctx, req(OpUpgrade, 3*time.Second), nil)
+		done <- tryResult{h, err}
+	}()
+	key := b.b.sightKey(ns, LeaseName("web"))
+	sawRenewal := func() bool {
+		b.b.Sightings.mu.Lock()
+		defer b.b.Sightings.mu.Unlock()
+		return b.b.Sightings.m[key].renewed.Equal(held.Record().RenewedAt)
+	}
+	for range 3 {
+		waitTimers(t, b, 2)
+		w.advance(time.Second)
+		if err := held.Renew(ctx); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, "the waiter seeing the renewal", sawRenewal)
+	}
+	// The holder dies. Its LOCKED TILL is its last renewal's upper bound of
+	// server time (1 s wide) plus 3 s; the waiter's lower bound passes it
+	// and the margin 5 s after that renewal, its confirmation 4 s after.
+	for elapsed := time.Duration(0); ; elapsed += 100 * time.Millisecond {
+		select {
+		case res := <-done:
+			if res.err != nil {
+				t.Fatal(res.err)
+			}
+			if elapsed < 5*time.Second {
+				t.Fatalf("taken over %v after the last renewal, before LOCKED TILL + margin", elapsed)
+			}
+			if res.held.PreviousState != Expired || res.held.Previous.Session != held.Session() {
+				t.Errorf("previous = %v %+v", res.held.PreviousState, res.held.Previous)
+			}
+			return
+		case <-time.After(20 * time.Millisecond):
+		}
+		if elapsed > 6*time.Second {
+			t.Fatal("the waiter did not take over at the lock's expiry: its confirmation started late")
+		}
+		waitTimers(t, b, 2)
+		w.advance(100 * time.Millisecond)
+	}
+}
