@@ -601,9 +601,14 @@ func (f *fenceRT) update(req *http.Request, g *GuardedWrites, name string) (_ *h
 	}
 	status = d.meta.Labels[LabelStatus]
 	rev := revisionOf(name, g.Release)
+	var failed *http.Response // the last transient failure's answer
 	for attempt := 0; ; attempt++ {
 		metas, err := f.listRecords(req, g)
 		if err != nil {
+			if failed != nil {
+				// Helm sees the write's own failure, not the retry's.
+				return failed, status, nil
+			}
 			return nil, status, err
 		}
 		if err := newestAllows(metas, g); err != nil {
@@ -648,13 +653,71 @@ func (f *fenceRT) update(req *http.Request, g *GuardedWrites, name string) (_ *h
 			return nil, status, fmt.Errorf("helm-autorecover: encoding revision %d of release %q: %w", rev, g.Release, err)
 		}
 		resp, err := f.send(withBody(req, out))
-		if err != nil || resp.StatusCode != http.StatusConflict || attempt >= maxPutRetries {
+		retry := transientFailure(req, resp, err)
+		if !retry && (err != nil || resp.StatusCode != http.StatusConflict) || attempt >= maxPutRetries {
 			return resp, status, err
 		}
-		// Our own renewal (or a waiter queueing) changed the record since
-		// it was read: read it and check the lock again.
-		_, _ = io.Copy(io.Discard, resp.Body)
-		_ = resp.Body.Close()
+		if resp != nil {
+			// Our own renewal (or a waiter queueing) changed the record
+			// since it was read, or the server failed for a moment: read
+			// it and check the lock again.
+			_, _ = io.Copy(io.Discard, resp.Body)
+			_ = resp.Body.Close()
+		}
+		if retry {
+			// helm does not send a failed update again, and ignores the
+			// failure of some (marking the previous revision superseded:
+			// two revisions would then read deployed). The write may have
+			// landed: the next one is conditional on a fresh list, and
+			// sent only while the lock is valid (its deadline bounds the
+			// request's context).
+			failed = nil
+			if err == nil {
+				failed = &http.Response{Status: resp.Status, StatusCode: resp.StatusCode, Header: resp.Header, Body: http.NoBody, Request: resp.Request}
+			}
+			if werr := sleepCtx(req.Context(), writeBackoff(attempt)); werr != nil {
+				if failed != nil {
+					return failed, status, nil
+				}
+				return nil, status, err
+			}
+		}
+	}
+}
+
+// transientFailure tells a failed write that sending again may cure: the
+// connection failed, or the server answered 429 or 5xx. A write whose
+// context ended (its caller's, or the lock's renew deadline) is not one.
+func transientFailure(req *http.Request, resp *http.Response, err error) bool {
+	if req.Context().Err() != nil {
+		return false
+	}
+	if err != nil {
+		return !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, lock.ErrLost)
+	}
+	switch resp.StatusCode {
+	case http.StatusTooManyRequests, http.StatusInternalServerError, http.StatusBadGateway,
+		http.StatusServiceUnavailable, http.StatusGatewayTimeout:
+		return true
+	}
+	return false
+}
+
+// writeBackoff is the pause before sending a write again after its
+// attempt'th try failed for a moment: 100 ms, doubling, at most 2 s.
+func writeBackoff(attempt int) time.Duration {
+	return min(100*time.Millisecond<<min(attempt, 5), 2*time.Second)
+}
+
+// sleepCtx waits d, or until ctx ends.
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
 	}
 }
 

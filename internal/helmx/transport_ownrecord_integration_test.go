@@ -104,8 +104,9 @@ func TestIntegrationFenceListRetriesThrottling(t *testing.T) {
 
 // TestIntegrationFenceReportsOwnRecordWrites: the fence tells the lock how
 // each write of the holder's own revision record ended: the create of a
-// pending revision leaves it unsettled, a final write answered 500 (which
-// helm only logs) leaves it unsettled, the final write that succeeds
+// pending revision leaves it unsettled, a final write refused (403, which
+// sending again does not cure; one answered 5xx is sent again) leaves it
+// unsettled, the final write that succeeds
 // settles it. Writes of other revisions are not reported.
 func TestIntegrationFenceReportsOwnRecordWrites(t *testing.T) {
 	env := testenv.Get(t)
@@ -116,7 +117,7 @@ func TestIntegrationFenceReportsOwnRecordWrites(t *testing.T) {
 	}
 	fault, hit := once(func(r *http.Request) bool {
 		return r.Method == http.MethodPut && strings.HasSuffix(r.URL.Path, "/secrets/"+ReleaseSecretName("web", 2))
-	}, http.StatusInternalServerError, "")
+	}, http.StatusForbidden, "")
 	held := &reportingLock{heldLock: newHeld("reporting-session", time.Now())}
 	taken(t, env, ns, 1, held)
 	held.rec.Revision = 2
@@ -128,7 +129,7 @@ func TestIntegrationFenceReportsOwnRecordWrites(t *testing.T) {
 		t.Fatal(err)
 	}
 	if err := d.Update(ReleaseSecretName("web", 2), webRelease(2, common.StatusDeployed)); err == nil || !hit.Load() {
-		t.Fatalf("the final write answered 500: %v; want it to fail", err)
+		t.Fatalf("the final write answered 403: %v; want it to fail", err)
 	}
 	if got, want := held.got(), []string{"sh.helm.release.v1.web.v2 pending", "sh.helm.release.v1.web.v2 pending"}; !slices.Equal(got, want) {
 		t.Errorf("reports after the failed final write: %q; want %q", got, want)
