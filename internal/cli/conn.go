@@ -38,11 +38,9 @@ type conn struct {
 }
 
 func newConn(pc *protocol.Conn, backend string) *conn {
-	cn := &conn{Conn: pc, backend: backend, lease: lock.NewLeaseBackend(pc.Client(), pc.Estimator(), pc.Clock())}
-	cn.lease.Sightings = pc.Sightings()
+	cn := &conn{Conn: pc, backend: backend, lease: pc.Backend(lock.NewLeaseBackend(pc.Client(), pc.Estimator(), pc.Clock()))}
 	if d, err := records.ParseDriver(pc.Driver()); err == nil {
-		cn.records = lock.NewReleaseBackend(pc.Client(), pc.Estimator(), pc.Clock(), d)
-		cn.records.Sightings = pc.Sightings()
+		cn.records = pc.Backend(lock.NewReleaseBackend(pc.Client(), pc.Estimator(), pc.Clock(), d))
 	}
 	return cn
 }

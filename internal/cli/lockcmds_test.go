@@ -141,7 +141,12 @@ func newFakeEnv(t *testing.T, objs ...runtime.Object) *fakeEnv {
 			kube := func() (*recovery.Kube, error) {
 				return &recovery.Kube{Dynamic: dynamicfake.NewSimpleDynamicClient(runtime.NewScheme()), Mapper: meta.NewDefaultRESTMapper(nil)}, nil
 			}
-			return protocol.NewConn(client, est, clk, "", kube), nil
+			pc := protocol.NewConn(client, est, clk, "", kube)
+			// The fixtures' server clock stands still: their locks are
+			// judged by it alone (lock.Confirm is tested in internal/lock
+			// and against the local cluster).
+			pc.JudgeByServerTimeOnly()
+			return pc, nil
 		},
 		who: func() string { return "bob@laptop" },
 		newSession: func() string {

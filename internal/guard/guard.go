@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -328,6 +329,8 @@ func (r *run) do(ctx context.Context, op func() error) (err error) {
 		// The fence refused helm's write: the lock was lost or taken
 		// over (helm wraps the refusal in its own error).
 		err = r.lost(err)
+	} else if err != nil && !errors.As(err, &coded) {
+		err = r.failed(err)
 	}
 	if derr := r.removeDeferred(ctx); derr != nil && err == nil {
 		err = derr
@@ -474,6 +477,28 @@ func (r *run) warnRelease(err error) {
 			r.t.Release, r.t.Namespace, err, r.g.Options.LeaseDuration)
 	}
 }
+
+// failed is helm's error for an operation that failed under the lock: its
+// first line is helm's own, as stock helm prints it; when that does not
+// name the release and its namespace (a server's 503, an unreachable
+// cluster), a second line does, and says what this tool left behind.
+func (r *run) failed(err error) error {
+	msg := err.Error()
+	if strings.Contains(msg, r.t.Release) && strings.Contains(msg, r.t.Namespace) {
+		return err
+	}
+	return &opFailure{err: err, note: fmt.Sprintf("helm-autorecover: the %s of release %q in namespace %q failed (above); its lock is released, and a revision it left pending is recovered by the next operation; see where it stands with: helm-autorecover locks %s -n %s",
+		r.t.Op, r.t.Release, r.t.Namespace, r.t.Release, r.t.Namespace)}
+}
+
+// opFailure is helm's error followed by a line of this tool's.
+type opFailure struct {
+	err  error
+	note string
+}
+
+func (e *opFailure) Error() string { return e.err.Error() + "\n" + e.note }
+func (e *opFailure) Unwrap() error { return e.err }
 
 func (r *run) lost(err error) error {
 	return &exitcode.Error{Code: exitcode.LockLost, Err: fmt.Errorf("release %q in namespace %q: %w", r.t.Release, r.t.Namespace, err)}

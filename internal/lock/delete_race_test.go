@@ -83,7 +83,7 @@ func reviewReleaseBackend(t *testing.T, objs ...*corev1.Secret) (*fake.Clientset
 	est := servertime.New(clk)
 	now := clk.Now()
 	est.Observe(now, now, now.Truncate(time.Second))
-	return cs, NewReleaseBackend(cs, est, clk, records.DriverSecret)
+	return cs, fakeClocked(NewReleaseBackend(cs, est, clk, records.DriverSecret))
 }
 
 // TestDeleteRaceFailedFirstCreateLeavesNoBeat: an install takes the (virtual)

@@ -42,7 +42,12 @@ type LockedError struct {
 	// it is taken over once this process has seen it unchanged for a lease
 	// (see Confirm), in Left unless the holder renews it meanwhile.
 	Confirming bool
-	// confirmAt is that moment on this process's clock.
+	// Renewing is set when the holder renewed the lock while this client
+	// waited for it to be confirmed: it is alive, though the API server's
+	// Date headers say its lock expired.
+	Renewing bool
+	// confirmAt is, on this process's clock, when the lock's judgement by
+	// its own elapsed time changes unless the lock does (see Confirm).
 	confirmAt time.Time
 	// Ahead counts live waiters queued before the caller.
 	Ahead int
@@ -69,6 +74,8 @@ func (e *LockedError) help() string {
 	r := e.Holder
 	switch {
 	case e.State != Live || r == nil || r.Session == "":
+	case e.Renewing:
+		b.WriteString("; its holder renewed it while this client waited: it is alive, but the Date headers of the API server this client reached say its lock expired (an API server or a proxy in front of it with a wrong clock?)")
 	case e.HolderNotRunning:
 		fmt.Fprintf(&b, "; its process (pid %d) is not running on this machine: if no other process works on the release, release the lock with: helm-autorecover unlock %s -n %s --session %s --force", r.PID, e.Release, e.Namespace, r.Session)
 	default:

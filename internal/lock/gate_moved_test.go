@@ -110,7 +110,7 @@ func newRWorld(t *testing.T) *rworld {
 	clk := clocktesting.NewFakeClock(t0)
 	est := servertime.New(clk)
 	est.Observe(clk.Now(), clk.Now(), t0.Truncate(time.Second))
-	b := NewReleaseBackend(cs, est, clk, records.DriverSecret)
+	b := fakeClocked(NewReleaseBackend(cs, est, clk, records.DriverSecret))
 	b.Margin = time.Second
 	ctx := context.Background()
 	if _, err := cs.CoreV1().Secrets(ns).Create(ctx, recSecret(1, "deployed", nil), metav1.CreateOptions{}); err != nil {

@@ -36,7 +36,7 @@ func retakeWorld(t *testing.T, after func(w *rworld, leases *casLeases)) (*rworl
 	})
 	est := servertime.New(w.clk)
 	est.Observe(w.clk.Now(), w.clk.Now(), t0.Truncate(time.Second))
-	lb := NewLeaseBackend(w.cs, est, w.clk)
+	lb := fakeClocked(NewLeaseBackend(w.cs, est, w.clk))
 	lb.Margin = time.Second
 	return w, leases, lb
 }

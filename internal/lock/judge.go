@@ -166,46 +166,54 @@ func waitersAhead(live []Waiter, session string) int {
 	return len(live)
 }
 
-// DateTrust is how far past its LOCKED TILL (plus the margin) a lock must be,
-// in server time, for that alone to show its holder stopped. Server time is
-// read from the API server's Date headers; a replica with a wrong clock, or a
-// proxy's own error page, can shift it by seconds or minutes, and a lock
-// judged only by it would be taken over while its holder still renews
-// (docs/reliability.md, dateshift). A lock expired by less than this is
-// taken over only once this process has also seen it unchanged for its
-// lease in its own elapsed time (see Confirm), as client-go's leader
-// election judges every lock. A holder that died long ago is recovered at
-// once; one that died within the last quarter hour costs a client that
-// was not already watching it at most one lease more.
-const DateTrust = 15 * time.Minute
-
-// Confirm judges a lock again by this process's own elapsed time. st is the
-// judgement in server time (Judge); overdue is how far server time is
-// certainly past LOCKED TILL plus the margin; seenFor is how long this
-// process has seen the holder's latest renewal unchanged (a holder writes a
-// new renewal at least every third of its lease while it runs); lease is
-// the holder's lease duration.
-//
-// An Expired lock stays Expired when it is overdue by DateTrust or more, or
-// when it has been seen unchanged for a lease plus the margin: the holder
-// stops writing a lease after it sent its last renewal, so whatever a lying
-// Date header says, a lock seen unchanged that long has no writer left.
-// Otherwise it is Live, and confirmIn says how long until it is confirmed
-// unless it changes. Any other state is returned as it is.
-func Confirm(st State, overdue, seenFor, lease, margin time.Duration) (State, time.Duration) {
-	return confirm(st, overdue, seenFor, lease, margin, DateTrust)
+// Sighting is what a process knows of a held lock besides server time:
+// how long it has seen the holder's latest renewal unchanged on its own
+// monotonic clock (a holder stamps every write with a later renewal time).
+type Sighting struct {
+	// SeenFor is how long the latest renewal has been seen unchanged.
+	SeenFor time.Duration
+	// Lease is the holder's lease duration.
+	Lease time.Duration
+	// Bounded is set when the lock's LOCKED TILL is no later than its
+	// renewal plus Lease: its holder stops writing a lease after it sent
+	// that renewal. A gate judged by the long bound it was written with
+	// for clients of earlier versions (see gateForm) is not bounded.
+	Bounded bool
 }
 
-// confirm is Confirm with trust in place of DateTrust.
-func confirm(st State, overdue, seenFor, lease, margin, trust time.Duration) (State, time.Duration) {
-	if st != Expired || overdue >= trust {
+// Confirm judges a held lock again by this process's own elapsed time, the
+// way client-go's leader election judges every lock, and returns the state
+// and how long until that judgement changes unless the lock does.
+//
+// Server time is read from the API server's Date headers; a replica with a
+// wrong clock, or a proxy's own error page, shifts it by seconds or
+// minutes, and a lock judged by it alone was taken over while its holder
+// still renewed (docs/reliability.md, dateshift). A holder stops writing a
+// lease (less RenewMargin) after it sent its last successful renewal, on
+// its own clock, so a lock whose latest renewal this process has seen
+// unchanged for a lease and the margin has no writer left, whatever the
+// Date headers say; and one seen for less may still have one. Hence:
+//
+//   - Expired in server time, seen unchanged for Lease + margin: Expired.
+//   - Expired in server time, seen for less: Live, until it has been seen
+//     that long (a holder that renews meanwhile starts it anew).
+//   - Live in server time, Bounded, seen unchanged for Lease + margin:
+//     Expired (a server clock running behind does not keep a dead holder's
+//     lock for the difference).
+//   - Live and not Bounded, or Free: as judged.
+//
+// A client that did not watch a holder die waits one lease before it takes
+// the lock over; one that did (a waiter) waits nothing extra.
+func Confirm(st State, s Sighting, margin time.Duration) (State, time.Duration) {
+	need := s.Lease + margin
+	seenFor := max(s.SeenFor, 0)
+	switch {
+	case st == Free || (st == Live && !s.Bounded):
 		return st, 0
-	}
-	need := lease + margin
-	if seenFor >= need {
+	case seenFor >= need:
 		return Expired, 0
 	}
-	return Live, need - max(seenFor, 0)
+	return Live, need - seenFor
 }
 
 // leaseOf is the lease the holder named in spec renews its lock for: the

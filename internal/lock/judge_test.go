@@ -146,26 +146,27 @@ func TestConfirm(t *testing.T) {
 	cases := []struct {
 		name      string
 		st        State
-		overdue   time.Duration
 		seenFor   time.Duration
+		bounded   bool
 		want      State
 		confirmIn time.Duration
 	}{
-		{name: "free stays free", st: Free, want: Free},
-		{name: "live stays live", st: Live, seenFor: time.Hour, want: Live},
-		{name: "just expired, first seen now: a lease and the margin to go", st: Expired, overdue: time.Millisecond, want: Live, confirmIn: lease + margin},
-		{name: "just expired, seen unchanged for half a lease", st: Expired, overdue: time.Second, seenFor: lease / 2, want: Live, confirmIn: lease/2 + margin},
-		{name: "seen unchanged for a lease, margin not yet", st: Expired, overdue: time.Second, seenFor: lease, want: Live, confirmIn: margin},
-		{name: "seen unchanged for a lease and the margin", st: Expired, overdue: time.Second, seenFor: lease + margin, want: Expired},
-		{name: "10 minutes overdue (a Date shifted 10 minutes) is not enough", st: Expired, overdue: 10 * time.Minute, want: Live, confirmIn: lease + margin},
-		{name: "just under the trust window", st: Expired, overdue: DateTrust - time.Millisecond, want: Live, confirmIn: lease + margin},
-		{name: "overdue by the trust window: taken at once", st: Expired, overdue: DateTrust, want: Expired},
-		{name: "a day overdue: taken at once", st: Expired, overdue: 24 * time.Hour, want: Expired},
-		{name: "a clock that ran backwards counts as unseen", st: Expired, overdue: time.Second, seenFor: -time.Second, want: Live, confirmIn: lease + margin},
+		{name: "free stays free", st: Free, seenFor: time.Hour, bounded: true, want: Free},
+		{name: "expired in server time, first seen now: a lease and the margin to go", st: Expired, bounded: true, want: Live, confirmIn: lease + margin},
+		{name: "expired, seen unchanged for half a lease", st: Expired, seenFor: lease / 2, bounded: true, want: Live, confirmIn: lease/2 + margin},
+		{name: "expired, seen unchanged for a lease, the margin not yet", st: Expired, seenFor: lease, bounded: true, want: Live, confirmIn: margin},
+		{name: "expired, seen unchanged for a lease and the margin", st: Expired, seenFor: lease + margin, bounded: true, want: Expired},
+		{name: "expired long ago by the server's clock: still a lease to go once first seen", st: Expired, bounded: true, want: Live, confirmIn: lease + margin},
+		{name: "expired, not bounded, first seen now: a lease to go too", st: Expired, want: Live, confirmIn: lease + margin},
+		{name: "expired, not bounded, seen for a lease and the margin", st: Expired, seenFor: lease + margin, want: Expired},
+		{name: "live in server time, bounded, seen for a moment", st: Live, seenFor: time.Second, bounded: true, want: Live, confirmIn: lease + margin - time.Second},
+		{name: "live in server time (its clock behind), bounded, seen unchanged for a lease and the margin", st: Live, seenFor: lease + margin, bounded: true, want: Expired},
+		{name: "live, not bounded (a gate's long bound), seen for an hour: live", st: Live, seenFor: time.Hour, want: Live},
+		{name: "a clock that ran backwards counts as unseen", st: Expired, seenFor: -time.Second, bounded: true, want: Live, confirmIn: lease + margin},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			st, in := Confirm(tc.st, tc.overdue, tc.seenFor, lease, margin)
+			st, in := Confirm(tc.st, Sighting{SeenFor: tc.seenFor, Lease: lease, Bounded: tc.bounded}, margin)
 			if st != tc.want || in != tc.confirmIn {
 				t.Errorf("Confirm = %v, %v; want %v, %v", st, in, tc.want, tc.confirmIn)
 			}
@@ -173,32 +174,56 @@ func TestConfirm(t *testing.T) {
 	}
 }
 
-func TestSightingsKeepFirstSightOfLatestRenewal(t *testing.T) {
+func TestSightingsStartAnewOnAnyChange(t *testing.T) {
 	s := NewSightings()
-	first := s.mark("k", "a", at(0), at(1*time.Second))
-	if !first.Equal(at(1 * time.Second)) {
+	till := func(d time.Duration) time.Time { return at(d + 15*time.Second) }
+	if first := s.mark("k", "a", at(0), till(0), at(time.Second)); !first.Equal(at(time.Second)) {
 		t.Fatalf("first sight = %v", first)
 	}
-	// The same renewal, or an older copy of it, seen again: unchanged.
-	for _, r := range []time.Duration{0, -5 * time.Second} {
-		if got := s.mark("k", "a", at(r), at(9*time.Second)); !got.Equal(at(1 * time.Second)) {
-			t.Errorf("renewal at %v seen again: first sight moved to %v", r, got)
+	if got := s.mark("k", "a", at(0), till(0), at(9*time.Second)); !got.Equal(at(time.Second)) {
+		t.Errorf("the same lock read again: first sight moved to %v", got)
+	}
+	for i, c := range []struct {
+		holder        string
+		renewed, till time.Duration
+	}{
+		{"a", 5 * time.Second, 5 * time.Second}, // renewed
+		{"a", -time.Second, -time.Second},       // an older copy
+		{"a", -time.Second, time.Hour},          // another LOCKED TILL
+		{"b", -time.Second, -time.Second},       // another holder
+	} {
+		now := at(time.Duration(10+i) * time.Second)
+		if got := s.mark("k", c.holder, at(c.renewed), till(c.till), now); !got.Equal(now) {
+			t.Errorf("change %d (%+v): first sight %v, want %v", i, c, got, now)
 		}
 	}
-	// A later renewal: seen now.
-	if got := s.mark("k", "a", at(5*time.Second), at(10*time.Second)); !got.Equal(at(10 * time.Second)) {
-		t.Errorf("a later renewal: first sight %v, want %v", got, at(10*time.Second))
-	}
-	// Another holder, even with an older renewal: seen now.
-	if got := s.mark("k", "b", at(time.Second), at(11*time.Second)); !got.Equal(at(11 * time.Second)) {
-		t.Errorf("another holder: first sight %v", got)
-	}
-	// Another lock is remembered apart; a forgotten one starts anew.
-	if got := s.mark("other", "b", at(time.Second), at(12*time.Second)); !got.Equal(at(12 * time.Second)) {
+	if got := s.mark("other", "b", at(-time.Second), till(-time.Second), at(20*time.Second)); !got.Equal(at(20 * time.Second)) {
 		t.Errorf("another lock: first sight %v", got)
 	}
 	s.forget("k")
-	if got := s.mark("k", "b", at(time.Second), at(13*time.Second)); !got.Equal(at(13 * time.Second)) {
+	if got := s.mark("k", "b", at(-time.Second), till(-time.Second), at(21*time.Second)); !got.Equal(at(21 * time.Second)) {
 		t.Errorf("after forget: first sight %v", got)
+	}
+}
+
+// TestSightingsAdvanceOnlyTheHolderRemembered: a renewal seen on a watch
+// moves the first sight of the holder remembered forward; another
+// session's (a stale claim replayed), or an older renewal, changes nothing.
+func TestSightingsAdvanceOnlyTheHolderRemembered(t *testing.T) {
+	s := NewSightings()
+	s.mark("k", "a", at(0), at(15*time.Second), at(time.Second))
+	s.advance("k", "claimant", at(time.Hour), at(time.Hour), at(2*time.Second))
+	s.advance("k", "a", at(0), at(15*time.Second), at(3*time.Second))
+	s.advance("k", "a", at(-time.Second), at(14*time.Second), at(4*time.Second))
+	if got := s.mark("k", "a", at(0), at(15*time.Second), at(5*time.Second)); !got.Equal(at(time.Second)) {
+		t.Errorf("after others' and older renewals: first sight %v, want %v", got, at(time.Second))
+	}
+	s.advance("k", "a", at(5*time.Second), at(20*time.Second), at(6*time.Second))
+	if got := s.mark("k", "a", at(5*time.Second), at(20*time.Second), at(7*time.Second)); !got.Equal(at(6 * time.Second)) {
+		t.Errorf("after the holder's renewal on the watch: first sight %v, want %v", got, at(6*time.Second))
+	}
+	s.advance("never-read", "a", at(time.Hour), at(time.Hour), at(8*time.Second))
+	if got := s.mark("never-read", "a", at(time.Hour), at(time.Hour), at(9*time.Second)); !got.Equal(at(9 * time.Second)) {
+		t.Errorf("a lock never read: first sight %v, want the read's", got)
 	}
 }

@@ -183,7 +183,7 @@ func TestJointNamesNextRevision(t *testing.T) {
 	ctx := context.Background()
 	est := servertime.New(w.clk)
 	est.Observe(w.clk.Now(), w.clk.Now(), t0.Truncate(time.Second))
-	lb := NewLeaseBackend(w.cs, est, w.clk)
+	lb := fakeClocked(NewLeaseBackend(w.cs, est, w.clk))
 	lb.Margin = time.Second
 	j, err := AcquireJoint(ctx, req(OpUpgrade, 15*time.Second), false, nil, w.b, lb)
 	if err != nil {
@@ -303,7 +303,7 @@ func TestReadFloorIsTheTakesGate(t *testing.T) {
 	}
 	est := servertime.New(w.clk)
 	est.Observe(w.clk.Now(), w.clk.Now(), t0.Truncate(time.Second))
-	l, _, err := NewLeaseBackend(w.cs, est, w.clk).TryAcquire(ctx, req(OpUpgrade, 15*time.Second))
+	l, _, err := fakeClocked(NewLeaseBackend(w.cs, est, w.clk)).TryAcquire(ctx, req(OpUpgrade, 15*time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -321,7 +321,7 @@ func TestJointTakenAtOnceWritesNoMore(t *testing.T) {
 		w := newRWorld(t)
 		est := servertime.New(w.clk)
 		est.Observe(w.clk.Now(), w.clk.Now(), t0.Truncate(time.Second))
-		lb := NewLeaseBackend(w.cs, est, w.clk)
+		lb := fakeClocked(NewLeaseBackend(w.cs, est, w.clk))
 		lb.Margin = time.Second
 		j, err := AcquireJoint(context.Background(), req(OpUpgrade, 15*time.Second), wait, nil, w.b, lb)
 		if err != nil {
@@ -384,7 +384,7 @@ func TestNewestAsTaken(t *testing.T) {
 	}
 	est := servertime.New(w.clk)
 	est.Observe(w.clk.Now(), w.clk.Now(), t0.Truncate(time.Second))
-	lb := NewLeaseBackend(w.cs, est, w.clk)
+	lb := fakeClocked(NewLeaseBackend(w.cs, est, w.clk))
 	hl, _, err := lb.TryAcquire(ctx, req(OpUpgrade, 15*time.Second))
 	if err != nil {
 		t.Fatal(err)

@@ -97,10 +97,9 @@ type Backend struct {
 	// set a shared one before first use so that every backend of a
 	// process, and each operation's, remembers alike.
 	Sightings *Sightings
-	// DateTrust is how far past LOCKED TILL a lock must be in server time
-	// to be taken over without being seen unchanged for a lease
-	// (DateTrust unless set before first use; see Confirm).
-	DateTrust time.Duration
+	// TrustServerTime judges locks by server time alone, without Confirm:
+	// only for tests whose fake clocks stand still.
+	TrustServerTime bool
 }
 
 // Store names where a backend keeps its locks.
@@ -146,10 +145,6 @@ func (b *Backend) margin() time.Duration {
 		return TakeoverMargin
 	}
 	return b.Margin
-}
-
-func (b *Backend) seen() *Sightings {
-	return b.Sightings
 }
 
 func (b *Backend) renewMargin() time.Duration {
@@ -233,21 +228,8 @@ func (b *Backend) TryAcquire(ctx context.Context, req Request) (*Held, *Record, 
 		// tell yet.
 		res, err = b.attempt(ctx, &req, nil, maybe)
 	}
-	for range maxConfirms {
-		if err != nil || res.locked == nil || !res.locked.Confirming {
-			break
-		}
-		// Expired in server time, too recently for that alone: wait
-		// until this process has seen it unchanged for a lease, and judge
-		// it again (a holder that renewed meanwhile is Live then).
-		if req.onConfirm != nil {
-			req.onConfirm(res.locked.Holder, res.locked.Left)
-		}
-		if err = b.sleep(ctx, res.locked.confirmAt.Sub(b.clock.Now())); err != nil {
-			err = fmt.Errorf("lock release %q in namespace %q: %w", req.Release, req.Namespace, err)
-			break
-		}
-		res, err = b.attempt(ctx, &req, nil, maybe)
+	if err == nil && res.locked != nil && res.locked.Confirming {
+		res, err = b.confirmTake(ctx, &req, res, maybe)
 	}
 	if err != nil {
 		return nil, nil, err
@@ -258,10 +240,33 @@ func (b *Backend) TryAcquire(ctx context.Context, req Request) (*Held, *Record, 
 	return res.held, nil, nil
 }
 
-// maxConfirms bounds how often TryAcquire waits for a lock that expired
-// in server time to be confirmed (see Confirm): a holder that renews every
-// time the wait ends is live, whatever the Date headers say.
-const maxConfirms = 3
+// confirmTake is TryAcquire's wait for a lock Expired in server time to be
+// confirmed on this process's clock (Confirm): it reads the lock again
+// every third of a lease until then, and takes it once confirmed. A
+// renewal seen meanwhile shows the holder alive, whatever the Date headers
+// say: the lock is refused at once then, as any live lock is.
+func (b *Backend) confirmTake(ctx context.Context, req *Request, res attemptResult, maybe *maybeTaken) (attemptResult, error) {
+	if req.onConfirm != nil {
+		req.onConfirm(res.locked.Holder, res.locked.Left)
+	}
+	for res.locked != nil && res.locked.Confirming {
+		at := res.locked.confirmAt
+		step := min(at.Sub(b.clock.Now()), max(req.LeaseDuration/3, time.Second))
+		if err := b.sleep(ctx, step); err != nil {
+			return attemptResult{}, fmt.Errorf("lock release %q in namespace %q: %w", req.Release, req.Namespace, err)
+		}
+		next, err := b.attempt(ctx, req, nil, maybe)
+		if err != nil {
+			return attemptResult{}, err
+		}
+		if next.locked != nil && next.locked.Confirming && next.locked.confirmAt.After(at) {
+			next.locked.Renewing = true
+			return next, nil
+		}
+		res = next
+	}
+	return res, nil
+}
 
 // sleep waits d on the backend's clock, or until ctx ends.
 func (b *Backend) sleep(ctx context.Context, d time.Duration) error {
@@ -308,10 +313,13 @@ type view struct {
 	recErr error
 	state  State
 	live   []Waiter
-	// confirmAt is set when the lock is Live only because server time says
-	// it expired too recently for that alone (Confirm): on this process's
-	// clock, the moment it will be confirmed Expired unless it changes.
+	// confirmAt is, on this process's clock, when the judgement of a held
+	// lock by its own elapsed time will change unless the lock does
+	// (Confirm); zero when it will not.
 	confirmAt time.Time
+	// confirming is set when the lock is Expired in server time but not
+	// yet confirmed (Confirm): it is Live until confirmAt.
+	confirming bool
 	// claim is another session's claim in flight on a release lock's beat
 	// (see sidecar.go): the lock is Live, held by it, until it lands on the
 	// gate or expires.
@@ -330,7 +338,7 @@ func (b *Backend) decode(l *coordinationv1.Lease, now servertime.Bounds, self st
 		judged = nil
 	}
 	v.state = Judge(judged, &l.Spec, now, b.margin())
-	v.confirmAt = b.confirm(&v, judged, l, now, self)
+	v.confirmAt = b.confirm(&v, judged, l, self)
 	gateSession := ""
 	if v.rec != nil {
 		gateSession = v.rec.Session
@@ -347,14 +355,15 @@ func (b *Backend) decode(l *coordinationv1.Lease, now servertime.Bounds, self st
 	return v
 }
 
-// confirm applies Confirm to the judgement of l in v: it marks the
-// holder's latest renewal in the backend's Sightings, and turns an Expired
-// lock that this process has not yet seen unchanged for a lease (and that
-// is not long overdue) into a Live one. It returns when, on this process's
-// clock, such a lock will be confirmed unless it changes (zero for any
-// other). A lock held by self (our own take whose answer was lost) is
-// judged in server time alone: this process knows it is not writing.
-func (b *Backend) confirm(v *view, judged *Record, l *coordinationv1.Lease, now servertime.Bounds, self string) time.Time {
+// confirm applies Confirm to the judgement of l in v: it remembers the
+// holder's latest renewal in the backend's Sightings, judges the lock again
+// by how long this process has seen it unchanged, and returns when, on this
+// process's clock, that judgement will change unless the lock does (zero
+// when it will not). v.confirming is set for a lock Expired in server time
+// but not yet confirmed. A lock held by self (our own take whose answer was
+// lost) is judged in server time alone: this process knows it is not
+// writing.
+func (b *Backend) confirm(v *view, judged *Record, l *coordinationv1.Lease, self string) time.Time {
 	key := b.sightKey(l.Namespace, l.Name)
 	holder, renewed := renewalOf(l)
 	if v.state == Free || holder == "" {
@@ -363,40 +372,25 @@ func (b *Backend) confirm(v *view, judged *Record, l *coordinationv1.Lease, now 
 		}
 		return time.Time{}
 	}
-	if b.clock == nil || b.Sightings == nil {
-		// Nothing to measure elapsed time with: never seen before.
-		if v.state == Expired && holder != self {
-			if st, _ := b.confirmState(judged, l, now, 0); st == Live {
-				v.state = Live
-			}
-		}
+	if holder == self || b.TrustServerTime {
 		return time.Time{}
 	}
-	localNow := b.clock.Now()
-	first := b.Sightings.mark(key, holder, renewed, localNow)
-	if v.state != Expired || holder == self {
-		return time.Time{}
+	till, _ := LockedTill(judged, &l.Spec)
+	lease := leaseOf(judged, &l.Spec)
+	s := Sighting{Lease: lease, Bounded: !renewed.IsZero() && !till.IsZero() && !till.After(renewed.Add(lease))}
+	var localNow time.Time
+	if b.clock != nil && b.Sightings != nil {
+		localNow = b.clock.Now()
+		s.SeenFor = b.clock.Since(b.Sightings.mark(key, holder, renewed, till, localNow))
 	}
-	st, in := b.confirmState(judged, l, now, b.clock.Since(first))
+	expired := v.state == Expired
+	st, in := Confirm(v.state, s, b.margin())
 	v.state = st
-	if st != Live {
+	v.confirming = expired && st == Live
+	if in <= 0 || localNow.IsZero() {
 		return time.Time{}
 	}
 	return localNow.Add(in)
-}
-
-// confirmState is Confirm for an Expired lock l seen unchanged for seenFor.
-func (b *Backend) confirmState(judged *Record, l *coordinationv1.Lease, now servertime.Bounds, seenFor time.Duration) (State, time.Duration) {
-	till, _ := LockedTill(judged, &l.Spec)
-	overdue := now.Earliest.Sub(till.Add(b.margin()))
-	return confirm(Expired, overdue, seenFor, leaseOf(judged, &l.Spec), b.margin(), b.dateTrust())
-}
-
-func (b *Backend) dateTrust() time.Duration {
-	if b.DateTrust <= 0 {
-		return DateTrust
-	}
-	return b.DateTrust
 }
 
 // claimOf is the beat of a release lock that names another session than
@@ -468,7 +462,7 @@ func (b *Backend) attempt(ctx context.Context, req *Request, w *waitState, maybe
 			return attemptResult{}, fmt.Errorf("lock release %q in namespace %q: %w", req.Release, req.Namespace, err)
 		}
 		v := b.decode(cur, now, req.Session)
-		if !v.confirmAt.IsZero() && req.sightLater != nil {
+		if (v.confirming || v.state == Expired) && req.sightLater != nil {
 			req.sightLater(ctx)
 			req.sightLater = nil
 		}
@@ -547,8 +541,8 @@ func (b *Backend) lockedError(req *Request, v view, now servertime.Bounds, ahead
 		e.LockedTill = till
 		e.Left = max(0, till.Add(b.margin()).Sub(now.Earliest))
 	}
-	if !v.confirmAt.IsZero() {
-		e.confirmAt = v.confirmAt
+	e.confirmAt = v.confirmAt
+	if v.confirming {
 		e.Confirming = true
 		e.Left = max(0, v.confirmAt.Sub(b.clock.Now()))
 	}
@@ -891,6 +885,9 @@ type Status struct {
 func (b *Backend) Inspect(ctx context.Context, namespace, release string) (*Status, error) {
 	l, err := b.leases(namespace).Get(ctx, LeaseName(release), metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
+		if b.Sightings != nil {
+			b.Sightings.forget(b.sightKey(namespace, LeaseName(release)))
+		}
 		now, _ := b.time.Now()
 		return &Status{Release: release, Namespace: namespace, Store: b.store, State: Free, Now: now}, nil
 	}
@@ -936,7 +933,7 @@ func (b *Backend) status(l *coordinationv1.Lease, now servertime.Bounds) *Status
 		Waiters:        v.live,
 		Now:            now,
 	}
-	if !v.confirmAt.IsZero() {
+	if v.confirming {
 		st.ConfirmIn = max(0, v.confirmAt.Sub(b.clock.Now()))
 	}
 	if st.Release == "" && v.rec != nil {

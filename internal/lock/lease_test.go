@@ -58,7 +58,7 @@ func newWorld(t *testing.T) *world {
 		// The clients of this world judge expiry by server time alone, as
 		// the tests below were written for; Confirm's elapsed-time rule is
 		// tested with clients made by dated (confirm_test.go).
-		c.b.DateTrust = time.Nanosecond
+		c.b.TrustServerTime = true
 		return c
 	}
 	return w
@@ -69,6 +69,14 @@ func (w *world) advance(d time.Duration) {
 	for _, c := range w.clients {
 		c.clk.Step(d)
 	}
+}
+
+// fakeClocked makes b judge locks by server time alone (TrustServerTime):
+// for tests on fake clocks that stand still, which test other rules than
+// Confirm's (confirm_test.go tests it with clocks that move).
+func fakeClocked(b *Backend) *Backend {
+	b.TrustServerTime = true
+	return b
 }
 
 func req(op Operation, lease time.Duration) Request {

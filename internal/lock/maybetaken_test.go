@@ -70,7 +70,7 @@ func TestLostAnswerAfterExpiryTakesAgain(t *testing.T) {
 	clk := clocktesting.NewFakeClock(t0)
 	est := servertime.New(clk)
 	est.Observe(clk.Now(), clk.Now(), t0)
-	b := NewLeaseBackend(cs, est, clk)
+	b := fakeClocked(NewLeaseBackend(cs, est, clk))
 	const lease = 3 * time.Second
 
 	got := make(chan *Held, 1)

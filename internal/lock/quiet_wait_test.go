@@ -74,7 +74,7 @@ func TestWaitTakesWhenTheWaiterAheadLeaves(t *testing.T) {
 // write, queue [self]): not quiet, self may take the lock now.
 func TestQuietNotWhenTheWaiterAheadLeavesAnExpiredLock(t *testing.T) {
 	f := newReleaseLock(t, t0q.Add(-time.Minute), "A", "self")
-	v := (&Backend{Margin: 250 * time.Millisecond, DateTrust: time.Nanosecond}).decode(f.seen, f.now, "self")
+	v := (&Backend{Margin: 250 * time.Millisecond, TrustServerTime: true}).decode(f.seen, f.now, "self")
 	if v.state != Expired {
 		t.Fatalf("the lock read is %v, want expired", v.state)
 	}

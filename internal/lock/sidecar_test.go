@@ -183,7 +183,7 @@ func TestWaitDoesNotSpinOnFailingWatch(t *testing.T) {
 	est := servertime.New(clk)
 	now := clk.Now()
 	est.Observe(now, now, now.Truncate(time.Second))
-	b := NewReleaseBackend(cs, est, clk, records.DriverSecret)
+	b := fakeClocked(NewReleaseBackend(cs, est, clk, records.DriverSecret))
 	ctx := context.Background()
 	if _, _, err := b.TryAcquire(ctx, req(OpUpgrade, 15*time.Second)); err != nil {
 		t.Fatal(err)

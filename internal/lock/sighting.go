@@ -10,11 +10,10 @@ import (
 )
 
 // Sightings is a process's memory of when it first saw each lock's latest
-// renewal, in its own elapsed time: what Confirm needs to tell a holder
+// renewal, on its own monotonic clock: what Confirm needs to tell a holder
 // that stopped from one whose renewals a lying Date header makes look late.
 // A holder stamps every write it makes with a later renewal time than the
-// one before, so the latest renewal seen only ever grows while the holder
-// runs, whichever object (Lease, beat, record) it was seen on.
+// one before.
 //
 // One Sightings is shared by every backend of a process (the stores of a
 // connection are made anew for each operation; the controller's live as
@@ -27,26 +26,45 @@ type Sightings struct {
 type sighting struct {
 	holder  string
 	renewed time.Time
-	// at is when this process first saw renewed, on its monotonic clock.
+	till    time.Time
+	// at is when this process first saw the lock so, on its monotonic
+	// clock.
 	at time.Time
 }
 
 // NewSightings returns an empty memory.
 func NewSightings() *Sightings { return &Sightings{m: map[string]sighting{}} }
 
-// mark records that holder's renewal renewed of lock key was seen at now,
-// and returns when the latest renewal of that holder was first seen. A
-// renewal no later than the one remembered changes nothing; another holder
-// replaces the memory.
-func (s *Sightings) mark(key, holder string, renewed, now time.Time) time.Time {
+// mark records that lock key was read held by holder, renewed at renewed
+// until till, at now, and returns since when it has been seen exactly so:
+// any change to the holder, its renewal or its LOCKED TILL starts anew
+// (as client-go compares the whole record), so that no view of the lock,
+// however it came to differ, keeps an old first sight.
+func (s *Sightings) mark(key, holder string, renewed, till, now time.Time) time.Time {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	cur, ok := s.m[key]
-	if ok && cur.holder == holder && !renewed.After(cur.renewed) {
+	if ok && cur.holder == holder && renewed.Equal(cur.renewed) && till.Equal(cur.till) {
 		return cur.at
 	}
-	s.m[key] = sighting{holder: holder, renewed: renewed, at: now}
+	s.m[key] = sighting{holder: holder, renewed: renewed, till: till, at: now}
 	return now
+}
+
+// advance records a later renewal of the holder remembered for lock key,
+// seen at now on the lock's watch: its first sight is then now, and its
+// LOCKED TILL is no longer known (the next read sets it, keeping now when
+// it matches). A renewal of anyone else, or no later one, changes nothing:
+// only a read (mark) replaces the holder, so that a stale claim replayed
+// by a watch cannot restart the confirmation of a dead holder's lock.
+func (s *Sightings) advance(key, holder string, renewed, till, now time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	cur, ok := s.m[key]
+	if !ok || cur.holder != holder || !renewed.After(cur.renewed) {
+		return
+	}
+	s.m[key] = sighting{holder: holder, renewed: renewed, till: till, at: now}
 }
 
 // forget drops the memory of lock key (released, or gone).
@@ -78,35 +96,37 @@ func renewalOf(l *coordinationv1.Lease) (string, time.Time) {
 	return holder, renewed
 }
 
-// sightEvent marks the renewal an object seen on the lock's watch carries
-// (a Lease; for a release lock, its beat object or one of its records), so
-// that a waiter that let the holder's renewals pass without reading the lock
-// again (watchView.quiet) still knows when it first saw the latest one.
-// Objects that name no unreleased holder are ignored: they renew nothing.
+// sightEvent notes a renewal of the remembered holder that an object seen
+// on the lock's watch carries (a Lease; for a release lock, its beat
+// object), so that a waiter that let the holder's renewals pass without
+// reading the lock again (watchView.quiet) knows when it first saw the
+// latest one. Records are not looked at: a read judges them.
 func (b *Backend) sightEvent(namespace, lockName string, obj runtime.Object) {
+	if b.Sightings == nil || b.clock == nil {
+		return
+	}
+	key := b.sightKey(namespace, lockName)
 	if l, ok := obj.(*coordinationv1.Lease); ok {
 		if l.Name != lockName {
 			return
 		}
-		if holder, renewed := renewalOf(l); holder != "" {
-			b.seen().mark(b.sightKey(namespace, lockName), holder, renewed, b.clock.Now())
+		holder, renewed := renewalOf(l)
+		rec := annotatedRecord(l.Annotations)
+		if rec != nil && rec.Session != holder {
+			rec = nil
 		}
+		till, _ := LockedTill(rec, &l.Spec)
+		b.Sightings.advance(key, holder, renewed, till, b.clock.Now())
 		return
 	}
 	if b.store != StoreRelease {
 		return
 	}
 	m, err := meta.Accessor(obj)
-	if err != nil {
+	if err != nil || m.GetName() != lockName {
 		return
 	}
-	var rec *Record
-	if m.GetName() == lockName {
-		rec = decodeBeat(m.GetAnnotations()[AnnotationBeat], releaseOf(lockName), namespace)
-	} else {
-		rec = annotatedRecord(m.GetAnnotations())
-	}
-	if rec != nil && rec.Session != "" && rec.ReleasedAt.IsZero() {
-		b.seen().mark(b.sightKey(namespace, lockName), rec.Session, rec.RenewedAt, b.clock.Now())
+	if bt := decodeBeat(m.GetAnnotations()[AnnotationBeat], releaseOf(lockName), namespace); bt != nil && bt.ReleasedAt.IsZero() {
+		b.Sightings.advance(key, bt.Session, bt.RenewedAt, bt.LockedTill, b.clock.Now())
 	}
 }

@@ -19,7 +19,7 @@ func TestHolderThatSleptStopsWriting(t *testing.T) {
 	clk := sleepclock.NewFake(t0)
 	est := servertime.New(clk)
 	est.Observe(clk.Now(), clk.Now(), t0)
-	b := NewLeaseBackend(cs, est, clk)
+	b := fakeClocked(NewLeaseBackend(cs, est, clk))
 	ctx := context.Background()
 	held, _, err := b.TryAcquire(ctx, req(OpUpgrade, 3*time.Second))
 	if err != nil {

@@ -245,10 +245,11 @@ func (b *Backend) nextDecision(req *Request, w *waitState, seen *coordinationv1.
 	if !ok {
 		return max(next, past)
 	}
-	switch {
-	case lk != nil && lk.Confirming:
+	if lk != nil && !lk.confirmAt.IsZero() {
+		// Its judgement on this process's clock (Confirm).
 		next = min(next, lk.confirmAt.Sub(b.clock.Now())+past)
-	case lk != nil && lk.State == Live && !lk.LockedTill.IsZero():
+	}
+	if lk != nil && lk.State == Live && !lk.Confirming && !lk.LockedTill.IsZero() {
 		next = min(next, lk.LockedTill.Add(b.margin()).Sub(now.Earliest)+past)
 	}
 	if seen != nil {

@@ -110,16 +110,14 @@ func (c *Conn) Stores(ctx context.Context, ns, choice string) (string, []*lock.B
 	default:
 		return "", nil, fmt.Errorf("lock backend %q: must be auto, lease or release", choice)
 	}
-	leases := lock.NewLeaseBackend(c.client, c.est, c.clock)
-	leases.Sightings = c.seen
+	leases := c.Backend(lock.NewLeaseBackend(c.client, c.est, c.clock))
 	switch {
 	case errors.Is(driverErr, records.ErrNoReleaseRecords) && choice == BackendLease:
 		return choice, []*lock.Backend{leases}, nil
 	case driverErr != nil:
 		return "", nil, fmt.Errorf("lock backend %s: %w", choice, driverErr)
 	}
-	recs := lock.NewReleaseBackend(c.client, c.est, c.clock, driver)
-	recs.Sightings = c.seen
+	recs := c.Backend(lock.NewReleaseBackend(c.client, c.est, c.clock, driver))
 	if choice == BackendLease {
 		return choice, []*lock.Backend{recs, leases}, nil
 	}

@@ -48,11 +48,23 @@ type Conn struct {
 	// seen is what every backend of this connection remembers of the
 	// locks it read (lock.Confirm).
 	seen *lock.Sightings
+	// serverTimeOnly: see JudgeByServerTimeOnly.
+	serverTimeOnly bool
 }
 
-// Sightings is the memory every lock backend of this connection shares
-// (see lock.Sightings); a backend made outside Stores should use it.
-func (c *Conn) Sightings() *lock.Sightings { return c.seen }
+// Backend makes b one of this connection's lock backends: it shares their
+// memory of the locks they read (lock.Sightings), and their judgement. Stores
+// calls it; a backend made elsewhere should be passed through it.
+func (c *Conn) Backend(b *lock.Backend) *lock.Backend {
+	b.Sightings = c.seen
+	b.TrustServerTime = c.serverTimeOnly
+	return b
+}
+
+// JudgeByServerTimeOnly makes this connection's lock backends judge locks
+// by server time alone (lock.Backend.TrustServerTime): only for tests whose
+// fake clocks stand still. Call it before the first Stores.
+func (c *Conn) JudgeByServerTimeOnly() { c.serverTimeOnly = true }
 
 // RememberAuto makes --lock-backend=auto's choice last across processes in
 // m (nil: asked once per connection, as before). Call it before the first
