@@ -43,7 +43,8 @@ func settleProxy(t *testing.T, env *testenv.Env, fault func(http.ResponseWriter,
 }
 
 // failPut answers every PUT of record name that match accepts (nil: all)
-// with 500, counting them in hits.
+// with 403 (an admission webhook's refusal, say: a failure the fence does
+// not send again, as it does a 5xx), counting them in hits.
 func failPut(name string, match func(*http.Request) bool, hits *atomic.Int32) func(http.ResponseWriter, *http.Request) bool {
 	return func(w http.ResponseWriter, r *http.Request) bool {
 		if r.Method != http.MethodPut || !strings.HasSuffix(r.URL.Path, "/"+name) || (match != nil && !match(r)) {
@@ -52,8 +53,8 @@ func failPut(name string, match func(*http.Request) bool, hits *atomic.Int32) fu
 		hits.Add(1)
 		_, _ = io.Copy(io.Discard, r.Body)
 		w.Header().Set("Content-Type", "application/json")
-		w.WriteHeader(http.StatusInternalServerError)
-		_, _ = io.WriteString(w, `{"kind":"Status","apiVersion":"v1","status":"Failure","message":"injected by the test","reason":"InternalError","code":500}`)
+		w.WriteHeader(http.StatusForbidden)
+		_, _ = io.WriteString(w, `{"kind":"Status","apiVersion":"v1","status":"Failure","message":"injected by the test","reason":"Forbidden","code":403}`)
 		return true
 	}
 }
@@ -149,7 +150,7 @@ func nextUpgradeProceeds(t *testing.T, c *Conn, ns string) recovery.Verdict {
 }
 
 // TestIntegrationReleaseMarksOwnPendingRevisionFailed: helm's final write
-// of its own revision answered 500 (helm logs it and reports success); the
+// of its own revision answered 403 (helm logs it and reports success); the
 // holder's release marks the revision failed, naming its session, and the
 // next upgrade proceeds instead of taking the revision for stock helm's.
 func TestIntegrationReleaseMarksOwnPendingRevisionFailed(t *testing.T) {
@@ -162,7 +163,7 @@ func TestIntegrationReleaseMarksOwnPendingRevisionFailed(t *testing.T) {
 	var hits atomic.Int32
 	helmCfg := settleProxy(t, env, failPut(helmx.ReleaseSecretName("web", 2), nil, &hits), nil)
 	if err := upgradeWithFailedFinalWrite(t, l, ns, helmCfg); err == nil || hits.Load() == 0 {
-		t.Fatalf("helm's final write: %v; want it answered 500", err)
+		t.Fatalf("helm's final write: %v; want it answered 403", err)
 	}
 	if err := l.Release(ctx); err != nil {
 		t.Fatalf("release: %v", err)
@@ -190,14 +191,14 @@ func TestIntegrationReleaseHandsOnOwnPendingRevision(t *testing.T) {
 	ctx := context.Background()
 	var helmHits, markHits atomic.Int32
 	// The lock's connection cannot mark the revision failed: recovery's
-	// write (field manager helm-autorecover) is answered 500.
+	// write (field manager helm-autorecover) is answered 403.
 	c := settleConn(t, settleProxy(t, env, failPut(helmx.ReleaseSecretName("web", 2), func(r *http.Request) bool {
 		return r.URL.Query().Get("fieldManager") == recovery.FieldManager
 	}, &markHits), nil))
 	l := settleAcquire(t, c, ns)
 	helmCfg := settleProxy(t, env, failPut(helmx.ReleaseSecretName("web", 2), nil, &helmHits), nil)
 	if err := upgradeWithFailedFinalWrite(t, l, ns, helmCfg); err == nil {
-		t.Fatal("helm's final write succeeded; want it answered 500")
+		t.Fatal("helm's final write succeeded; want it answered 403")
 	}
 	if err := l.Release(ctx); err != nil {
 		t.Fatalf("release: %v", err)
@@ -265,7 +266,7 @@ func TestIntegrationReleaseHappyPathResolvesNothing(t *testing.T) {
 }
 
 // TestIntegrationGuardedUpgradeResolvesOwnFailedFinalWrite: the CLI's
-// upgrade, whose final write of its revision is answered 500 once (helm
+// upgrade, whose final write of its revision is answered 403 once (helm
 // fails, or in some paths only logs it, and leaves the revision
 // pending-upgrade), leaves that revision failed, naming its session,
 // instead of pending under a released lock; the next guarded upgrade then
