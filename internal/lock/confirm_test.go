@@ -25,6 +25,44 @@ func tryAsync(ctx context.Context, c *client, r Request) <-chan tryResult {
 	return done
 }
 
+func waitAsync(ctx context.Context, c *client, r Request) <-chan tryResult {
+	done := make(chan tryResult, 1)
+	go func() {
+		h, err := c.b.Wait(ctx, r, nil)
+		done <- tryResult{h, err}
+	}()
+	return done
+}
+
+// takenOverAfter moves the world's clocks on 100 ms at a time while waiter
+// c waits, until done has its take of the lock of dead; it fails the test
+// when the take came before least, or not within least + 2 s (stuck says
+// what that means).
+func takenOverAfter(t *testing.T, w *world, c *client, done <-chan tryResult, dead string, least time.Duration, stuck string) {
+	t.Helper()
+	for elapsed := time.Duration(0); ; elapsed += 100 * time.Millisecond {
+		select {
+		case res := <-done:
+			if res.err != nil {
+				t.Fatal(res.err)
+			}
+			if elapsed < least {
+				t.Fatalf("taken over %v after the holder's last renewal, before a lease and the margin (%v)", elapsed, least)
+			}
+			if res.held.PreviousState != Expired || res.held.Previous.Session != dead {
+				t.Errorf("previous = %v %+v", res.held.PreviousState, res.held.Previous)
+			}
+			return
+		case <-time.After(20 * time.Millisecond):
+		}
+		if elapsed > least+2*time.Second {
+			t.Fatal(stuck)
+		}
+		waitTimers(t, c, 2)
+		w.advance(100 * time.Millisecond)
+	}
+}
+
 // settle waits until c waits on its clock or done has a result.
 func settle(t *testing.T, c *client, done <-chan tryResult) (tryResult, bool) {
 	t.Helper()
@@ -173,32 +211,8 @@ func TestDateBehindWaiterTakesADeadHolderAfterALease(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	done := make(chan tryResult, 1)
-	go func() {
-		h, err := b.b.Wait(ctx, req(OpUpgrade, 3*time.Second), nil)
-		done <- tryResult{h, err}
-	}()
-	for elapsed := time.Duration(0); ; elapsed += 100 * time.Millisecond {
-		select {
-		case res := <-done:
-			if res.err != nil {
-				t.Fatal(res.err)
-			}
-			if elapsed < 4*time.Second {
-				t.Fatalf("taken over %v after the holder's last renewal, before a lease and the margin", elapsed)
-			}
-			if res.held.PreviousState != Expired || res.held.Previous.Session != dead.Session() {
-				t.Errorf("previous = %v %+v", res.held.PreviousState, res.held.Previous)
-			}
-			return
-		case <-time.After(20 * time.Millisecond):
-		}
-		if elapsed > 6*time.Second {
-			t.Fatal("the waiter still waits for the server's clock to catch up 10 minutes")
-		}
-		waitTimers(t, b, 2)
-		w.advance(100 * time.Millisecond)
-	}
+	done := waitAsync(ctx, b, req(OpUpgrade, 3*time.Second))
+	takenOverAfter(t, w, b, done, dead.Session(), 4*time.Second, "the waiter still waits for the server's clock to catch up 10 minutes")
 }
 
 // TestWaiterSeesRenewalsOnItsWatch: a waiter that watched the holder
@@ -215,11 +229,7 @@ func TestWaiterSeesRenewalsOnItsWatch(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	done := make(chan tryResult, 1)
-	go func() {
-		h, err := b.b.Wait(ctx, req(OpUpgrade, 3*time.Second), nil)
-		done <- tryResult{h, err}
-	}()
+	done := waitAsync(ctx, b, req(OpUpgrade, 3*time.Second))
 	key := b.b.sightKey(ns, LeaseName("web"))
 	sawRenewal := func() bool {
 		b.b.Sightings.mu.Lock()
@@ -239,25 +249,5 @@ func TestWaiterSeesRenewalsOnItsWatch(t *testing.T) {
 	// and the margin 5 s after that renewal; having seen that renewal when
 	// it was made, it takes the lock over a lease and the margin (4 s)
 	// after it, on its own clock.
-	for elapsed := time.Duration(0); ; elapsed += 100 * time.Millisecond {
-		select {
-		case res := <-done:
-			if res.err != nil {
-				t.Fatal(res.err)
-			}
-			if elapsed < 4*time.Second {
-				t.Fatalf("taken over %v after the last renewal, before a lease and the margin", elapsed)
-			}
-			if res.held.PreviousState != Expired || res.held.Previous.Session != held.Session() {
-				t.Errorf("previous = %v %+v", res.held.PreviousState, res.held.Previous)
-			}
-			return
-		case <-time.After(20 * time.Millisecond):
-		}
-		if elapsed > 6*time.Second {
-			t.Fatal("the waiter did not take over at the lock's expiry: its confirmation started late")
-		}
-		waitTimers(t, b, 2)
-		w.advance(100 * time.Millisecond)
-	}
+	takenOverAfter(t, w, b, done, held.Session(), 4*time.Second, "the waiter did not take over at the lock's expiry: its confirmation started late")
 }
