@@ -1,17 +1,14 @@
 package main
 
 import (
-	"io"
-	"log"
 	"net/http"
 	"net/http/httptest"
-	"net/http/httputil"
-	"net/url"
 	"path/filepath"
 
-	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+
+	"github.com/helm-autorecover/helm-autorecover/internal/testenv"
 )
 
 // faultProxy is an HTTP server in front of the API server for the fault
@@ -28,17 +25,11 @@ func (s *suite) startFaultProxy(handle func(w http.ResponseWriter, r *http.Reque
 	if err != nil {
 		return nil, err
 	}
-	target, err := url.Parse(cfg.Host)
+	srv, err := testenv.NewProxy(cfg, handle)
 	if err != nil {
 		return nil, err
 	}
-	rp := httputil.NewSingleHostReverseProxy(target)
-	if rp.Transport, err = rest.TransportFor(cfg); err != nil {
-		return nil, err
-	}
-	rp.FlushInterval = -1 // watches stream
-	rp.ErrorLog = log.New(io.Discard, "", 0)
-	return &faultProxy{srv: httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { handle(w, r, rp) }))}, nil
+	return &faultProxy{srv: srv}, nil
 }
 
 func (p *faultProxy) Close() { p.srv.CloseClientConnections(); p.srv.Close() }

@@ -18,16 +18,28 @@ import (
 // It returns the configuration of a client that goes through it.
 func (e *Env) Proxy(t testing.TB, handle func(w http.ResponseWriter, r *http.Request, forward http.Handler)) *rest.Config {
 	t.Helper()
-	target, err := url.Parse(e.Config.Host)
+	srv, err := NewProxy(e.Config, handle)
 	if err != nil {
 		t.Fatal(err)
 	}
-	rp := httputil.NewSingleHostReverseProxy(target)
-	if rp.Transport, err = rest.TransportFor(e.Config); err != nil {
-		t.Fatal(err)
-	}
-	rp.ErrorLog = log.New(io.Discard, "", 0)
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { handle(w, r, rp) }))
 	t.Cleanup(srv.Close)
 	return &rest.Config{Host: srv.URL, QPS: 100, Burst: 200}
+}
+
+// NewProxy starts an HTTP server in front of the API server cfg reaches:
+// handle serves every request, answering it itself or passing it on with
+// forward (which reaches the API server with cfg's credentials, streaming
+// watches as they come). Close it when done.
+func NewProxy(cfg *rest.Config, handle func(w http.ResponseWriter, r *http.Request, forward http.Handler)) (*httptest.Server, error) {
+	target, err := url.Parse(cfg.Host)
+	if err != nil {
+		return nil, err
+	}
+	rp := httputil.NewSingleHostReverseProxy(target)
+	if rp.Transport, err = rest.TransportFor(cfg); err != nil {
+		return nil, err
+	}
+	rp.FlushInterval = -1 // watches stream
+	rp.ErrorLog = log.New(io.Discard, "", 0)
+	return httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { handle(w, r, rp) })), nil
 }
