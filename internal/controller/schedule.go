@@ -24,8 +24,10 @@ type Observation struct {
 	Margin     time.Duration
 	// NowEarliest is the earliest the API server's clock can read now.
 	NowEarliest time.Time
-	// ConfirmIn is set when the lock is Live only because its LOCKED TILL
-	// passed too recently (lock.Confirm): how long until it is confirmed.
+	// ConfirmIn, when set, is how long until the controller's own clock
+	// judges the lock expired unless it changes (lock.Confirm): sooner than
+	// LOCKED TILL when the server's clock runs behind, later when LOCKED
+	// TILL has passed but too recently to be confirmed.
 	ConfirmIn time.Duration
 }
 
@@ -53,7 +55,10 @@ func Next(o Observation) Step {
 	case o.Live && !o.LockedTill.IsZero():
 		// Judged again once its LOCKED TILL has passed: a holder that
 		// renews meanwhile is seen live then and looked at later again.
-		wait := max(o.LockedTill.Add(o.Margin).Sub(o.NowEarliest), o.ConfirmIn)
+		wait := o.LockedTill.Add(o.Margin).Sub(o.NowEarliest)
+		if o.ConfirmIn > 0 && (wait <= 0 || o.ConfirmIn < wait) {
+			wait = o.ConfirmIn
+		}
 		return Step{After: max(wait, minRequeue), Why: d.Reason}
 	case d.RetryAfter > 0:
 		return Step{After: max(d.RetryAfter, minRequeue), Why: d.Reason}

@@ -36,6 +36,11 @@ func TestNext(t *testing.T) {
 			Step{After: 9 * time.Second},
 		},
 		{
+			"live by a server clock that runs behind, expired sooner on the controller's own: then",
+			Observation{Decision: recovery.Decision{Verdict: recovery.Blocked}, Live: true, LockedTill: now.Add(10 * time.Minute), Margin: margin, NowEarliest: now, ConfirmIn: 12 * time.Second},
+			Step{After: 12 * time.Second},
+		},
+		{
 			"young legacy pending revision: when it becomes recoverable",
 			Observation{Decision: recovery.Decision{Verdict: recovery.Blocked, RetryAfter: 14 * time.Minute}},
 			Step{After: 14 * time.Minute},

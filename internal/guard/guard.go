@@ -7,7 +7,6 @@ import (
 	"io"
 	"os"
 	"os/signal"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -446,6 +445,10 @@ func (r *run) recordRevision(ctx context.Context, latest int) error {
 // release gives the lock back (and deletes it after a complete uninstall).
 func (r *run) release(success bool) {
 	chaos.Point("before-release")
+	if r.g.Fence != nil {
+		// No update of helm's that failed is sent again after the release.
+		r.g.Fence.Drain()
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	var err error
@@ -479,15 +482,11 @@ func (r *run) warnRelease(err error) {
 }
 
 // failed is helm's error for an operation that failed under the lock: its
-// first line is helm's own, as stock helm prints it; when that does not
-// name the release and its namespace (a server's 503, an unreachable
-// cluster), a second line does, and says what this tool left behind.
+// first line is helm's own, as stock helm prints it (many do not name the
+// release or its namespace: a server's 503, an unreachable cluster); a
+// second line names both and says what this tool leaves behind.
 func (r *run) failed(err error) error {
-	msg := err.Error()
-	if strings.Contains(msg, r.t.Release) && strings.Contains(msg, r.t.Namespace) {
-		return err
-	}
-	return &opFailure{err: err, note: fmt.Sprintf("helm-autorecover: the %s of release %q in namespace %q failed (above); its lock is released, and a revision it left pending is recovered by the next operation; see where it stands with: helm-autorecover locks %s -n %s",
+	return &opFailure{err: err, note: fmt.Sprintf("helm-autorecover: the %s of release %q in namespace %q failed (above); this command gives the release's lock back as it ends, and the next operation recovers a revision it left pending; see where it stands with: helm-autorecover locks %s -n %s",
 		r.t.Op, r.t.Release, r.t.Namespace, r.t.Release, r.t.Namespace)}
 }
 

@@ -177,6 +177,56 @@ type WriteFence struct {
 	// tried to) since Guard was called: the holder's own.
 	mu      sync.Mutex
 	created map[int]bool
+
+	// updates counts helm's record updates in the fence (update), whose
+	// failures it sends again; draining is closed by Drain, after which
+	// none is sent again.
+	updates  int
+	ended    *sync.Cond // on mu, broadcast when updates drops to 0
+	draining chan struct{}
+}
+
+// Drain stops the fence from sending any of helm's record updates again
+// after a failure, and waits for those in the fence to end: call it before
+// the lock is released, so that no update sent again lands after the
+// release (helm 4 leaves the write that marks the previous revision
+// superseded running when it is interrupted). Guard undoes it.
+func (w *WriteFence) Drain() {
+	w.mu.Lock()
+	if w.draining != nil {
+		select {
+		case <-w.draining:
+		default:
+			close(w.draining)
+		}
+	}
+	for w.updates > 0 {
+		w.endedCond().Wait()
+	}
+	w.mu.Unlock()
+}
+
+// endedCond is w.ended, made on first use; w.mu is held.
+func (w *WriteFence) endedCond() *sync.Cond {
+	if w.ended == nil {
+		w.ended = sync.NewCond(&w.mu)
+	}
+	return w.ended
+}
+
+// updateStarted counts one of helm's record updates into the fence and
+// returns the channel Drain closes and the function that counts it out.
+func (w *WriteFence) updateStarted() (<-chan struct{}, func()) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.updates++
+	return w.draining, func() {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		if w.updates--; w.updates == 0 {
+			w.endedCond().Broadcast()
+		}
+	}
 }
 
 // DefaultWriteFence is the fence on helm's command tree (InstallOnHelm).
@@ -187,6 +237,7 @@ func (w *WriteFence) Guard(g GuardedWrites) (stop func()) {
 	w.createConflict.Store(false)
 	w.mu.Lock()
 	w.created = map[int]bool{}
+	w.draining = make(chan struct{})
 	w.mu.Unlock()
 	w.cur.Store(&g)
 	return func() { w.cur.CompareAndSwap(&g, nil) }
@@ -601,6 +652,8 @@ func (f *fenceRT) update(req *http.Request, g *GuardedWrites, name string) (_ *h
 	}
 	status = d.meta.Labels[LabelStatus]
 	rev := revisionOf(name, g.Release)
+	drained, ended := f.w.updateStarted()
+	defer ended()
 	var failed *http.Response // the last transient failure's answer
 	for attempt := 0; ; attempt++ {
 		metas, err := f.listRecords(req, g)
@@ -673,13 +726,15 @@ func (f *fenceRT) update(req *http.Request, g *GuardedWrites, name string) (_ *h
 			// request's context).
 			failed = nil
 			if err == nil {
-				failed = &http.Response{Status: resp.Status, StatusCode: resp.StatusCode, Header: resp.Header, Body: http.NoBody, Request: resp.Request}
+				// Its headers stay behind: a Retry-After would make
+				// client-go send helm's whole write again.
+				failed = &http.Response{Status: resp.Status, StatusCode: resp.StatusCode, Header: http.Header{}, Body: http.NoBody, Request: resp.Request}
 			}
-			if werr := sleepCtx(req.Context(), writeBackoff(attempt)); werr != nil {
-				if failed != nil {
-					return failed, status, nil
-				}
-				return nil, status, err
+			if werr := sleepCtx(req.Context(), drained, writeBackoff(attempt)); werr != nil {
+				// The lock's renew deadline (or helm's own) ended the
+				// retries: an error, which the deadline's check in
+				// roundTrip reports as the lock's.
+				return nil, status, fmt.Errorf("helm-autorecover: helm's update of %s of release %q in namespace %q failed (%s) and could not be sent again in time: %w", name, g.Release, g.Namespace, failureOf(resp, err), werr)
 			}
 		}
 	}
@@ -703,19 +758,32 @@ func transientFailure(req *http.Request, resp *http.Response, err error) bool {
 	return false
 }
 
+// failureOf says how a write failed: its error, or the server's answer.
+func failureOf(resp *http.Response, err error) string {
+	if err != nil {
+		return err.Error()
+	}
+	return resp.Status
+}
+
 // writeBackoff is the pause before sending a write again after its
 // attempt'th try failed for a moment: 100 ms, doubling, at most 2 s.
 func writeBackoff(attempt int) time.Duration {
 	return min(100*time.Millisecond<<min(attempt, 5), 2*time.Second)
 }
 
-// sleepCtx waits d, or until ctx ends.
-func sleepCtx(ctx context.Context, d time.Duration) error {
+// errDrained ends the retries of an update once the fence is drained.
+var errDrained = errors.New("the operation is ending and its lock is being released")
+
+// sleepCtx waits d, or until ctx ends or drained is closed.
+func sleepCtx(ctx context.Context, drained <-chan struct{}, d time.Duration) error {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
 	case <-ctx.Done():
 		return ctx.Err()
+	case <-drained:
+		return errDrained
 	case <-t.C:
 		return nil
 	}

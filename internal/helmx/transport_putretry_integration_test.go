@@ -9,6 +9,9 @@ import (
 
 	"helm.sh/helm/v4/pkg/release/common"
 	rspb "helm.sh/helm/v4/pkg/release/v1"
+	"helm.sh/helm/v4/pkg/storage/driver"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 
 	"github.com/helm-autorecover/helm-autorecover/internal/testenv"
 )
@@ -71,5 +74,57 @@ func TestIntegrationFenceSendsAFailedUpdateAgain(t *testing.T) {
 				t.Errorf("the lock on the newest record after the retry: %+v", rec)
 			}
 		})
+	}
+}
+
+// TestIntegrationFenceDrainStopsRetries: once the fence is drained (the
+// operation ends and its lock is about to be released), an update that
+// keeps failing is not sent again, and Drain returns only when it has
+// left the fence: nothing it sends lands after the lock's release.
+func TestIntegrationFenceDrainStopsRetries(t *testing.T) {
+	env := testenv.Get(t)
+	ns := env.Namespace(t)
+	var puts atomic.Int32
+	cfg := env.Proxy(t, func(w http.ResponseWriter, r *http.Request, forward http.Handler) {
+		if r.Method == http.MethodPut {
+			puts.Add(1)
+			http.Error(w, "unavailable", http.StatusServiceUnavailable)
+			return
+		}
+		forward.ServeHTTP(w, r)
+	})
+	w := &WriteFence{}
+	t.Cleanup(w.Guard(GuardedWrites{Namespace: ns, Release: "web", Resource: "secrets", Lock: newHeld("drain-session", time.Now())}))
+	c := rest.CopyConfig(cfg)
+	c.Wrap(func(rt http.RoundTripper) http.RoundTripper { return &fenceRT{next: rt, w: w} })
+	cs, err := kubernetes.NewForConfig(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := driver.NewSecrets(cs.CoreV1().Secrets(ns))
+	if err := store(t, d, 1, common.StatusDeployed); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- d.Update(ReleaseSecretName("web", 1), webRelease(1, common.StatusSuperseded)) }()
+	deadline := time.Now().Add(time.Minute)
+	for puts.Load() < 2 {
+		if time.Now().After(deadline) {
+			t.Fatal("the failed update was never sent again")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	w.Drain()
+	after := puts.Load()
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Fatal("the update succeeded against a server that refuses every update")
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("the update did not end after the fence was drained")
+	}
+	if n := puts.Load(); n != after {
+		t.Errorf("%d update(s) sent after Drain returned", n-after)
 	}
 }

@@ -5,6 +5,10 @@ import (
 	"errors"
 	"testing"
 	"time"
+
+	"k8s.io/utils/clock"
+
+	"github.com/helm-autorecover/helm-autorecover/internal/servertime"
 )
 
 // These tests run clients that confirm recent expiries on their own clock,
@@ -250,4 +254,36 @@ func TestWaiterSeesRenewalsOnItsWatch(t *testing.T) {
 	// it was made, it takes the lock over a lease and the margin (4 s)
 	// after it, on its own clock.
 	takenOverAfter(t, w, b, done, held.Session(), 4*time.Second, "the waiter did not take over at the lock's expiry: its confirmation started late")
+}
+
+// TestNoWaitTakerConfirmsOnARealClock: a client without --lock-timeout
+// finds a dead holder's lock expired by the server's clock (its holder's
+// Date ran 10 s behind; lease 3 s) and waits for the confirmation on a real clock,
+// reading the lock again meanwhile: an unchanged lock, read at moments a
+// few nanoseconds apart, is not a renewal (review of 2a688a9, F1), and the
+// lock is taken over.
+func TestNoWaitTakerConfirmsOnARealClock(t *testing.T) {
+	cs, _ := newCASClient()
+	backend := func(dateShift time.Duration) *Backend {
+		est := servertime.New(clock.RealClock{})
+		now := time.Now()
+		est.Observe(now, now, now.Add(dateShift).Truncate(time.Second))
+		return NewLeaseBackend(cs, est, clock.RealClock{})
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	dead, _, err := backend(-10*time.Second).TryAcquire(ctx, req(OpUpgrade, 3*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := req(OpUpgrade, 3*time.Second)
+	confirming := false
+	r.onConfirm = func(*Record, time.Duration) { confirming = true }
+	h, _, err := backend(0).TryAcquire(ctx, r)
+	if err != nil {
+		t.Fatalf("the dead holder's lock was not taken over: %v", err)
+	}
+	if !confirming || h.PreviousState != Expired || h.Previous == nil || h.Previous.Session != dead.Session() {
+		t.Errorf("confirmed %v, previous %v %+v", confirming, h.PreviousState, h.Previous)
+	}
 }

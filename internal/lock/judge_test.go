@@ -227,3 +227,32 @@ func TestSightingsAdvanceOnlyTheHolderRemembered(t *testing.T) {
 		t.Errorf("a lock never read: first sight %v, want the read's", got)
 	}
 }
+
+// TestBounded: only a lock whose own readable record says LOCKED TILL is a
+// lease after its renewal is taken over by this process's elapsed time
+// alone while server time says it is live (review of 2a688a9, F2: a gate
+// of a newer schema, judged from its spec, carries a long bound).
+func TestBounded(t *testing.T) {
+	const lease = 15 * time.Second
+	own := func(till time.Duration) *Record {
+		return &Record{Session: "a", RenewedAt: at(0), LockedTill: at(till), LeaseDuration: metav1.Duration{Duration: lease}}
+	}
+	cases := []struct {
+		name string
+		rec  *Record
+		till time.Duration
+		want bool
+	}{
+		{"own record, LOCKED TILL a lease after its renewal", own(lease), lease, true},
+		{"no readable record (a newer schema, none): judged from the spec alone", nil, lease, false},
+		{"another session's record", &Record{Session: "b", RenewedAt: at(0), LockedTill: at(lease), LeaseDuration: metav1.Duration{Duration: lease}}, lease, false},
+		{"a gate's long bound for earlier versions", own(24 * time.Hour), 24 * time.Hour, false},
+		{"a record without a lease duration", &Record{Session: "a", RenewedAt: at(0), LockedTill: at(lease)}, lease, false},
+		{"the judgement's LOCKED TILL later than a lease after the renewal", own(lease), 2 * lease, false},
+	}
+	for _, c := range cases {
+		if got := bounded(c.rec, "a", at(0), at(c.till), lease); got != c.want {
+			t.Errorf("%s: bounded = %v, want %v", c.name, got, c.want)
+		}
+	}
+}

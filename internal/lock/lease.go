@@ -228,7 +228,7 @@ func (b *Backend) TryAcquire(ctx context.Context, req Request) (*Held, *Record, 
 		// tell yet.
 		res, err = b.attempt(ctx, &req, nil, maybe)
 	}
-	if err == nil && res.locked != nil && res.locked.Confirming {
+	if err == nil && res.locked != nil && res.locked.Confirming && res.locked.Ahead == 0 {
 		res, err = b.confirmTake(ctx, &req, res, maybe)
 	}
 	if err != nil {
@@ -377,11 +377,15 @@ func (b *Backend) confirm(v *view, judged *Record, l *coordinationv1.Lease, self
 	}
 	till, _ := LockedTill(judged, &l.Spec)
 	lease := leaseOf(judged, &l.Spec)
-	s := Sighting{Lease: lease, Bounded: !renewed.IsZero() && !till.IsZero() && !till.After(renewed.Add(lease))}
+	s := Sighting{Lease: lease, Bounded: bounded(judged, holder, renewed, till, lease)}
 	var localNow time.Time
 	if b.clock != nil && b.Sightings != nil {
+		// One reading of the clock: the moment judged, and what the
+		// confirmation is counted from, so that confirmAt is the same on
+		// every read of an unchanged lock (confirmTake tells a renewal by
+		// it moving).
 		localNow = b.clock.Now()
-		s.SeenFor = b.clock.Since(b.Sightings.mark(key, holder, renewed, till, localNow))
+		s.SeenFor = localNow.Sub(b.Sightings.mark(key, holder, renewed, till, localNow))
 	}
 	expired := v.state == Expired
 	st, in := Confirm(v.state, s, b.margin())
@@ -391,6 +395,19 @@ func (b *Backend) confirm(v *view, judged *Record, l *coordinationv1.Lease, self
 		return time.Time{}
 	}
 	return localNow.Add(in)
+}
+
+// bounded tells whether the lock held by holder, renewed at renewed until
+// till, is bounded for Confirm: its own readable record (a Lease's, or a
+// gate with its beat merged in) says LOCKED TILL is one lease after its
+// renewal, and so does the whole judgement. A lock judged from its spec
+// alone (a record of a newer schema, none at all) or by the long bound a
+// gate carries for earlier versions is not.
+func bounded(rec *Record, holder string, renewed, till time.Time, lease time.Duration) bool {
+	if rec == nil || rec.Session != holder || rec.LeaseDuration.Duration <= 0 || rec.RenewedAt.IsZero() || renewed.IsZero() || till.IsZero() {
+		return false
+	}
+	return !rec.LockedTill.After(rec.RenewedAt.Add(rec.LeaseDuration.Duration)) && !till.After(renewed.Add(lease))
 }
 
 // claimOf is the beat of a release lock that names another session than
@@ -871,10 +888,12 @@ type Status struct {
 	RecordErr      error
 	HolderIdentity string
 	LockedTill     time.Time
-	// ConfirmIn is set when State is Live only because LOCKED TILL passed
-	// too recently in server time for that alone (see Confirm): how long
-	// until this process will have seen it unchanged for a lease.
-	ConfirmIn time.Duration
+	// ConfirmIn, when set, is how long until this process's own clock
+	// judges the held lock expired unless it changes (see Confirm): it has
+	// then seen it unchanged for a lease. Confirming is set when LOCKED TILL
+	// has passed in server time already, and State is Live only until then.
+	ConfirmIn  time.Duration
+	Confirming bool
 	// Waiters are the live queued waiters, first first.
 	Waiters []Waiter
 	// Now is the server time the state was judged at.
@@ -933,7 +952,8 @@ func (b *Backend) status(l *coordinationv1.Lease, now servertime.Bounds) *Status
 		Waiters:        v.live,
 		Now:            now,
 	}
-	if v.confirming {
+	if !v.confirmAt.IsZero() {
+		st.Confirming = v.confirming
 		st.ConfirmIn = max(0, v.confirmAt.Sub(b.clock.Now()))
 	}
 	if st.Release == "" && v.rec != nil {

@@ -98,10 +98,12 @@ func (c *Client) Inspect(ctx context.Context, namespace, release string) (*LockS
 		LeaseExists:   st.Exists,
 		HolderSession: st.HolderIdentity,
 		LockedTill:    st.LockedTill,
-		ConfirmIn:     st.ConfirmIn,
 		Waiters:       len(st.Waiters),
 		ServerTime:    TimeBounds{Earliest: st.Now.Earliest, Latest: st.Now.Latest},
 		Revisions:     len(hist),
+	}
+	if st.Confirming {
+		out.ConfirmIn = st.ConfirmIn
 	}
 	if st.RecordErr == nil && (st.HolderIdentity == "" || st.Record == nil || st.Record.Session == st.HolderIdentity) {
 		// While held, only the holder's own record describes the holder.
