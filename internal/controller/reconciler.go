@@ -102,8 +102,9 @@ func (r *Reconciler) reconcile(ctx context.Context, log *slog.Logger, key, ns, r
 		r.countError(err)
 		return reconcile.Result{}, err
 	}
-	if st.State == lock.Live {
-		// A live holder: nothing to decide before its LOCKED TILL (the
+	if st.State == lock.Live || st.Confirming {
+		// A live holder, or one whose expiry this controller has not yet
+		// confirmed on its own clock: nothing to decide before then (the
 		// history is not read).
 		r.metrics.observe(key, "live", len(st.Waiters))
 		step := Next(Observation{Decision: recovery.Decision{Verdict: recovery.Blocked}, Live: true, LockedTill: st.LockedTill, Margin: lock.TakeoverMargin, NowEarliest: st.Now.Earliest, ConfirmIn: st.ConfirmIn})

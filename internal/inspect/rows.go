@@ -202,11 +202,7 @@ func NewRow(in Input) Row {
 				if r.State == StateLive {
 					// A lock waiting to be confirmed expired (lock.Confirm)
 					// is live for as long as that takes.
-					left := max(0, takeover.Sub(in.Now.Earliest))
-					if st.Confirming {
-						left = st.ConfirmIn
-					}
-					r.TimeLeft, r.TimeLeftSeconds = durations(left)
+					r.TimeLeft, r.TimeLeftSeconds = durations(max(0, takeover.Sub(in.Now.Earliest)))
 				} else {
 					r.ExpiredFor, r.ExpiredForSeconds = durations(max(0, in.Now.Earliest.Sub(takeover)))
 				}

@@ -891,7 +891,8 @@ type Status struct {
 	// ConfirmIn, when set, is how long until this process's own clock
 	// judges the held lock expired unless it changes (see Confirm): it has
 	// then seen it unchanged for a lease. Confirming is set when LOCKED TILL
-	// has passed in server time already, and State is Live only until then.
+	// has passed in server time already (State is then Expired, as shown
+	// to people) but a take still waits those ConfirmIn.
 	ConfirmIn  time.Duration
 	Confirming bool
 	// Waiters are the live queued waiters, first first.
@@ -953,8 +954,12 @@ func (b *Backend) status(l *coordinationv1.Lease, now servertime.Bounds) *Status
 		Now:            now,
 	}
 	if !v.confirmAt.IsZero() {
-		st.Confirming = v.confirming
 		st.ConfirmIn = max(0, v.confirmAt.Sub(b.clock.Now()))
+	}
+	if v.confirming {
+		// Shown as the API server's clock has it; a take still waits for
+		// the confirmation (Confirming).
+		st.State, st.Confirming = Expired, true
 	}
 	if st.Release == "" && v.rec != nil {
 		st.Release = v.rec.Release
