@@ -46,18 +46,21 @@ var faultsSeed int64 = 14
 //   - resets: faultsResetShare of the requests have their connection
 //     reset; half of the writes among them after the API server answered
 //     (the write committed, its answer lost);
-//   - reset-supersede: once the client created its pending revision, every
-//     request for the revision before it (helm's rewrite of it as
-//     superseded, and the fence's read before) has its connection reset: a
+//   - reset-supersede: once the client created its pending revision, the
+//     first faultsSupersedeResets requests for the revision before it
+//     (helm's rewrite of it as superseded) have their connection reset: a
 //     deterministic form of resets that hits the write helm ignores the
-//     failure of.
+//     failure of, and that the fence sends again (a failure lasting longer
+//     than its retries is a residual risk, docs/protocol.md).
 var faultModes = []string{"delay", "delay-late", "errors", "resets", "reset-supersede"}
 
 const (
-	faultsDelayEvery = 3
-	faultsMaxDelay   = 30 * time.Second
-	faultsErrorShare = 0.2
-	faultsResetShare = 0.1
+	// faultsSupersedeResets is how many requests reset-supersede resets.
+	faultsSupersedeResets = 3
+	faultsDelayEvery      = 3
+	faultsMaxDelay        = 30 * time.Second
+	faultsErrorShare      = 0.2
+	faultsResetShare      = 0.1
 	// faultsLeaseMin and faultsLeaseMax bound the faulty client's
 	// --lease-duration, drawn per case.
 	faultsLeaseMin = 3
@@ -355,7 +358,7 @@ func (f *faultInjector) handle(w http.ResponseWriter, r *http.Request, forward h
 			return
 		}
 	case "reset-supersede":
-		if f.supersede(r) {
+		if f.supersede(r) && f.counts["reset"] < faultsSupersedeResets {
 			f.count("reset")
 			reset(w)
 			return

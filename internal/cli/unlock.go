@@ -126,7 +126,9 @@ func (c *lockCmds) runUnlock(ctx context.Context, o *unlockOptions, rel string) 
 		return err
 	}
 	rec := st.Record
-	live := st.State == lock.Live
+	// An expiry not yet confirmed on this client's clock (lock.Confirm)
+	// may be a server's wrong Date: its holder is taken for live.
+	live := st.State == lock.Live || st.Confirming
 	if live && !o.yes {
 		if err := c.confirm(st, rel, ns); err != nil {
 			return err
@@ -235,7 +237,7 @@ func (c *lockCmds) checkUnlock(st *lock.Status, hist []helmx.Summary, o *unlockO
 		return exitError(exitcode.WrongSession, "release %q in namespace %q: session %s does not hold its lock; it is held by session %s (%s, LOCKED TILL %s). Check with: helm-autorecover locks %s -n %s",
 			rel, ns, o.session, st.HolderIdentity, holderText(st.Record, st.HolderIdentity), stamp(st.LockedTill), rel, ns)
 	}
-	if st.State == lock.Live && !o.force {
+	if (st.State == lock.Live || st.Confirming) && !o.force {
 		return exitError(exitcode.Locked, "release %q in namespace %q: the lock of session %s is live: its holder (%s) renewed it at %s, LOCKED TILL %s (%s left); it may still be running. Wait for it to finish or expire; if you know it is dead (process killed, CI job cancelled), run again with --force",
 			rel, ns, o.session, holderText(st.Record, o.session), stamp(st.Record.RenewedAt), stamp(st.LockedTill), left(st))
 	}

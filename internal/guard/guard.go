@@ -116,7 +116,14 @@ func (g *Guard) Run(ctx context.Context, t Target, op func() error) error {
 	}
 	chaos.Point("after-lock")
 	r := &run{g: g, t: t, conn: conn, held: held, opDone: make(chan struct{})}
-	return r.do(ctx, op)
+	err = r.do(ctx, op)
+	var coded *exitcode.Error
+	if err != nil && errors.Is(err, lock.ErrLost) && !errors.As(err, &coded) {
+		// Lost before helm ran (while recovering, or recording the
+		// revision): the documented code, as after.
+		err = r.lost(err)
+	}
+	return err
 }
 
 // take chooses the lock backend and takes the release's lock.

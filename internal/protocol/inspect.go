@@ -43,7 +43,7 @@ func settledRead[T any](read func() (T, bool, error)) (T, error) {
 
 func pickStatus(sts []*lock.Status) *lock.Status {
 	for _, want := range []func(*lock.Status) bool{
-		func(s *lock.Status) bool { return s.State == lock.Live },
+		func(s *lock.Status) bool { return s.State == lock.Live || s.Confirming },
 		func(s *lock.Status) bool { return s.State == lock.Expired },
 		func(s *lock.Status) bool { return s.Record != nil || s.RecordErr != nil },
 	} {

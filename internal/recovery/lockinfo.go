@@ -76,7 +76,10 @@ func ObservedLock(st *lock.Status) LockInfo {
 		return PreviousLock(rec, lock.Free)
 	}
 	state := LockLive
-	if st.State == lock.Expired {
+	if st.State == lock.Expired && !st.Confirming {
+		// An expiry this process has not confirmed on its own clock yet
+		// (lock.Confirm) is planned for as a live holder: a take would
+		// wait for it, and may find the holder renewing.
 		state = LockExpired
 	}
 	if rec == nil || rec.Session != st.HolderIdentity {

@@ -269,8 +269,11 @@ func TestBlockedError(t *testing.T) {
 
 func TestStateFrom(t *testing.T) {
 	for in, want := range map[lock.State]LockState{lock.Free: LockFree, lock.Live: LockLive, lock.Expired: LockExpired} {
-		if got := stateFrom(in); got != want {
+		if got := stateFrom(in, false); got != want {
 			t.Errorf("stateFrom(%v) = %s, want %s", in, got, want)
 		}
+	}
+	if got := stateFrom(lock.Expired, true); got != LockLive {
+		t.Errorf("an expiry not yet confirmed on this client's clock reads %s, want %s", got, LockLive)
 	}
 }

@@ -444,7 +444,7 @@ func (l *Lock) Holder() Holder {
 // or its record was unreadable.
 func (l *Lock) Previous() (*Holder, LockState) {
 	rec, st := l.held.Joint().Previous() // an abandoned holder handed on already stands in (lock.Found)
-	return holderFrom(rec), stateFrom(st)
+	return holderFrom(rec), stateFrom(st, false)
 }
 
 // Valid reports whether it is still safe to write under this lock: nil while

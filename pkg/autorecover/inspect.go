@@ -25,7 +25,13 @@ const (
 	LockExpired LockState = "expired"
 )
 
-func stateFrom(s lock.State) LockState {
+func stateFrom(s lock.State, confirming bool) LockState {
+	switch {
+	case confirming:
+		// Expired by the API server's clock, not yet on this client's
+		// (see ConfirmIn): live until then.
+		return LockLive
+	}
 	switch s {
 	case lock.Live:
 		return LockLive
@@ -94,7 +100,7 @@ func (c *Client) Inspect(ctx context.Context, namespace, release string) (*LockS
 	out := &LockStatus{
 		Release:       release,
 		Namespace:     namespace,
-		State:         stateFrom(st.State),
+		State:         stateFrom(st.State, st.Confirming),
 		LeaseExists:   st.Exists,
 		HolderSession: st.HolderIdentity,
 		LockedTill:    st.LockedTill,
