@@ -26,8 +26,7 @@ const (
 )
 
 func stateFrom(s lock.State, confirming bool) LockState {
-	switch {
-	case confirming:
+	if confirming {
 		// Expired by the API server's clock, not yet on this client's
 		// (see ConfirmIn): live until then.
 		return LockLive
