@@ -246,8 +246,12 @@ func errorLine(msg string) string {
 // the warnings before it), else all of msg.
 func errorLines(msg string) string {
 	var out []string
+	inError := false
 	for _, l := range strings.Split(msg, "\n") {
-		if strings.HasPrefix(l, "Error:") {
+		// An error's own further lines (the guard's note under helm's
+		// error) go with it.
+		inError = strings.HasPrefix(l, "Error:") || (inError && strings.HasPrefix(l, "helm-autorecover: "))
+		if inError {
 			out = append(out, l)
 		}
 	}

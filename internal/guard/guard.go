@@ -201,6 +201,10 @@ func lockError(err error, req lock.Request, chosen string) error {
 		le.HolderNotRunning = le.State == lock.Live && holderNotRunningHere(le.Holder)
 		return &exitcode.Error{Code: exitcode.Locked, Err: err}
 	}
+	if errors.Is(err, lock.ErrLost) {
+		// A part taken first was lost while a later one was taken.
+		return &exitcode.Error{Code: exitcode.LockLost, Err: fmt.Errorf("release %q in namespace %q: %w", req.Release, req.Namespace, err)}
+	}
 	if !apierrors.IsForbidden(err) {
 		return err
 	}
