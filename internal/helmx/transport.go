@@ -658,6 +658,14 @@ func (f *fenceRT) update(req *http.Request, g *GuardedWrites, name string) (_ *h
 	for attempt := 0; ; attempt++ {
 		metas, err := f.listRecords(req, g)
 		if err != nil {
+			if attempt < maxPutRetries && transientListFailure(req, err) {
+				// The fence's own read failed for a moment: helm's
+				// update is not sent, and may be ignored if it fails
+				// (see below), so read again.
+				if werr := sleepCtx(req.Context(), drained, writeBackoff(attempt)); werr == nil {
+					continue
+				}
+			}
 			if failed != nil {
 				// Helm sees the write's own failure, not the retry's.
 				return failed, status, nil
@@ -764,6 +772,27 @@ func failureOf(resp *http.Response, err error) string {
 		return err.Error()
 	}
 	return resp.Status
+}
+
+// answerError is an API server's answer other than 2xx to a read of the
+// fence's own.
+type answerError struct {
+	code int
+	text string
+}
+
+func (e *answerError) Error() string { return e.text }
+
+// transientListFailure tells a failed read of the fence's own that reading
+// again may cure: a failed connection, or an answer 429 or 5xx.
+func transientListFailure(req *http.Request, err error) bool {
+	if req.Context().Err() != nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, lock.ErrLost) {
+		return false
+	}
+	if a, ok := errors.AsType[*answerError](err); ok {
+		return transientFailure(req, &http.Response{StatusCode: a.code}, nil)
+	}
+	return true
 }
 
 // writeBackoff is the pause before sending a write again after its
@@ -884,7 +913,7 @@ func (f *fenceRT) listRecords(req *http.Request, g *GuardedWrites) ([]metav1.Obj
 		return nil, fmt.Errorf("helm-autorecover: listing the records of release %q in namespace %q: %w", g.Release, g.Namespace, err)
 	}
 	if resp.StatusCode/100 != 2 {
-		return nil, fmt.Errorf("helm-autorecover: listing the records of release %q in namespace %q: %s: %s", g.Release, g.Namespace, resp.Status, bytes.TrimSpace(b))
+		return nil, fmt.Errorf("helm-autorecover: listing the records of release %q in namespace %q: %w", g.Release, g.Namespace, &answerError{code: resp.StatusCode, text: resp.Status + ": " + string(bytes.TrimSpace(b))})
 	}
 	var l records.MetadataList
 	if err := json.Unmarshal(b, &l); err != nil {
