@@ -100,6 +100,14 @@ func (cn *conn) inspect(ctx context.Context, ns, rel string) (*lock.Status, erro
 	return readLocks(cn, func(stores []*lock.Backend) (*lock.Status, error) { return cn.Inspect(ctx, ns, rel, stores) })
 }
 
+// inspectConfirmed reads the lock of rel in ns as a command about to act
+// on it must (protocol.Conn.InspectConfirmed).
+func (cn *conn) inspectConfirmed(ctx context.Context, ns, rel string) (*lock.Status, error) {
+	return readLocks(cn, func(stores []*lock.Backend) (*lock.Status, error) {
+		return cn.InspectConfirmed(ctx, ns, rel, stores)
+	})
+}
+
 // list reports the lock of every release in ns (protocol.Conn.List).
 func (cn *conn) list(ctx context.Context, ns string) ([]lock.Status, error) {
 	return readLocks(cn, func(stores []*lock.Backend) ([]lock.Status, error) { return cn.List(ctx, ns, stores) })

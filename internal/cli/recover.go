@@ -115,7 +115,7 @@ func (c *lockCmds) runRecover(ctx context.Context, o *recoverOptions, rel string
 	if err != nil {
 		return err
 	}
-	st, err := cn.inspect(ctx, ns, rel)
+	st, err := cn.inspectConfirmed(ctx, ns, rel)
 	if err != nil {
 		return err
 	}

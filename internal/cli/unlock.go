@@ -113,7 +113,7 @@ func (c *lockCmds) runUnlock(ctx context.Context, o *unlockOptions, rel string) 
 	if err != nil {
 		return err
 	}
-	st, err := cn.inspect(ctx, ns, rel)
+	st, err := cn.inspectConfirmed(ctx, ns, rel)
 	if err != nil {
 		return err
 	}

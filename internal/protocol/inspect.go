@@ -2,6 +2,7 @@ package protocol
 
 import (
 	"context"
+	"time"
 
 	"github.com/helm-autorecover/helm-autorecover/internal/lock"
 )
@@ -28,6 +29,31 @@ func (c *Conn) Inspect(ctx context.Context, ns, rel string, stores []*lock.Backe
 		}
 		return pickStatus(sts), unsettled, nil
 	})
+}
+
+// InspectConfirmed is Inspect for a command about to act on what it reads
+// (unlock, recover): a lock expired in server time but not yet confirmed on
+// this process's clock (lock.Status.Confirming) is read again once it could
+// be, a lease at most, so that a dead holder's lock reads expired and one
+// whose holder renews meanwhile reads live, as a take would judge them.
+func (c *Conn) InspectConfirmed(ctx context.Context, ns, rel string, stores []*lock.Backend) (*lock.Status, error) {
+	st, err := c.Inspect(ctx, ns, rel, stores)
+	// Twice at most: a holder that renewed during the first wait is
+	// judged again once; one still confirming after that is live.
+	for range 2 {
+		if err != nil || !st.Confirming {
+			break
+		}
+		t := c.clock.NewTimer(st.ConfirmIn + time.Millisecond)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return st, nil
+		case <-t.C():
+		}
+		st, err = c.Inspect(ctx, ns, rel, stores)
+	}
+	return st, err
 }
 
 // settledRead calls read, and once more when read had to settle a lock
