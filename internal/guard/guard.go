@@ -203,7 +203,7 @@ func lockError(err error, req lock.Request, chosen string) error {
 	}
 	if errors.Is(err, lock.ErrLost) {
 		// A part taken first was lost while a later one was taken.
-		return &exitcode.Error{Code: exitcode.LockLost, Err: fmt.Errorf("release %q in namespace %q: %w", req.Release, req.Namespace, err)}
+		return lostError(req.Release, req.Namespace, err)
 	}
 	if !apierrors.IsForbidden(err) {
 		return err
@@ -510,6 +510,10 @@ type opFailure struct {
 func (e *opFailure) Error() string { return e.err.Error() + "\n" + e.note }
 func (e *opFailure) Unwrap() error { return e.err }
 
-func (r *run) lost(err error) error {
-	return &exitcode.Error{Code: exitcode.LockLost, Err: fmt.Errorf("release %q in namespace %q: %w", r.t.Release, r.t.Namespace, err)}
+func (r *run) lost(err error) error { return lostError(r.t.Release, r.t.Namespace, err) }
+
+// lostError is err, a loss of the lock of release in namespace, with its
+// documented exit code (LockLost).
+func lostError(release, namespace string, err error) error {
+	return &exitcode.Error{Code: exitcode.LockLost, Err: fmt.Errorf("release %q in namespace %q: %w", release, namespace, err)}
 }
