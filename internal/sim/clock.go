@@ -1,0 +1,89 @@
+package sim
+
+import (
+	"sync"
+	"time"
+
+	"k8s.io/utils/clock"
+
+	"github.com/helm-autorecover/helm-autorecover/internal/sleepclock"
+)
+
+// Clock is a simulated client's clock (a sleepclock.Clock) on the
+// bubble's virtual time: its readings are off by a fixed wall-clock offset,
+// and a system sleep (Suspend) stops them (the monotonic clock stands still
+// while the machine sleeps) while Elapsed's upper bound counts the sleep,
+// as sleepclock.System does on Linux. Its timers are the bubble's.
+type Clock struct {
+	clock.RealClock
+	offset time.Duration
+
+	mu     sync.Mutex
+	sleeps []sleepSpan // in order
+}
+
+// sleepSpan is one system sleep, in bubble time.
+type sleepSpan struct{ from, to time.Time }
+
+var _ sleepclock.Clock = (*Clock)(nil)
+
+// NewClock returns a clock whose readings are offset from the bubble's.
+func NewClock(offset time.Duration) *Clock { return &Clock{offset: offset} }
+
+// Suspend puts the machine to sleep from now for d.
+func (c *Clock) Suspend(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	now := time.Now()
+	c.sleeps = append(c.sleeps, sleepSpan{from: now, to: now.Add(d)})
+}
+
+// slept is the time the machine has slept by bubble instant t.
+func (c *Clock) slept(t time.Time) time.Duration {
+	var total time.Duration
+	for _, s := range c.sleeps {
+		switch {
+		case !t.After(s.from):
+		case t.Before(s.to):
+			total += t.Sub(s.from)
+		default:
+			total += s.to.Sub(s.from)
+		}
+	}
+	return total
+}
+
+// Now reads the clock: the bubble's time plus the offset, less the time
+// slept so far.
+func (c *Clock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	now := time.Now()
+	return now.Add(c.offset - c.slept(now))
+}
+
+// Since is Now().Sub(t).
+func (c *Clock) Since(t time.Time) time.Duration { return c.Now().Sub(t) }
+
+// Elapsed implements sleepclock.Meter: lo is b.Sub(a); hi adds the sleeps
+// that ended between the two readings.
+func (c *Clock) Elapsed(a, b time.Time) (lo, hi time.Duration) {
+	d := b.Sub(a)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var extra time.Duration
+	var sleptBefore time.Duration
+	for _, s := range c.sleeps {
+		// The reading at the end of this sleep.
+		at := s.from.Add(c.offset - sleptBefore)
+		length := s.to.Sub(s.from)
+		if at.Before(b) && !at.Before(a) {
+			extra += length
+		}
+		sleptBefore += length
+	}
+	if d < 0 {
+		return d, d
+	}
+	return d, d + extra
+}

@@ -1,0 +1,520 @@
+package sim
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/labels"
+)
+
+// Model is an in-process model of the API server: namespaced objects of any
+// resource kept as JSON, with one resourceVersion counter, server-set
+// uid and creationTimestamp, get, list (label and field selectors),
+// watch, create, conditional update, JSON merge patch and conditional
+// delete, and a Date header on every answer. It serves requests directly
+// (Serve), with no network; Link adds the network and its faults.
+//
+// Every committed write is kept in Writes, in commit order, with the
+// client that sent it (the X-Sim-Client header) and the server time.
+type Model struct {
+	mu      sync.Mutex
+	rv      int64
+	objs    map[key]obj
+	events  []event
+	changed chan struct{} // closed and replaced on every commit
+	closed  chan struct{}
+	// Writes are the committed writes, in commit order.
+	Writes []Write
+	// Requests counts every request served, by verb.
+	Requests map[string]int
+}
+
+// ClientHeader names the request header a Link tags its client's requests
+// with.
+const ClientHeader = "X-Sim-Client"
+
+// key names an object: its resource ("secrets", "leases.coordination.k8s.io"),
+// namespace and name.
+type key struct{ res, ns, name string }
+
+// obj is a stored object as JSON, with its resourceVersion.
+type obj struct {
+	rv   int64
+	body map[string]any
+}
+
+// event is one change, for watches.
+type event struct {
+	rv   int64
+	typ  string // ADDED, MODIFIED, DELETED
+	k    key
+	body map[string]any
+}
+
+// Write is one committed write.
+type Write struct {
+	Seq    int64 // the resourceVersion it produced
+	At     time.Time
+	Client string
+	Verb   string // create, update, patch, delete
+	Res    string
+	NS     string
+	Name   string
+	// Object is the object after the write (before it, for a delete).
+	Object map[string]any
+}
+
+// NewModel returns an empty model.
+func NewModel() *Model {
+	return &Model{objs: map[key]obj{}, changed: make(chan struct{}), closed: make(chan struct{}), Requests: map[string]int{}}
+}
+
+// Close ends every watch.
+func (m *Model) Close() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	select {
+	case <-m.closed:
+	default:
+		close(m.closed)
+	}
+}
+
+// kinds gives the apiVersion and kind of the resources the protocol uses.
+var kinds = map[string][2]string{
+	"secrets":                    {"v1", "Secret"},
+	"configmaps":                 {"v1", "ConfigMap"},
+	"events":                     {"v1", "Event"},
+	"leases.coordination.k8s.io": {"coordination.k8s.io/v1", "Lease"},
+	"events.events.k8s.io":       {"events.k8s.io/v1", "Event"},
+}
+
+// route parses a request path into a resource, namespace and name.
+func route(p string) (res, ns, name string, ok bool) {
+	parts := strings.Split(strings.Trim(p, "/"), "/")
+	var group string
+	switch {
+	case len(parts) >= 2 && parts[0] == "api" && parts[1] == "v1":
+		parts = parts[2:]
+	case len(parts) >= 3 && parts[0] == "apis":
+		group = parts[1]
+		parts = parts[3:]
+	default:
+		return "", "", "", false
+	}
+	if len(parts) < 3 || parts[0] != "namespaces" {
+		return "", "", "", false
+	}
+	ns, res = parts[1], parts[2]
+	if group != "" {
+		res += "." + group
+	}
+	if len(parts) == 4 {
+		name = parts[3]
+	} else if len(parts) != 3 {
+		return "", "", "", false
+	}
+	return res, ns, name, true
+}
+
+// Serve answers one request at the current (virtual) time.
+func (m *Model) Serve(req *http.Request) *http.Response {
+	now := time.Now()
+	resp := m.serve(req, now)
+	resp.Request = req
+	if resp.Header == nil {
+		resp.Header = http.Header{}
+	}
+	resp.Header.Set("Date", now.UTC().Format(http.TimeFormat))
+	if resp.Header.Get("Content-Type") == "" {
+		resp.Header.Set("Content-Type", "application/json")
+	}
+	return resp
+}
+
+func (m *Model) serve(req *http.Request, now time.Time) *http.Response {
+	if req.URL.Path == "/version" {
+		return jsonResponse(http.StatusOK, map[string]any{"major": "1", "minor": "35", "gitVersion": "v1.35.0-sim"})
+	}
+	res, ns, name, ok := route(req.URL.Path)
+	if !ok {
+		return statusResponse(http.StatusNotFound, "NotFound", "the model does not serve "+req.URL.Path)
+	}
+	if _, known := kinds[res]; !known {
+		return statusResponse(http.StatusNotFound, "NotFound", "the model does not serve "+res)
+	}
+	q := req.URL.Query()
+	var body map[string]any
+	if req.Body != nil {
+		raw, err := io.ReadAll(req.Body)
+		_ = req.Body.Close()
+		if err != nil {
+			return statusResponse(http.StatusBadRequest, "BadRequest", err.Error())
+		}
+		if len(raw) > 0 {
+			if err := json.Unmarshal(raw, &body); err != nil {
+				return statusResponse(http.StatusBadRequest, "BadRequest", err.Error())
+			}
+		}
+	}
+	client := req.Header.Get(ClientHeader)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	switch {
+	case req.Method == http.MethodGet && name == "" && q.Get("watch") == "true":
+		m.Requests["watch"]++
+		return m.watch(req.Context(), res, ns, q)
+	case req.Method == http.MethodGet && name == "":
+		m.Requests["list"]++
+		return m.list(res, ns, q)
+	case req.Method == http.MethodGet:
+		m.Requests["get"]++
+		o, ok := m.objs[key{res, ns, name}]
+		if !ok {
+			return notFound(res, name)
+		}
+		return jsonResponse(http.StatusOK, o.body)
+	case req.Method == http.MethodPost && name == "":
+		m.Requests["create"]++
+		return m.create(res, ns, body, client, now)
+	case req.Method == http.MethodPut && name != "":
+		m.Requests["update"]++
+		return m.update(res, ns, name, body, client, now)
+	case req.Method == http.MethodPatch && name != "":
+		m.Requests["patch"]++
+		if ct := req.Header.Get("Content-Type"); ct != "application/merge-patch+json" {
+			return statusResponse(http.StatusUnsupportedMediaType, "UnsupportedMediaType", "the model applies JSON merge patches only, not "+ct)
+		}
+		return m.patch(res, ns, name, body, client, now)
+	case req.Method == http.MethodDelete && name != "":
+		m.Requests["delete"]++
+		return m.delete(res, ns, name, body, client, now)
+	}
+	return statusResponse(http.StatusMethodNotAllowed, "MethodNotAllowed", req.Method+" "+req.URL.Path)
+}
+
+// commit stores o (nil deletes) under k as the next resourceVersion and
+// records the write and the event.
+func (m *Model) commit(k key, verb, typ string, body map[string]any, client string, now time.Time) map[string]any {
+	m.rv++
+	if typ == "DELETED" {
+		old := m.objs[k]
+		delete(m.objs, k)
+		body = old.body
+	} else {
+		meta := metaOf(body)
+		meta["resourceVersion"] = strconv.FormatInt(m.rv, 10)
+		m.objs[k] = obj{rv: m.rv, body: body}
+	}
+	m.events = append(m.events, event{rv: m.rv, typ: typ, k: k, body: body})
+	m.Writes = append(m.Writes, Write{Seq: m.rv, At: now, Client: client, Verb: verb, Res: k.res, NS: k.ns, Name: k.name, Object: body})
+	close(m.changed)
+	m.changed = make(chan struct{})
+	return body
+}
+
+func (m *Model) create(res, ns string, body map[string]any, client string, now time.Time) *http.Response {
+	if body == nil {
+		return statusResponse(http.StatusBadRequest, "BadRequest", "no object given")
+	}
+	meta := metaOf(body)
+	name, _ := meta["name"].(string)
+	if gen, _ := meta["generateName"].(string); name == "" && gen != "" {
+		name = fmt.Sprintf("%s%d", gen, m.rv+1)
+		meta["name"] = name
+	}
+	if name == "" {
+		return statusResponse(http.StatusUnprocessableEntity, "Invalid", "metadata.name is required")
+	}
+	k := key{res, ns, name}
+	if _, exists := m.objs[k]; exists {
+		return statusResponse(http.StatusConflict, "AlreadyExists", fmt.Sprintf("%s %q already exists", res, name))
+	}
+	setKind(res, body)
+	meta["namespace"] = ns
+	meta["uid"] = fmt.Sprintf("uid-%d", m.rv+1)
+	meta["creationTimestamp"] = now.UTC().Truncate(time.Second).Format(time.RFC3339)
+	return jsonResponse(http.StatusCreated, m.commit(k, "create", "ADDED", body, client, now))
+}
+
+func (m *Model) update(res, ns, name string, body map[string]any, client string, now time.Time) *http.Response {
+	k := key{res, ns, name}
+	old, ok := m.objs[k]
+	if !ok {
+		return notFound(res, name)
+	}
+	if body == nil {
+		return statusResponse(http.StatusBadRequest, "BadRequest", "no object given")
+	}
+	meta := metaOf(body)
+	if rv, _ := meta["resourceVersion"].(string); rv != "" && rv != strconv.FormatInt(old.rv, 10) {
+		return conflict(res, name)
+	}
+	oldMeta := metaOf(old.body)
+	setKind(res, body)
+	meta["name"], meta["namespace"] = name, ns
+	meta["uid"], meta["creationTimestamp"] = oldMeta["uid"], oldMeta["creationTimestamp"]
+	return jsonResponse(http.StatusOK, m.commit(k, "update", "MODIFIED", body, client, now))
+}
+
+func (m *Model) patch(res, ns, name string, patch map[string]any, client string, now time.Time) *http.Response {
+	k := key{res, ns, name}
+	old, ok := m.objs[k]
+	if !ok {
+		return notFound(res, name)
+	}
+	if rv, _ := metaOf(patch)["resourceVersion"].(string); rv != "" && rv != strconv.FormatInt(old.rv, 10) {
+		return conflict(res, name)
+	}
+	body := mergePatch(deepCopy(old.body), patch).(map[string]any)
+	meta, oldMeta := metaOf(body), metaOf(old.body)
+	meta["name"], meta["namespace"] = name, ns
+	meta["uid"], meta["creationTimestamp"] = oldMeta["uid"], oldMeta["creationTimestamp"]
+	return jsonResponse(http.StatusOK, m.commit(k, "patch", "MODIFIED", body, client, now))
+}
+
+func (m *Model) delete(res, ns, name string, opts map[string]any, client string, now time.Time) *http.Response {
+	k := key{res, ns, name}
+	old, ok := m.objs[k]
+	if !ok {
+		return notFound(res, name)
+	}
+	if pre, _ := opts["preconditions"].(map[string]any); pre != nil {
+		if rv, _ := pre["resourceVersion"].(string); rv != "" && rv != strconv.FormatInt(old.rv, 10) {
+			return conflict(res, name)
+		}
+		if uid, _ := pre["uid"].(string); uid != "" && uid != metaOf(old.body)["uid"] {
+			return conflict(res, name)
+		}
+	}
+	m.commit(k, "delete", "DELETED", nil, client, now)
+	return jsonResponse(http.StatusOK, map[string]any{"kind": "Status", "apiVersion": "v1", "status": "Success"})
+}
+
+// selector is a list or watch request's label and field selectors.
+type selector struct {
+	labels labels.Selector
+	fields fields.Selector
+}
+
+func selectorOf(q url.Values) (selector, error) {
+	ls, err := labels.Parse(q.Get("labelSelector"))
+	if err != nil {
+		return selector{}, err
+	}
+	fs, err := fields.ParseSelector(q.Get("fieldSelector"))
+	if err != nil {
+		return selector{}, err
+	}
+	return selector{ls, fs}, nil
+}
+
+func (s selector) matches(body map[string]any) bool {
+	meta := metaOf(body)
+	ls := labels.Set{}
+	if l, ok := meta["labels"].(map[string]any); ok {
+		for k, v := range l {
+			ls[k], _ = v.(string)
+		}
+	}
+	name, _ := meta["name"].(string)
+	ns, _ := meta["namespace"].(string)
+	return s.labels.Matches(ls) && s.fields.Matches(fields.Set{"metadata.name": name, "metadata.namespace": ns})
+}
+
+func (m *Model) list(res, ns string, q url.Values) *http.Response {
+	sel, err := selectorOf(q)
+	if err != nil {
+		return statusResponse(http.StatusBadRequest, "BadRequest", err.Error())
+	}
+	items := []any{}
+	var names []string
+	byName := map[string]map[string]any{}
+	for k, o := range m.objs {
+		if k.res == res && k.ns == ns && sel.matches(o.body) {
+			names = append(names, k.name)
+			byName[k.name] = o.body
+		}
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		items = append(items, byName[n])
+	}
+	kv := kinds[res]
+	return jsonResponse(http.StatusOK, map[string]any{
+		"apiVersion": kv[0], "kind": kv[1] + "List",
+		"metadata": map[string]any{"resourceVersion": strconv.FormatInt(m.rv, 10)},
+		"items":    items,
+	})
+}
+
+// watch streams the changes after the request's resourceVersion (all
+// current objects as ADDED first when it gives none) until the request
+// ends, its timeoutSeconds pass, or the model closes. m.mu is held.
+func (m *Model) watch(ctx context.Context, res, ns string, q url.Values) *http.Response {
+	sel, err := selectorOf(q)
+	if err != nil {
+		return statusResponse(http.StatusBadRequest, "BadRequest", err.Error())
+	}
+	var initial []event
+	from := m.rv
+	if rv := q.Get("resourceVersion"); rv != "" && rv != "0" {
+		n, err := strconv.ParseInt(rv, 10, 64)
+		if err != nil {
+			return statusResponse(http.StatusBadRequest, "BadRequest", "resourceVersion: "+err.Error())
+		}
+		from = n
+	} else {
+		for k, o := range m.objs {
+			if k.res == res && k.ns == ns && sel.matches(o.body) {
+				initial = append(initial, event{rv: o.rv, typ: "ADDED", k: k, body: o.body})
+			}
+		}
+		sort.Slice(initial, func(i, j int) bool { return initial[i].rv < initial[j].rv })
+	}
+	timeout := time.Hour
+	if s, err := strconv.Atoi(q.Get("timeoutSeconds")); err == nil && s > 0 {
+		timeout = time.Duration(s) * time.Second
+	}
+	pr, pw := io.Pipe()
+	go m.stream(ctx, pw, res, ns, sel, from, initial, timeout)
+	resp := &http.Response{StatusCode: http.StatusOK, Header: http.Header{"Content-Type": {"application/json"}}, Body: pr, ContentLength: -1}
+	return resp
+}
+
+func (m *Model) stream(ctx context.Context, pw *io.PipeWriter, res, ns string, sel selector, from int64, pending []event, timeout time.Duration) {
+	defer pw.Close()
+	end := time.NewTimer(timeout)
+	defer end.Stop()
+	for {
+		for _, e := range pending {
+			line, err := json.Marshal(map[string]any{"type": e.typ, "object": e.body})
+			if err != nil {
+				return
+			}
+			if _, err := pw.Write(append(line, '\n')); err != nil {
+				return
+			}
+		}
+		m.mu.Lock()
+		pending = pending[:0]
+		for _, e := range m.events[sort.Search(len(m.events), func(i int) bool { return m.events[i].rv > from }):] {
+			if e.k.res == res && e.k.ns == ns && sel.matches(e.body) {
+				pending = append(pending, e)
+			}
+			from = e.rv
+		}
+		changed := m.changed
+		m.mu.Unlock()
+		if len(pending) > 0 {
+			continue
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return
+		case <-end.C:
+			return
+		case <-m.closed:
+			return
+		}
+	}
+}
+
+// Object returns a copy of the stored object, or nil.
+func (m *Model) Object(res, ns, name string) map[string]any {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	o, ok := m.objs[key{res, ns, name}]
+	if !ok {
+		return nil
+	}
+	return deepCopy(o.body).(map[string]any)
+}
+
+func metaOf(body map[string]any) map[string]any {
+	if body == nil {
+		return map[string]any{}
+	}
+	meta, ok := body["metadata"].(map[string]any)
+	if !ok {
+		meta = map[string]any{}
+		body["metadata"] = meta
+	}
+	return meta
+}
+
+func setKind(res string, body map[string]any) {
+	kv := kinds[res]
+	body["apiVersion"], body["kind"] = kv[0], kv[1]
+}
+
+// mergePatch applies a JSON merge patch (RFC 7386).
+func mergePatch(target, patch any) any {
+	p, ok := patch.(map[string]any)
+	if !ok {
+		return patch
+	}
+	t, ok := target.(map[string]any)
+	if !ok {
+		t = map[string]any{}
+	}
+	for k, v := range p {
+		if v == nil {
+			delete(t, k)
+			continue
+		}
+		t[k] = mergePatch(t[k], v)
+	}
+	return t
+}
+
+func deepCopy(v any) any {
+	switch x := v.(type) {
+	case map[string]any:
+		out := make(map[string]any, len(x))
+		for k, e := range x {
+			out[k] = deepCopy(e)
+		}
+		return out
+	case []any:
+		out := make([]any, len(x))
+		for i, e := range x {
+			out[i] = deepCopy(e)
+		}
+		return out
+	}
+	return v
+}
+
+func jsonResponse(code int, v any) *http.Response {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return statusResponse(http.StatusInternalServerError, "InternalError", err.Error())
+	}
+	return &http.Response{StatusCode: code, Header: http.Header{"Content-Type": {"application/json"}}, Body: io.NopCloser(bytes.NewReader(b)), ContentLength: int64(len(b))}
+}
+
+func statusResponse(code int, reason, msg string) *http.Response {
+	b, _ := json.Marshal(map[string]any{"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": msg, "reason": reason, "code": code})
+	return &http.Response{StatusCode: code, Header: http.Header{"Content-Type": {"application/json"}}, Body: io.NopCloser(bytes.NewReader(b)), ContentLength: int64(len(b))}
+}
+
+func notFound(res, name string) *http.Response {
+	return statusResponse(http.StatusNotFound, "NotFound", fmt.Sprintf("%s %q not found", res, name))
+}
+
+func conflict(res, name string) *http.Response {
+	return statusResponse(http.StatusConflict, "Conflict", fmt.Sprintf("Operation cannot be fulfilled on %s %q: the object has been modified; please apply your changes to the latest version and try again", res, name))
+}
