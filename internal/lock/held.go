@@ -30,7 +30,7 @@ type Held struct {
 	req Request
 
 	// writeMu serialises writes; mu guards the fields below it.
-	writeMu sync.Mutex
+	writeMu writeGate
 	mu      sync.Mutex
 	lease   *coordinationv1.Lease
 	rec     Record
@@ -778,3 +778,22 @@ func orFar(t time.Time) time.Time {
 	}
 	return t
 }
+
+// writeGate is a mutex held across a request. It is a channel rather than a
+// sync.Mutex so that a goroutine waiting for it is durably blocked in a
+// testing/synctest bubble (internal/sim runs this package on virtual time,
+// which advances only when every goroutine is durably blocked; one waiting
+// on a sync.Mutex is not).
+type writeGate struct {
+	once sync.Once
+	ch   chan struct{}
+}
+
+// Lock takes the gate, waiting for it.
+func (g *writeGate) Lock() {
+	g.once.Do(func() { g.ch = make(chan struct{}, 1) })
+	g.ch <- struct{}{}
+}
+
+// Unlock gives the gate back.
+func (g *writeGate) Unlock() { <-g.ch }

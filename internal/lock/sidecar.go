@@ -428,3 +428,8 @@ func (m *mergedWatch) Stop() {
 		}
 	})
 }
+
+// DecodeBeat reads a beat object's AnnotationBeat back as the record it
+// keeps of release in ns (nil when unreadable): for tools that audit the
+// lock's writes (internal/sim).
+func DecodeBeat(s, release, ns string) *Record { return decodeBeat(s, release, ns) }

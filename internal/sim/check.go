@@ -12,12 +12,15 @@ import (
 // commit order and in the server's own time, so exactly) and returns every
 // violation it sees:
 //
-//   - S1: two clients whose holder writes (the release's Lease and release
-//     records; the beat is left out, waiters write it) interleave: one
-//     wrote after another's first holder write and before its last.
+//   - S1: two clients whose holder writes (to the release's records, and
+//     to its Lease when the Lease names the writer as holder; waiters
+//     queue on the Lease and the beat) interleave: one wrote after
+//     another's first holder write and before its last.
 //   - S3: a client's first holder write came before the previous holder's
-//     lock expired (the latest renewedAt + leaseDuration it committed, in
-//     server time), that holder not having released it.
+//     lock expired, that holder not having released it: before the time
+//     its latest committed renewal was sent plus its lease, in the
+//     server's true time (a record's own times are the holder's estimate,
+//     which a shifted Date header moves).
 //   - S5: a holder renewed its lock (a beat naming its session, not
 //     released) after another client's first holder write followed its own.
 //   - S7: two deployed revisions at once; a revision deleted by a client
@@ -36,75 +39,79 @@ func Check(o Outcome) []Violation {
 		plans[r.Plan.ID] = r.Plan
 	}
 
-	type tenure struct {
-		first, last  int64 // Seq of the first and last holder write
-		firstAt      time.Time
-		expiry       time.Time // latest renewedAt + leaseDuration committed
-		released     bool
-		holderWrites int
-	}
-	ten := map[string]*tenure{}
+	// Holder writes, for S1: to the release's records, and to its Lease
+	// when it names the writer as holder.
+	type span struct{ first, last int64 }
+	spans := map[string]*span{}
 	var order []string // clients by first holder write
+	// The lock's parts, for S3 and S5: the gate (on the release records,
+	// renewed on the beat) and the Lease.
+	parts := map[string]*partLog{"gate": newPartLog(), "lease": newPartLog()}
 	state := map[string]record{}
 	for _, w := range o.Writes {
-		holder := w.Res == "leases.coordination.k8s.io" && w.Name == lock.LeaseName(Release) || isRecord(w.Res, w.Name)
-		t := ten[w.Client]
-		for _, r := range lockRecords(w) {
-			if r.Session != w.Client {
-				continue
+		rec, lease, beat := isRecord(w.Res, w.Name), isLease(w), isBeat(w)
+		holder := rec || lease && holds(w)
+		var part *partLog
+		switch {
+		case rec || beat:
+			part = parts["gate"]
+		case lease:
+			part = parts["lease"]
+		}
+		if part != nil {
+			// S3: a take must come after the previous holder's expiry.
+			if (rec || lease && holds(w)) && !part.held(w.Client) {
+				if prev := part.current(); prev != "" {
+					if e := part.expiry[prev]; !part.released[prev] && w.At.Before(e) {
+						add("S3", "%s took the %s lock at %s (write #%d) while %s's ran until %s and was not released", w.Client, part.name(parts), since(w.At), w.Seq, prev, since(e))
+					}
+				}
+				part.take(w.Client, w.Seq)
 			}
-			if t == nil {
-				t = &tenure{first: -1}
-				ten[w.Client] = t
-			}
-			if !r.ReleasedAt.IsZero() {
-				t.released = true
-			} else if till := r.RenewedAt.Add(r.LeaseDuration.Duration); till.After(t.expiry) {
-				t.expiry = till
+			for _, r := range lockRecords(w) {
+				if r.Session != w.Client {
+					continue
+				}
+				if !r.ReleasedAt.IsZero() {
+					part.released[w.Client] = true
+					continue
+				}
+				// S5: a renewal by a holder whose part someone took since.
+				if at, ok := part.takenFrom(w.Client); ok && !rec {
+					add("S5", "%s renewed its %s lock at %s (write #%d) after it was taken over at write #%d", w.Client, part.name(parts), since(w.At), w.Seq, at)
+				}
+				// A renewal is a write of a new renewedAt; a helm write
+				// carrying the record unchanged renews nothing.
+				if r.RenewedAt.Equal(part.renewed[w.Client]) {
+					continue
+				}
+				part.renewed[w.Client] = r.RenewedAt
+				if till := w.Sent.Add(r.LeaseDuration.Duration); till.After(part.expiry[w.Client]) {
+					part.expiry[w.Client] = till
+				}
 			}
 		}
 		if holder {
-			if t == nil {
-				t = &tenure{first: -1}
-				ten[w.Client] = t
-			}
-			if t.first < 0 {
-				t.first, t.firstAt = w.Seq, w.At
-				// S3: the previous holder's lock must have expired or been
-				// released.
-				if n := len(order); n > 0 {
-					prevID := order[n-1]
-					prev := ten[prevID]
-					if !prev.released && w.At.Before(prev.expiry) {
-						add("S3", "%s took the lock at %s (write #%d) while %s's ran until %s and was not released", w.Client, since(w.At), w.Seq, prevID, since(prev.expiry))
-					}
-				}
+			sp := spans[w.Client]
+			if sp == nil {
+				sp = &span{first: w.Seq}
+				spans[w.Client] = sp
 				order = append(order, w.Client)
 			}
-			t.last = w.Seq
-			t.holderWrites++
-		}
-		// S5: a renewal after a later holder's take.
-		if w.Res == "secrets" && w.Name != "" && !holder && t != nil && t.first >= 0 {
-			for _, r := range lockRecords(w) {
-				if r.Session != w.Client || !r.ReleasedAt.IsZero() {
-					continue
-				}
-				for _, id := range order {
-					if u := ten[id]; id != w.Client && u.first > t.first && u.first < w.Seq {
-						add("S5", "%s renewed its lock at %s (write #%d) after %s took it at write #%d", w.Client, since(w.At), w.Seq, id, u.first)
-						break
-					}
-				}
-			}
+			sp.last = w.Seq
 		}
 		// S7: history.
-		if isRecord(w.Res, w.Name) {
+		if rec {
 			if w.Verb == "delete" {
 				if p, ok := plans[w.Client]; (ok && p.Op != autorecover.OpUninstall) || w.Client == "final" {
 					add("S7", "%s (not uninstalling) deleted revision record %s at %s (write #%d)", w.Client, w.Name, since(w.At), w.Seq)
 				}
 				delete(state, w.Name)
+				if len(state) == 0 {
+					// An uninstall that deleted the last record took the
+					// lock on the records with it.
+					parts["gate"].released[w.Client] = true
+				}
 			} else {
 				state[w.Name] = recordOf(w.Name, w.Object)
 			}
@@ -122,7 +129,7 @@ func Check(o Outcome) []Violation {
 	// S1: holder spans must not interleave.
 	for i, a := range order {
 		for _, b := range order[i+1:] {
-			ta, tb := ten[a], ten[b]
+			ta, tb := spans[a], spans[b]
 			if tb.first < ta.last {
 				add("S1", "%s wrote (last write #%d) after %s's first holder write #%d", a, ta.last, b, tb.first)
 			}
@@ -173,4 +180,81 @@ func sortRecords(rs []record) {
 			rs[j], rs[j-1] = rs[j-1], rs[j]
 		}
 	}
+}
+
+// holds reports whether a Lease write names its writer as the holder (a
+// take, a renewal or a release), not a waiter queueing.
+func holds(w Write) bool {
+	for _, r := range lockRecords(w) {
+		if r.Session == w.Client {
+			return true
+		}
+	}
+	return false
+}
+
+// partLog follows one part of the lock through the writes: who took it in
+// which order, each holder's expiry (the send time of its latest committed
+// renewal plus its lease), and who released it.
+type partLog struct {
+	holders  []string
+	takenAt  []int64
+	expiry   map[string]time.Time
+	renewed  map[string]time.Time // the renewedAt of each client's latest renewal
+	released map[string]bool
+}
+
+func newPartLog() *partLog {
+	return &partLog{expiry: map[string]time.Time{}, renewed: map[string]time.Time{}, released: map[string]bool{}}
+}
+
+func (p *partLog) current() string {
+	if len(p.holders) == 0 {
+		return ""
+	}
+	return p.holders[len(p.holders)-1]
+}
+
+func (p *partLog) held(c string) bool { return p.current() == c }
+
+func (p *partLog) take(c string, seq int64) {
+	p.holders = append(p.holders, c)
+	p.takenAt = append(p.takenAt, seq)
+	delete(p.released, c)
+}
+
+// takenFrom reports whether, and at which write, another client took the
+// part after c had held it.
+func (p *partLog) takenFrom(c string) (int64, bool) {
+	for i, h := range p.holders {
+		if h != c {
+			continue
+		}
+		for j := i + 1; j < len(p.holders); j++ {
+			if p.holders[j] != c {
+				return p.takenAt[j], true
+			}
+		}
+	}
+	return 0, false
+}
+
+func (p *partLog) name(all map[string]*partLog) string {
+	for n, q := range all {
+		if q == p {
+			return n
+		}
+	}
+	return "?"
+}
+
+func isLease(w Write) bool {
+	return w.Res == "leases.coordination.k8s.io" && w.Name == lock.LeaseName(Release)
+}
+
+// isBeat reports whether w wrote the release's beat object.
+func isBeat(w Write) bool {
+	ann, _ := metaOf(w.Object)["annotations"].(map[string]any)
+	_, ok := ann[lock.AnnotationBeat]
+	return ok && !isRecord(w.Res, w.Name) && !isLease(w)
 }

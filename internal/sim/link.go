@@ -190,6 +190,7 @@ func resetError(req *http.Request) error {
 // RoundTrip implements http.RoundTripper.
 func (l *Link) RoundTrip(req *http.Request) (*http.Response, error) {
 	ctx := req.Context()
+	sent := time.Now()
 	write := req.Method != http.MethodGet
 	d, err := l.next(write)
 	if err != nil {
@@ -198,6 +199,7 @@ func (l *Link) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	req = req.Clone(ctx)
 	req.Header.Set(ClientHeader, l.Client)
+	req.Header.Set(SentHeader, sent.Format(time.RFC3339Nano))
 	if d.crash {
 		if l.CrashCommits {
 			closeResp(l.Model.Serve(req))

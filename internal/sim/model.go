@@ -33,6 +33,7 @@ type Model struct {
 	objs    map[key]obj
 	events  []event
 	changed chan struct{} // closed and replaced on every commit
+	sent    time.Time     // of the request being served
 	closed  chan struct{}
 	// Writes are the committed writes, in commit order.
 	Writes []Write
@@ -43,6 +44,9 @@ type Model struct {
 // ClientHeader names the request header a Link tags its client's requests
 // with.
 const ClientHeader = "X-Sim-Client"
+
+// SentHeader carries the time a Link was handed the request.
+const SentHeader = "X-Sim-Sent"
 
 // key names an object: its resource ("secrets", "leases.coordination.k8s.io"),
 // namespace and name.
@@ -64,8 +68,11 @@ type event struct {
 
 // Write is one committed write.
 type Write struct {
-	Seq    int64 // the resourceVersion it produced
-	At     time.Time
+	Seq int64 // the resourceVersion it produced
+	At  time.Time
+	// Sent is when the client's link was handed the request (before its
+	// latency and any pause): a bound on when the client sent it.
+	Sent   time.Time
 	Client string
 	Verb   string // create, update, patch, delete
 	Res    string
@@ -169,8 +176,10 @@ func (m *Model) serve(req *http.Request, now time.Time) *http.Response {
 		}
 	}
 	client := req.Header.Get(ClientHeader)
+	sent, _ := time.Parse(time.RFC3339Nano, req.Header.Get(SentHeader))
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	m.sent = sent
 	switch {
 	case req.Method == http.MethodGet && name == "" && q.Get("watch") == "true":
 		m.Requests["watch"]++
@@ -218,7 +227,7 @@ func (m *Model) commit(k key, verb, typ string, body map[string]any, client stri
 		m.objs[k] = obj{rv: m.rv, body: body}
 	}
 	m.events = append(m.events, event{rv: m.rv, typ: typ, k: k, body: body})
-	m.Writes = append(m.Writes, Write{Seq: m.rv, At: now, Client: client, Verb: verb, Res: k.res, NS: k.ns, Name: k.name, Object: body})
+	m.Writes = append(m.Writes, Write{Seq: m.rv, At: now, Sent: m.sent, Client: client, Verb: verb, Res: k.res, NS: k.ns, Name: k.name, Object: body})
 	close(m.changed)
 	m.changed = make(chan struct{})
 	return body

@@ -128,16 +128,17 @@ func nextOp(m *Model) autorecover.Operation {
 }
 
 // lockRecords returns the lock records a write carries: the Lease's or the
-// release record's (AnnotationRecord) and the beat's (AnnotationBeat).
+// release record's (AnnotationRecord), or the beat's (AnnotationBeat).
 func lockRecords(w Write) []*lock.Record {
 	ann, _ := metaOf(w.Object)["annotations"].(map[string]any)
 	var out []*lock.Record
-	for _, k := range []string{lock.AnnotationRecord, lock.AnnotationBeat} {
-		s, _ := ann[k].(string)
-		if s == "" {
-			continue
-		}
+	if s, _ := ann[lock.AnnotationRecord].(string); s != "" {
 		if r, err := lock.DecodeRecord(s); err == nil && r != nil {
+			out = append(out, r)
+		}
+	}
+	if s, _ := ann[lock.AnnotationBeat].(string); s != "" {
+		if r := lock.DecodeBeat(s, Release, w.NS); r != nil {
 			out = append(out, r)
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -12,17 +13,30 @@ import (
 )
 
 var (
-	flagN     = flag.Int("sim.n", 0, "random schedules to explore (0: 2000, or 200 with -short)")
-	flagFrom  = flag.Int64("sim.seed", 1, "the first random schedule's seed")
-	flagShard = flag.String("sim.shard", "0/1", "explore only the seeds i mod n (i/n), to spread them over processes")
-	flagTrace = flag.Bool("sim.trace", false, "print every schedule's trace")
-	flagOut   = flag.String("sim.report", "", "append the figures as one line of key=value pairs to this file")
+	flagN        = flag.Int("sim.n", 0, "random schedules to explore (0: 2000, or 200 with -short)")
+	flagFrom     = flag.Int64("sim.seed", 1, "the first random schedule's seed")
+	flagShard    = flag.String("sim.shard", "0/1", "explore only the seeds i mod n (i/n), to spread them over processes")
+	flagTrace    = flag.Bool("sim.trace", false, "print every schedule's trace")
+	flagStuck    = flag.Duration("sim.stuck", 3*time.Minute, "real time after which a schedule counts as stuck")
+	flagProgress = flag.Bool("sim.progress", false, "print each seed as it starts, to stderr")
+	flagOut      = flag.String("sim.report", "", "append the figures as one line of key=value pairs to this file")
 )
 
 // runOne runs s in a bubble of its own.
 func runOne(t *testing.T, s Schedule) Outcome {
 	t.Helper()
 	var out Outcome
+	// A schedule runs in milliseconds; one that runs for minutes is stuck
+	// outside virtual time (a goroutine blocked on something synctest does
+	// not count as durable, such as a sync.Mutex held across a request):
+	// print every goroutine and stop, naming the schedule.
+	watchdog := time.AfterFunc(*flagStuck, func() {
+		buf := make([]byte, 1<<24)
+		n := runtime.Stack(buf, true)
+		fmt.Fprintf(os.Stderr, "sim: schedule %d is stuck after %s of real time:\n%s\n%s\n", s.Seed, *flagStuck, s, buf[:n])
+		os.Exit(2)
+	})
+	defer watchdog.Stop()
 	synctest.Test(t, func(*testing.T) { out = Run(s) })
 	return out
 }
@@ -122,6 +136,9 @@ func TestSimRandom(t *testing.T) {
 	for seed := *flagFrom; seed < *flagFrom+int64(n); seed++ {
 		if seed%of != i {
 			continue
+		}
+		if *flagProgress {
+			fmt.Fprintf(os.Stderr, "sim: seed %d\n", seed)
 		}
 		o := runOne(t, Draw(seed))
 		ty.add(o)
