@@ -13,7 +13,7 @@ GOLANGCI_LINT := $(shell $(GO) env GOPATH)/bin/golangci-lint
 # Integration tests start processes and wait on them: generous, not infinite.
 TEST_TIMEOUT ?= 40m
 
-.PHONY: dist docs build build-chaos chaos test test-unit test-integration lint fmt vet demo bench bench-controller cluster-up cluster-down cluster-bins tools clean chart-lint fuzz
+.PHONY: sim dist docs build build-chaos chaos test test-unit test-integration lint fmt vet demo bench bench-controller cluster-up cluster-down cluster-bins tools clean chart-lint fuzz
 
 build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/helm-autorecover
@@ -41,6 +41,26 @@ test: build cluster-up
 ## test-unit: pure unit tests only; integration tests skip under -short.
 test-unit:
 	$(GO) test -short -count=1 ./...
+
+## sim: the deterministic simulation (internal/sim, issue 17): the bounded
+## exhaustive set, then SIM_N random schedules from seed SIM_SEED spread
+## over SIM_SHARDS processes (one per core); figures are appended to
+## SIM_REPORT. A violation prints its seed, the command that replays it, and
+## the schedule's trace, and fails the target. make test runs the
+## exhaustive set and the regressions only.
+SIM_N ?= 100000
+SIM_SEED ?= 1
+SIM_SHARDS ?= 2
+SIM_REPORT ?= sim-report.txt
+sim:
+	@rm -f $(SIM_REPORT)
+	$(GO) test -count=1 -timeout 4h -tags sim -run '^TestSimExhaustive$$' ./internal/sim -args -sim.report=$(CURDIR)/$(SIM_REPORT)
+	$(GO) test -c -tags sim -o bin/sim.test ./internal/sim
+	@set -e; pids=""; i=0; while [ $$i -lt $(SIM_SHARDS) ]; do \
+		(cd internal/sim && GOMAXPROCS=1 ../../bin/sim.test -test.count=1 -test.timeout 8h -test.run '^TestSimRandom$$' \
+			-sim.n=$(SIM_N) -sim.seed=$(SIM_SEED) -sim.shard=$$i/$(SIM_SHARDS) -sim.report=$(CURDIR)/$(SIM_REPORT) > $(CURDIR)/sim-shard-$$i.log 2>&1) & pids="$$pids $$!"; \
+		i=$$((i+1)); done; rc=0; for p in $$pids; do wait $$p || rc=1; done; \
+		cat $(SIM_REPORT); grep -h -A3 'violations (replay' sim-shard-*.log | head -200 || true; exit $$rc
 
 ## fuzz: every fuzz target (func FuzzX in a *_test.go file under internal/
 ## and pkg/) for $(FUZZ_TIME) each, one after the other; a new target is

@@ -172,6 +172,13 @@ type WriteFence struct {
 	// createConflict is set when helm's create of a revision record failed
 	// because another client had created it: the lock was never ours.
 	createConflict atomic.Bool
+	// cut is the error of the first write the renew deadline cut off since
+	// Guard was called: every later write fails with it. helm goes on after
+	// some failed writes (the one marking the previous revision
+	// superseded), and a renewal may land after the cut: without this, helm
+	// would write its revision deployed next to the one it failed to
+	// supersede (found by internal/sim, seed 435).
+	cut atomic.Pointer[error]
 
 	// created lists the revisions whose records the fence created (or
 	// tried to) since Guard was called: the holder's own.
@@ -235,6 +242,7 @@ var DefaultWriteFence = &WriteFence{}
 // Guard makes w fence the writes of g until the returned function is called.
 func (w *WriteFence) Guard(g GuardedWrites) (stop func()) {
 	w.createConflict.Store(false)
+	w.cut.Store(nil)
 	w.mu.Lock()
 	w.created = map[int]bool{}
 	w.draining = make(chan struct{})
@@ -330,6 +338,10 @@ func (f *fenceRT) roundTrip(req *http.Request) (*http.Response, error) {
 		closeBody(req)
 		return nil, fmt.Errorf("helm-autorecover: refused helm's %s %s for release %q in namespace %q: %w", req.Method, req.URL.Path, g.Release, g.Namespace, err)
 	}
+	if cut := f.w.cut.Load(); cut != nil {
+		closeBody(req)
+		return nil, fmt.Errorf("helm-autorecover: refused helm's %s %s for release %q in namespace %q: an earlier write of this operation was cut off: %w", req.Method, req.URL.Path, g.Release, g.Namespace, *cut)
+	}
 	parent := req.Context()
 	deadline := g.Lock.Deadline()
 	if deadline.IsZero() {
@@ -364,8 +376,10 @@ func (f *fenceRT) roundTrip(req *http.Request) (*http.Response, error) {
 
 // cutOff is the error of helm's write that the lock's renew deadline ended.
 func (f *fenceRT) cutOff(req *http.Request, g *GuardedWrites, cause error) error {
-	return fmt.Errorf("helm-autorecover: helm's %s %s for release %q in namespace %q did not complete before the lock's renew deadline and was cut off (%w), so it cannot land after another client may have taken the release over; the operation stops, and the next one recovers the release: %w",
+	err := fmt.Errorf("helm-autorecover: helm's %s %s for release %q in namespace %q did not complete before the lock's renew deadline and was cut off (%w), so it cannot land after another client may have taken the release over; the operation stops, and the next one recovers the release: %w",
 		req.Method, req.URL.Path, g.Release, g.Namespace, cause, lock.ErrLost)
+	f.w.cut.CompareAndSwap(nil, &err)
+	return err
 }
 
 // cancelOnClose releases a request's deadline once its response is read.

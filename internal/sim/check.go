@@ -2,6 +2,7 @@ package sim
 
 import (
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/helm-autorecover/helm-autorecover/internal/lock"
@@ -12,10 +13,12 @@ import (
 // commit order and in the server's own time, so exactly) and returns every
 // violation it sees:
 //
-//   - S1: two clients whose holder writes (to the release's records, and
-//     to its Lease when the Lease names the writer as holder; waiters
-//     queue on the Lease and the beat) interleave: one wrote after
-//     another's first holder write and before its last.
+//   - S1: two clients whose holder writes of one part of the lock
+//     interleave (one wrote after another's first and before its last):
+//     the gate's (writes of the release's records), or the Lease's (writes
+//     naming the writer as holder; waiters queue on the Lease and the
+//     beat). Writes that release a lock are left out: they are
+//     conditional, and a holder releases after its expiry too.
 //   - S3: a client's first holder write came before the previous holder's
 //     lock expired, that holder not having released it: before the time
 //     its latest committed renewal was sent plus its lease, in the
@@ -91,12 +94,19 @@ func Check(o Outcome) []Violation {
 				}
 			}
 		}
-		if holder {
-			sp := spans[w.Client]
+		if holder && !releases(w) {
+			// Spans are per part: a client may hold the Lease while the
+			// gate is another's (a joint lock waiting for its first part
+			// again), writing no release data.
+			id := w.Client + "/gate"
+			if lease {
+				id = w.Client + "/lease"
+			}
+			sp := spans[id]
 			if sp == nil {
 				sp = &span{first: w.Seq}
-				spans[w.Client] = sp
-				order = append(order, w.Client)
+				spans[id] = sp
+				order = append(order, id)
 			}
 			sp.last = w.Seq
 		}
@@ -130,7 +140,7 @@ func Check(o Outcome) []Violation {
 	for i, a := range order {
 		for _, b := range order[i+1:] {
 			ta, tb := spans[a], spans[b]
-			if tb.first < ta.last {
+			if partOf(a) == partOf(b) && tb.first < ta.last {
 				add("S1", "%s wrote (last write #%d) after %s's first holder write #%d", a, ta.last, b, tb.first)
 			}
 		}
@@ -257,4 +267,19 @@ func isBeat(w Write) bool {
 	ann, _ := metaOf(w.Object)["annotations"].(map[string]any)
 	_, ok := ann[lock.AnnotationBeat]
 	return ok && !isRecord(w.Res, w.Name) && !isLease(w)
+}
+
+// releases reports whether w marks its writer's lock released.
+func releases(w Write) bool {
+	for _, r := range lockRecords(w) {
+		if r.Session == w.Client && !r.ReleasedAt.IsZero() {
+			return true
+		}
+	}
+	return false
+}
+
+func partOf(id string) string {
+	_, part, _ := strings.Cut(id, "/")
+	return part
 }

@@ -44,14 +44,14 @@ type Plan struct {
 
 // Result is what happened to one client.
 type Result struct {
-	Plan     Plan
-	Err      error
-	Started  time.Time // bubble time
-	Ended    time.Time
-	Crashed  bool
-	CrashAt  time.Time
-	Counts   Counts
-	Sessions []string // taken from the model's writes by Check
+	Plan    Plan
+	Err     error
+	Started time.Time // bubble time
+	Ended   time.Time
+	Crashed bool
+	CrashAt time.Time
+	Counts  Counts
+	Notes   []string // what the client's helm logged
 }
 
 // release and namespace every schedule works on.
@@ -78,8 +78,10 @@ func runClient(ctx context.Context, m *Model, p Plan, faults Faults, seed int64)
 	link.PauseAt, link.PauseFor = p.PauseAt, p.PauseFor
 	link.SleepAt, link.SleepFor = p.SleepAt, p.SleepFor
 	link.OnCrash = cancel
-	cfg := &rest.Config{Host: "http://sim.invalid", Transport: link, QPS: -1, Timeout: time.Minute,
-		ContentConfig: rest.ContentConfig{ContentType: "application/json", AcceptContentTypes: "application/json"}}
+	cfg := &rest.Config{
+		Host: "http://sim.invalid", Transport: link, QPS: -1, Timeout: time.Minute,
+		ContentConfig: rest.ContentConfig{ContentType: "application/json", AcceptContentTypes: "application/json"},
+	}
 	c, err := autorecover.NewClient(cfg, autorecover.WithClock(clk), autorecover.WithLockBackend(p.Backend))
 	if err != nil {
 		res.Err = err
@@ -90,7 +92,7 @@ func runClient(ctx context.Context, m *Model, p Plan, faults Faults, seed int64)
 		Session: p.ID, Who: p.ID, PID: 1, ToolVersion: "sim",
 	}}
 	res.Err = c.Run(ctx, req, func(ctx context.Context, cfg *action.Configuration) error {
-		return helm(ctx, cfg, p, clk)
+		return helm(ctx, cfg, p, clk, func(f string, a ...any) { res.Notes = append(res.Notes, fmt.Sprintf(f, a...)) })
 	})
 	res.Ended = time.Now()
 	res.CrashAt, res.Crashed = link.Crashed()
@@ -105,7 +107,7 @@ var quiet = slog.New(slog.DiscardHandler)
 
 // helm writes the release records of p.Op in the order helm 4's action
 // does, through cfg's (fenced) storage, working p.Work between writes.
-func helm(ctx context.Context, cfg *action.Configuration, p Plan, clk *Clock) error {
+func helm(ctx context.Context, cfg *action.Configuration, p Plan, clk *Clock, note func(string, ...any)) error {
 	cfg.SetLogger(quiet.Handler())
 	st := cfg.Releases
 	hist, err := history(cfg)
@@ -133,7 +135,9 @@ func helm(ctx context.Context, cfg *action.Configuration, p Plan, clk *Clock) er
 		}
 		if deployed != nil {
 			deployed.Info.Status = common.StatusSuperseded
-			_ = st.Update(deployed)
+			if err := st.Update(deployed); err != nil {
+				note("helm: marking revision %d superseded failed (helm only logs it): %v", deployed.Version, err)
+			}
 		}
 		rel.Info.Status = common.StatusDeployed
 		rel.Info.Description = string(p.Op) + " complete"
@@ -186,8 +190,9 @@ func helm(ctx context.Context, cfg *action.Configuration, p Plan, clk *Clock) er
 			}
 		}
 		return nil
+	case autorecover.OpRecover:
 	}
-	return fmt.Errorf("sim: unknown operation %q", p.Op)
+	return fmt.Errorf("sim: the simulated helm does not run %q", p.Op)
 }
 
 // failed marks rel failed when its operation was interrupted, as helm's

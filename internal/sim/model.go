@@ -34,6 +34,7 @@ type Model struct {
 	events  []event
 	changed chan struct{} // closed and replaced on every commit
 	sent    time.Time     // of the request being served
+	manager string        // its field manager
 	closed  chan struct{}
 	// Writes are the committed writes, in commit order.
 	Writes []Write
@@ -180,6 +181,10 @@ func (m *Model) serve(req *http.Request, now time.Time) *http.Response {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.sent = sent
+	m.manager = q.Get("fieldManager")
+	if m.manager == "" {
+		m.manager = req.Header.Get("User-Agent")
+	}
 	switch {
 	case req.Method == http.MethodGet && name == "" && q.Get("watch") == "true":
 		m.Requests["watch"]++
@@ -224,6 +229,7 @@ func (m *Model) commit(k key, verb, typ string, body map[string]any, client stri
 	} else {
 		meta := metaOf(body)
 		meta["resourceVersion"] = strconv.FormatInt(m.rv, 10)
+		meta["managedFields"] = m.managed(k, m.manager, now)
 		m.objs[k] = obj{rv: m.rv, body: body}
 	}
 	m.events = append(m.events, event{rv: m.rv, typ: typ, k: k, body: body})
@@ -403,7 +409,7 @@ func (m *Model) watch(ctx context.Context, res, ns string, q url.Values) *http.R
 }
 
 func (m *Model) stream(ctx context.Context, pw *io.PipeWriter, res, ns string, sel selector, from int64, pending []event, timeout time.Duration) {
-	defer pw.Close()
+	defer func() { _ = pw.Close() }()
 	end := time.NewTimer(timeout)
 	defer end.Stop()
 	for {
@@ -526,4 +532,24 @@ func notFound(res, name string) *http.Response {
 
 func conflict(res, name string) *http.Response {
 	return statusResponse(http.StatusConflict, "Conflict", fmt.Sprintf("Operation cannot be fulfilled on %s %q: the object has been modified; please apply your changes to the latest version and try again", res, name))
+}
+
+// managed returns the managedFields of k after a write by manager at now:
+// the stored object's, with manager's entry stamped now (whole seconds,
+// as the API server stamps them). Recovery dates an uninstall from them.
+func (m *Model) managed(k key, manager string, now time.Time) []any {
+	var out []any
+	if old, ok := m.objs[k]; ok {
+		if mf, ok := metaOf(old.body)["managedFields"].([]any); ok {
+			for _, e := range mf {
+				if em, ok := e.(map[string]any); ok && em["manager"] != manager {
+					out = append(out, em)
+				}
+			}
+		}
+	}
+	return append(out, map[string]any{
+		"manager": manager, "operation": "Update", "apiVersion": "v1",
+		"time": now.UTC().Truncate(time.Second).Format(time.RFC3339), "fieldsType": "FieldsV1", "fieldsV1": map[string]any{},
+	})
 }

@@ -167,6 +167,9 @@ func (o Outcome) Trace() string {
 			fmt.Fprintf(&b, " CRASHED %s", at(r.CrashAt))
 		}
 		fmt.Fprintf(&b, " [%s] err=%v\n", r.Counts, r.Err)
+		for _, n := range r.Notes {
+			fmt.Fprintf(&b, "    %s: %s\n", r.Plan.ID, n)
+		}
 	}
 	b.WriteString("  writes:\n")
 	for _, w := range o.Writes {
