@@ -353,10 +353,13 @@ func (f *fenceRT) roundTrip(req *http.Request) (*http.Response, error) {
 	}
 	ctx, cancel := context.WithDeadline(parent, deadline)
 	resp, err := f.route(req.WithContext(ctx), g)
-	if parent.Err() == nil && !time.Now().Before(deadline) && (err != nil || resp.StatusCode == http.StatusGatewayTimeout) {
+	if parent.Err() == nil && !time.Now().Before(deadline) && (err != nil || resp.StatusCode >= http.StatusBadRequest) {
 		// Our deadline, not the caller's, ended the request: it did not
 		// complete in time, and may not land later (the server's own
-		// timeout was set to the same deadline).
+		// timeout was set to the same deadline). Any failure past the
+		// deadline counts, not only a timeout: update's retries may end
+		// with an earlier 5xx after the deadline ran out in their re-read,
+		// and helm must not go on from it (see cut).
 		if resp != nil {
 			_ = resp.Body.Close()
 		}

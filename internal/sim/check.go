@@ -165,7 +165,7 @@ func Check(o Outcome) []Violation {
 		add("S2", "the final %s took %s, more than %s", o.Final.Plan.Op, o.Recovery.Round(time.Millisecond), bound)
 	}
 	for _, r := range recs {
-		if r.status == "pending-install" || r.status == "pending-upgrade" || r.status == "pending-rollback" {
+		if r.status == "pending-install" || r.status == "pending-upgrade" || r.status == "pending-rollback" || r.status == "uninstalling" {
 			add("S2", "revision %d left %s at the end", r.version, r.status)
 		}
 	}
