@@ -87,3 +87,28 @@ func (c *Clock) Elapsed(a, b time.Time) (lo, hi time.Duration) {
 	}
 	return d, d + extra
 }
+
+// extend adds to d what is left of a sleep the machine is in: a suspended
+// process runs no timer, so one started during a sleep (by a goroutine the
+// simulation still runs, unlike a real suspended process) fires only after
+// it, its readings standing still meanwhile.
+func (c *Clock) extend(d time.Duration) time.Duration {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	now := time.Now()
+	for _, s := range c.sleeps {
+		if !now.Before(s.from) && now.Before(s.to) {
+			d = max(d, 0) + s.to.Sub(now)
+		}
+	}
+	return d
+}
+
+// After is the bubble's, started after any sleep in progress.
+func (c *Clock) After(d time.Duration) <-chan time.Time { return c.RealClock.After(c.extend(d)) }
+
+// NewTimer is the bubble's, started after any sleep in progress.
+func (c *Clock) NewTimer(d time.Duration) clock.Timer { return c.RealClock.NewTimer(c.extend(d)) }
+
+// Sleep is the bubble's, started after any sleep in progress.
+func (c *Clock) Sleep(d time.Duration) { c.RealClock.Sleep(c.extend(d)) }

@@ -117,6 +117,8 @@ var regressions = []struct {
 	{99, "S3 (checker): a helm write carrying the lock record unchanged counted as a renewal"},
 	{155, "S3 (checker): an uninstall that deleted the last record released the gate"},
 	{25, "S1 (checker): waiters queue on the Lease"},
+	{8304, "stuck (model): a goroutine of a sleeping client spun on a clock that stood still; the simulated clock's timers now start after the sleep"},
+	{1317, "stuck (model): the same, with a pause and network faults"},
 	{735, "S1 (checker): a joint lock held the Lease while another client held the gate of a release with no records"},
 }
 
