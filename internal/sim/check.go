@@ -2,6 +2,7 @@ package sim
 
 import (
 	"fmt"
+	"sort"
 	"strings"
 	"time"
 
@@ -49,7 +50,7 @@ func Check(o Outcome) []Violation {
 	var order []string // clients by first holder write
 	// The lock's parts, for S3 and S5: the gate (on the release records,
 	// renewed on the beat) and the Lease.
-	parts := map[string]*partLog{"gate": newPartLog(), "lease": newPartLog()}
+	parts := map[string]*partLog{"gate": newPartLog("gate"), "lease": newPartLog("lease")}
 	state := map[string]record{}
 	for _, w := range o.Writes {
 		rec, lease, beat := isRecord(w.Res, w.Name), isLease(w), isBeat(w)
@@ -66,7 +67,7 @@ func Check(o Outcome) []Violation {
 			if (rec || lease && holds(w)) && !part.held(w.Client) {
 				if prev := part.current(); prev != "" {
 					if e := part.expiry[prev]; !part.released[prev] && w.At.Before(e) {
-						add("S3", "%s took the %s lock at %s (write #%d) while %s's ran until %s and was not released", w.Client, part.name(parts), since(w.At), w.Seq, prev, since(e))
+						add("S3", "%s took the %s lock at %s (write #%d) while %s's ran until %s and was not released", w.Client, part.name, since(w.At), w.Seq, prev, since(e))
 					}
 				}
 				part.take(w.Client, w.Seq)
@@ -81,7 +82,7 @@ func Check(o Outcome) []Violation {
 				}
 				// S5: a renewal by a holder whose part someone took since.
 				if at, ok := part.takenFrom(w.Client); ok && !rec {
-					add("S5", "%s renewed its %s lock at %s (write #%d) after it was taken over at write #%d", w.Client, part.name(parts), since(w.At), w.Seq, at)
+					add("S5", "%s renewed its %s lock at %s (write #%d) after it was taken over at write #%d", w.Client, part.name, since(w.At), w.Seq, at)
 				}
 				// A renewal is a write of a new renewedAt; a helm write
 				// carrying the record unchanged renews nothing.
@@ -150,7 +151,7 @@ func Check(o Outcome) []Violation {
 	for _, r := range state {
 		recs = append(recs, r)
 	}
-	sortRecords(recs)
+	sort.Slice(recs, func(i, j int) bool { return recs[i].version < recs[j].version })
 	for i := 1; i < len(recs); i++ {
 		if recs[i].version != recs[i-1].version+1 {
 			add("S7", "revision %d is missing (history ends with %d after %d)", recs[i-1].version+1, recs[i].version, recs[i-1].version)
@@ -184,14 +185,6 @@ func recoveryBound(s Schedule) time.Duration {
 	return longest + longest/3 + lock.TakeoverMargin + 5*time.Second
 }
 
-func sortRecords(rs []record) {
-	for i := 1; i < len(rs); i++ {
-		for j := i; j > 0 && rs[j].version < rs[j-1].version; j-- {
-			rs[j], rs[j-1] = rs[j-1], rs[j]
-		}
-	}
-}
-
 // holds reports whether a Lease write names its writer as the holder (a
 // take, a renewal or a release), not a waiter queueing.
 func holds(w Write) bool {
@@ -207,6 +200,7 @@ func holds(w Write) bool {
 // which order, each holder's expiry (the send time of its latest committed
 // renewal plus its lease), and who released it.
 type partLog struct {
+	name     string // gate or lease
 	holders  []string
 	takenAt  []int64
 	expiry   map[string]time.Time
@@ -214,8 +208,8 @@ type partLog struct {
 	released map[string]bool
 }
 
-func newPartLog() *partLog {
-	return &partLog{expiry: map[string]time.Time{}, renewed: map[string]time.Time{}, released: map[string]bool{}}
+func newPartLog(name string) *partLog {
+	return &partLog{name: name, expiry: map[string]time.Time{}, renewed: map[string]time.Time{}, released: map[string]bool{}}
 }
 
 func (p *partLog) current() string {
@@ -247,15 +241,6 @@ func (p *partLog) takenFrom(c string) (int64, bool) {
 		}
 	}
 	return 0, false
-}
-
-func (p *partLog) name(all map[string]*partLog) string {
-	for n, q := range all {
-		if q == p {
-			return n
-		}
-	}
-	return "?"
 }
 
 func isLease(w Write) bool {

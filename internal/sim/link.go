@@ -8,7 +8,6 @@ import (
 	"math/rand"
 	"net"
 	"net/http"
-	"strconv"
 	"sync"
 	"syscall"
 	"time"
@@ -183,8 +182,8 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 	}
 }
 
-func resetError(req *http.Request) error {
-	return &net.OpError{Op: "read", Net: "tcp", Err: syscall.ECONNRESET, Addr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 6443}, Source: nil}
+func resetError() error {
+	return &net.OpError{Op: "read", Net: "tcp", Err: syscall.ECONNRESET, Addr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 6443}}
 }
 
 // RoundTrip implements http.RoundTripper.
@@ -225,7 +224,7 @@ func (l *Link) RoundTrip(req *http.Request) (*http.Response, error) {
 	switch d.fault {
 	case "reset":
 		drain(req)
-		return nil, resetError(req)
+		return nil, resetError()
 	case "throttle":
 		drain(req)
 		r := statusResponse(http.StatusTooManyRequests, "TooManyRequests", "sim: too many requests")
@@ -257,7 +256,7 @@ func (l *Link) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	if d.fault == "lost" {
 		closeResp(resp)
-		return nil, resetError(req)
+		return nil, resetError()
 	}
 	return l.answer(req, resp), nil
 }
@@ -313,5 +312,3 @@ func closeResp(r *http.Response) {
 func (c Counts) String() string {
 	return fmt.Sprintf("requests=%d reset=%d lost=%d 429=%d 5xx=%d 409=%d", c.Requests, c.Reset, c.Lost, c.Throttle, c.Unavailable, c.Conflict)
 }
-
-var _ = strconv.Itoa

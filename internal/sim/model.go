@@ -59,6 +59,21 @@ type obj struct {
 	body map[string]any
 }
 
+// stale reports whether a write's resourceVersion precondition (rv, a
+// string or absent) names another version than o's.
+func (o obj) stale(rv any) bool {
+	v, _ := rv.(string)
+	return v != "" && v != strconv.FormatInt(o.rv, 10)
+}
+
+// keepIdentity gives body, the object replacing o, o's name, namespace, uid
+// and creationTimestamp: a write cannot change them.
+func (o obj) keepIdentity(body map[string]any, name, ns string) {
+	meta, oldMeta := metaOf(body), metaOf(o.body)
+	meta["name"], meta["namespace"] = name, ns
+	meta["uid"], meta["creationTimestamp"] = oldMeta["uid"], oldMeta["creationTimestamp"]
+}
+
 // event is one change, for watches.
 type event struct {
 	rv   int64
@@ -272,14 +287,11 @@ func (m *Model) update(res, ns, name string, body map[string]any, client string,
 	if body == nil {
 		return statusResponse(http.StatusBadRequest, "BadRequest", "no object given")
 	}
-	meta := metaOf(body)
-	if rv, _ := meta["resourceVersion"].(string); rv != "" && rv != strconv.FormatInt(old.rv, 10) {
+	if old.stale(metaOf(body)["resourceVersion"]) {
 		return conflict(res, name)
 	}
-	oldMeta := metaOf(old.body)
 	setKind(res, body)
-	meta["name"], meta["namespace"] = name, ns
-	meta["uid"], meta["creationTimestamp"] = oldMeta["uid"], oldMeta["creationTimestamp"]
+	old.keepIdentity(body, name, ns)
 	return jsonResponse(http.StatusOK, m.commit(k, "update", "MODIFIED", body, client, now))
 }
 
@@ -289,13 +301,11 @@ func (m *Model) patch(res, ns, name string, patch map[string]any, client string,
 	if !ok {
 		return notFound(res, name)
 	}
-	if rv, _ := metaOf(patch)["resourceVersion"].(string); rv != "" && rv != strconv.FormatInt(old.rv, 10) {
+	if old.stale(metaOf(patch)["resourceVersion"]) {
 		return conflict(res, name)
 	}
 	body := mergePatch(deepCopy(old.body), patch).(map[string]any)
-	meta, oldMeta := metaOf(body), metaOf(old.body)
-	meta["name"], meta["namespace"] = name, ns
-	meta["uid"], meta["creationTimestamp"] = oldMeta["uid"], oldMeta["creationTimestamp"]
+	old.keepIdentity(body, name, ns)
 	return jsonResponse(http.StatusOK, m.commit(k, "patch", "MODIFIED", body, client, now))
 }
 
@@ -306,7 +316,7 @@ func (m *Model) delete(res, ns, name string, opts map[string]any, client string,
 		return notFound(res, name)
 	}
 	if pre, _ := opts["preconditions"].(map[string]any); pre != nil {
-		if rv, _ := pre["resourceVersion"].(string); rv != "" && rv != strconv.FormatInt(old.rv, 10) {
+		if old.stale(pre["resourceVersion"]) {
 			return conflict(res, name)
 		}
 		if uid, _ := pre["uid"].(string); uid != "" && uid != metaOf(old.body)["uid"] {
@@ -445,17 +455,6 @@ func (m *Model) stream(ctx context.Context, pw *io.PipeWriter, res, ns string, s
 			return
 		}
 	}
-}
-
-// Object returns a copy of the stored object, or nil.
-func (m *Model) Object(res, ns, name string) map[string]any {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	o, ok := m.objs[key{res, ns, name}]
-	if !ok {
-		return nil
-	}
-	return deepCopy(o.body).(map[string]any)
 }
 
 func metaOf(body map[string]any) map[string]any {
