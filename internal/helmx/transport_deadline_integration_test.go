@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -201,5 +202,49 @@ func TestIntegrationFenceCutsRecordWriteAtDeadline(t *testing.T) {
 	p.inFlight.Wait()
 	if st := env.History(t, ns, "web")[0].Status; st != string(common.StatusPendingInstall) {
 		t.Fatalf("revision 1 after the cut-off update was let through is %s; want it untouched (pending-install)", st)
+	}
+}
+
+// TestIntegrationFenceCutStopsTheOperation: once the renew deadline cut off
+// one of helm's writes, a later write of the same operation is refused even
+// when a renewal made the lock valid again meanwhile. helm goes on after
+// some failed writes (marking the previous revision superseded), and would
+// otherwise write its revision deployed beside it (internal/sim, seed 435).
+func TestIntegrationFenceCutStopsTheOperation(t *testing.T) {
+	env := testenv.Get(t)
+	ns := env.Namespace(t)
+	held := newHeld("cut-session", time.Now())
+	if err := store(t, fencedDriver(t, env.Config, ns, held), 1, common.StatusPendingInstall); err != nil {
+		t.Fatal(err)
+	}
+	var puts atomic.Int32
+	p := newHoldingProxy(t, env, func(r *http.Request) bool {
+		// Hold helm's first update of revision 1 only.
+		return r.Method == http.MethodPut && strings.HasSuffix(r.URL.Path, "/secrets/"+ReleaseSecretName("web", 1)) && puts.Add(1) == 1
+	})
+	const lease = 2 * time.Second
+	held.deadline = time.Now().Add(lease)
+	d := driver.NewSecrets(fencedClient(t, p.cfg, ns, held).CoreV1().Secrets(ns))
+
+	errc := make(chan error, 1)
+	go func() { errc <- d.Update(ReleaseSecretName("web", 1), webRelease(1, common.StatusSuperseded)) }()
+	<-p.arrived
+	if err := awaitCutOff(t, p, held.deadline, errc); !errors.Is(err, lock.ErrLost) {
+		t.Fatalf("helm's update held past the lock's renew deadline: %v; want an error wrapping ErrLost", err)
+	}
+	p.ReleaseGivenUp(t)
+	p.inFlight.Wait()
+
+	// A renewal lands: the lock is valid again.
+	held.deadline = time.Now().Add(time.Minute)
+	if err := held.Valid(); err != nil {
+		t.Fatalf("the renewed lock: %v", err)
+	}
+	err := d.Update(ReleaseSecretName("web", 1), webRelease(1, common.StatusDeployed))
+	if !errors.Is(err, lock.ErrLost) {
+		t.Fatalf("helm's next write after a cut-off one: %v; want it refused with an error wrapping ErrLost", err)
+	}
+	if st := env.History(t, ns, "web")[0].Status; st != string(common.StatusPendingInstall) {
+		t.Fatalf("revision 1 after a write that followed a cut-off one is %s; want it untouched (pending-install)", st)
 	}
 }
