@@ -168,12 +168,25 @@ func FuzzDecodeRecord(f *testing.F) {
 			}
 		}
 
-		// Found hands on only the abandoned holder the record names.
+		// Found hands on only the abandoned holder the record names; one
+		// released by a person says who (ReleasedBy), so that recovery
+		// waits out its LOCKED TILL.
 		for _, st := range []State{Free, Live, Expired} {
 			got, gst := Found(rec, st)
+			abandonedAs := func(by string) bool {
+				if got == nil || rec.Abandoned == nil || gst != Expired {
+					return false
+				}
+				want := *rec.Abandoned
+				if want.ReleasedBy == "" {
+					want.ReleasedBy = by
+				}
+				return reflect.DeepEqual(*got, want)
+			}
 			switch {
 			case got == rec && gst == st:
-			case got == rec.Abandoned && got != nil && gst == Expired && (st == Free || (st == Expired && rec.Revision <= 0)):
+			case st == Free && abandonedAs(rec.ReleasedBy):
+			case st == Expired && rec.Revision <= 0 && got == rec.Abandoned && abandonedAs(""):
 			default:
 				t.Fatalf("Found(record, %s) = %p %s; record %p, abandoned %p", st, got, gst, rec, rec.Abandoned)
 			}
@@ -275,8 +288,12 @@ func FuzzRecordRoundTrip(f *testing.F) {
 			t.Fatal(err)
 		}
 		compact := slices.Clone(ws)
-		for i := range compact {
-			compact[i].HeartbeatAt = time.Time{} // the compact form keeps no heartbeat
+		for i, w := range compact {
+			if !w.ExpiresAt.After(w.HeartbeatAt) {
+				// The compact form keeps the lease (expiry - heartbeat),
+				// and only a positive one.
+				compact[i].HeartbeatAt = time.Time{}
+			}
 		}
 		if got := decodeWaiters(wenc); !reflect.DeepEqual(got, compact) {
 			t.Fatalf("compact queue round trip:\n got %+v\nwant %+v", got, compact)

@@ -115,8 +115,8 @@ type Waiter struct {
 	// HeartbeatAt is the waiter's last refresh; ExpiresAt = HeartbeatAt +
 	// the waiter's lease duration, after which (plus the margin, judged in
 	// server time) the entry is dead and skipped.
-	// HeartbeatAt is unknown (zero) for a waiter on a release record's
-	// lock, whose beat object keeps only ExpiresAt.
+	// HeartbeatAt is unknown (zero) for an entry on a release record's
+	// beat written by a version that kept only ExpiresAt.
 	HeartbeatAt time.Time `json:"heartbeatAt,omitzero"`
 	ExpiresAt   time.Time `json:"expiresAt"`
 }
@@ -154,6 +154,17 @@ func liveWaiters(ws []Waiter, now servertime.Bounds, margin time.Duration) []Wai
 	return slices.DeleteFunc(slices.Clone(ws), func(w Waiter) bool {
 		return !now.IsZero() && now.Earliest.After(w.ExpiresAt.Add(margin))
 	})
+}
+
+// waiterStopped judges a queue entry by this process's own elapsed time,
+// as Confirm judges a holder: a waiter refreshes its entry well within its
+// lease, so an entry whose lease is known (HeartbeatAt set) and that has
+// been seen unchanged for that lease and the margin has no waiter left,
+// whatever the Date headers say. An entry of unknown lease is judged by
+// server time alone (liveWaiters).
+func waiterStopped(w Waiter, seenFor, margin time.Duration) bool {
+	lease := w.ExpiresAt.Sub(w.HeartbeatAt)
+	return !w.HeartbeatAt.IsZero() && lease > 0 && seenFor >= lease+margin
 }
 
 // waitersAhead counts the live waiters that come before session: all of them

@@ -345,14 +345,68 @@ func (b *Backend) decode(l *coordinationv1.Lease, now servertime.Bounds, self st
 	}
 	// A claim counts only while it is against the gate as it stands: a beat
 	// left by an earlier holder, or by a claim that lost, names another
-	// gate than the current one.
-	if c := claimOf(l); v.state != Live && c != nil && c.Session != self && c.ReleasedAt.IsZero() &&
-		l.Annotations[annotationClaimedFrom] == gateSession && claimAgainstGate(l) &&
-		(now.IsZero() || !now.Earliest.After(c.LockedTill.Add(b.margin()))) {
-		v.state, v.claim = Live, c
+	// gate than the current one. It is judged as a holder is (Confirm),
+	// whatever the gate's state, so that its confirmation runs while the
+	// gate's does.
+	if c := claimOf(l); c != nil && c.Session != self && c.ReleasedAt.IsZero() &&
+		l.Annotations[annotationClaimedFrom] == gateSession && claimAgainstGate(l) {
+		st, at, confirming := b.confirmClaim(l, c, now)
+		if v.state != Live && st == Live {
+			v.state, v.claim, v.confirmAt, v.confirming = Live, c, at, confirming
+		}
 	}
-	v.live = liveWaiters(decodeQueue(l.Annotations[AnnotationQueue]), now, b.margin())
+	v.live = b.confirmWaiters(l, liveWaiters(decodeQueue(l.Annotations[AnnotationQueue]), now, b.margin()), self)
 	return v
+}
+
+// confirmClaim judges another session's claim in flight on a release
+// lock's beat as confirm judges a holder: by server time, then by how long
+// this process has seen the claim unchanged (Confirm), since its writer,
+// like any holder, stops writing a lease after it sent it. It returns the
+// state, when on this process's clock that judgement changes unless the
+// claim does (zero when it will not), and whether the claim is Expired in
+// server time but not yet confirmed.
+func (b *Backend) confirmClaim(l *coordinationv1.Lease, c *Record, now servertime.Bounds) (State, time.Time, bool) {
+	st := Live
+	if !now.IsZero() && now.Earliest.After(c.LockedTill.Add(b.margin())) {
+		st = Expired
+	}
+	if b.TrustServerTime || b.clock == nil || b.Sightings == nil {
+		return st, time.Time{}, false
+	}
+	lease := c.LeaseDuration.Duration
+	if lease <= 0 {
+		lease = DefaultLeaseDuration
+	}
+	localNow := b.clock.Now()
+	s := Sighting{Lease: lease, Bounded: bounded(c, c.Session, c.RenewedAt, c.LockedTill, lease)}
+	s.SeenFor = localNow.Sub(b.Sightings.mark(b.sightKey(l.Namespace, l.Name)+claimSight, c.Session, c.RenewedAt, c.LockedTill, localNow))
+	got, in := Confirm(st, s, b.margin())
+	var at time.Time
+	if in > 0 {
+		at = localNow.Add(in)
+	}
+	return got, at, st == Expired && got == Live
+}
+
+// confirmWaiters drops from live, the queue's entries not yet expired in
+// server time, those whose waiters this process has seen stop refreshing
+// them (waiterStopped): an entry written through a Date header running
+// ahead would otherwise hold the queue for the difference after its waiter
+// died. self's own entry is kept: it refreshes it.
+func (b *Backend) confirmWaiters(l *coordinationv1.Lease, live []Waiter, self string) []Waiter {
+	if b.TrustServerTime || b.clock == nil || b.Sightings == nil {
+		return live
+	}
+	localNow := b.clock.Now()
+	since := b.Sightings.queue(b.sightKey(l.Namespace, l.Name), live, localNow)
+	out := live[:0:0]
+	for i, w := range live {
+		if w.Session == self || !waiterStopped(w, localNow.Sub(since[i]), b.margin()) {
+			out = append(out, w)
+		}
+	}
+	return out
 }
 
 // confirm applies Confirm to the judgement of l in v: it remembers the
@@ -545,6 +599,11 @@ func (b *Backend) lockedError(req *Request, v view, now servertime.Bounds, ahead
 	if c := v.claim; c != nil {
 		e.HolderIdentity, e.Holder, e.LockedTill = c.Session, c, c.LockedTill
 		e.Left = max(0, c.LockedTill.Add(b.margin()).Sub(now.Earliest))
+		e.confirmAt = v.confirmAt
+		if v.confirming {
+			e.Confirming = true
+			e.Left = max(0, v.confirmAt.Sub(b.clock.Now()))
+		}
 		return e
 	}
 	if v.recErr == nil && v.rec != nil && v.rec.Session == e.HolderIdentity {
@@ -1010,8 +1069,12 @@ func (b *Backend) ForceRelease(ctx context.Context, namespace, release, session,
 			// The holder is declared dead: its record is handed on
 			// (Record.Abandoned), so whoever takes the lock next recovers
 			// the revision it left pending at once.
+			// It names the person too: that holder may still be writing
+			// until its LOCKED TILL, which recovery waits for (it was
+			// not taken over after its expiry).
 			abandoned := *rec
 			abandoned.Abandoned = nil
+			abandoned.ReleasedBy = by
 			rec.Abandoned = &abandoned
 		}
 		rec.ReleasedAt = ceilMilli(now.Latest)

@@ -123,12 +123,21 @@ type Record struct {
 // record names an abandoned holder (Abandoned) and either was released (a
 // holder that failed to recover that holder's revision, or a person's
 // unlock) or expired before it named a revision of its own (its holder died
-// recovering); that abandoned holder then stands in as Expired.
+// recovering); that abandoned holder then stands in as Expired, its
+// ReleasedBy naming the person who released it early, if one did.
 func Found(rec *Record, state State) (*Record, State) {
 	switch {
 	case rec == nil || rec.Abandoned == nil:
 	case state == Free:
-		return rec.Abandoned, Expired
+		// Released by the holder that failed to recover it, or by a
+		// person (ReleasedBy): the abandoned holder's copy says the
+		// latter, as ForceRelease writes it (an earlier version's
+		// does not), so that recovery waits for its LOCKED TILL.
+		a := *rec.Abandoned
+		if a.ReleasedBy == "" {
+			a.ReleasedBy = rec.ReleasedBy
+		}
+		return &a, Expired
 	case state == Expired && rec.Revision <= 0:
 		// It died while recovering what the holder it names abandoned,
 		// before it named a revision of its own.

@@ -176,23 +176,30 @@ func decodeBeat(s, release, ns string) *Record {
 }
 
 // compactWaiter is a Waiter as the beat object stores it: short keys and
-// Unix milliseconds, and no heartbeat time (the expiry says all a reader
-// needs), so a queue of ten stays near a kilobyte.
+// Unix milliseconds, and the waiter's lease instead of its heartbeat time
+// (HeartbeatAt = expiry - lease), so a queue of ten stays near a kilobyte.
+// Entries written by versions before the lease was kept have none: they
+// are judged by server time alone (see waiterStopped).
 type compactWaiter struct {
 	Session    string    `json:"s"`
 	Who        string    `json:"w,omitempty"`
 	Operation  Operation `json:"o,omitempty"`
 	EnqueuedAt int64     `json:"e"`
 	Expires    int64     `json:"x"`
+	Lease      int64     `json:"l,omitempty"`
 }
 
 func encodeWaiters(ws []Waiter) (string, error) {
 	out := make([]compactWaiter, 0, len(ws))
 	for _, w := range ws {
-		out = append(out, compactWaiter{
+		c := compactWaiter{
 			Session: w.Session, Who: w.Who, Operation: w.Operation,
 			EnqueuedAt: w.EnqueuedAt.UnixMilli(), Expires: w.ExpiresAt.UnixMilli(),
-		})
+		}
+		if !w.HeartbeatAt.IsZero() && w.ExpiresAt.After(w.HeartbeatAt) {
+			c.Lease = w.ExpiresAt.Sub(w.HeartbeatAt).Milliseconds()
+		}
+		out = append(out, c)
 	}
 	b, err := json.Marshal(out)
 	if err != nil {
@@ -213,11 +220,15 @@ func decodeWaiters(s string) []Waiter {
 	}
 	out := make([]Waiter, 0, len(in))
 	for _, w := range in {
-		out = append(out, Waiter{
+		x := Waiter{
 			Session: w.Session, Who: w.Who, Operation: w.Operation,
 			EnqueuedAt: time.UnixMilli(w.EnqueuedAt).UTC(),
 			ExpiresAt:  time.UnixMilli(w.Expires).UTC(),
-		})
+		}
+		if w.Lease > 0 {
+			x.HeartbeatAt = x.ExpiresAt.Add(-time.Duration(w.Lease) * time.Millisecond)
+		}
+		out = append(out, x)
 	}
 	return out
 }

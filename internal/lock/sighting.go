@@ -21,7 +21,14 @@ import (
 type Sightings struct {
 	mu sync.Mutex
 	m  map[string]sighting
+	// queues is, per lock, when each queued waiter's entry was first seen
+	// with its current expiry.
+	queues map[string]map[string]sighting
 }
+
+// claimSight suffixes a lock's key in Sightings for the claim in flight on
+// its beat, judged beside its gate's holder.
+const claimSight = "#claim"
 
 type sighting struct {
 	holder  string
@@ -33,7 +40,9 @@ type sighting struct {
 }
 
 // NewSightings returns an empty memory.
-func NewSightings() *Sightings { return &Sightings{m: map[string]sighting{}} }
+func NewSightings() *Sightings {
+	return &Sightings{m: map[string]sighting{}, queues: map[string]map[string]sighting{}}
+}
 
 // mark records that lock key was read held by holder, renewed at renewed
 // until till, at now, and returns since when it has been seen exactly so:
@@ -67,11 +76,36 @@ func (s *Sightings) advance(key, holder string, renewed, till, now time.Time) {
 	s.m[key] = sighting{holder: holder, renewed: renewed, till: till, at: now}
 }
 
-// forget drops the memory of lock key (released, or gone).
+// forget drops the memory of lock key's holder (released, or gone).
 func (s *Sightings) forget(key string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	delete(s.m, key)
+}
+
+// queue records that lock key's queue was read holding ws at now and
+// returns, for each entry, since when it has been seen with the same
+// expiry (a refresh starts anew). Entries no longer queued are forgotten,
+// and so is the lock's queue once it is empty.
+func (s *Sightings) queue(key string, ws []Waiter, now time.Time) []time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	old := s.queues[key]
+	if len(ws) == 0 {
+		delete(s.queues, key)
+		return nil
+	}
+	cur := make(map[string]sighting, len(ws))
+	since := make([]time.Time, len(ws))
+	for i, w := range ws {
+		seen, ok := old[w.Session]
+		if !ok || !seen.till.Equal(w.ExpiresAt) {
+			seen = sighting{holder: w.Session, till: w.ExpiresAt, at: now}
+		}
+		cur[w.Session], since[i] = seen, seen.at
+	}
+	s.queues[key] = cur
+	return since
 }
 
 // sightKey names a lock in Sightings.

@@ -207,6 +207,7 @@ func TestRecoverProcedure(t *testing.T) {
 		c, client, clk := fakeConnClock(t, objs()...)
 		early := dead
 		early.LockedTill = t0.Add(time.Minute + 5*time.Second)
+		early.ReleasedBy = "bob@laptop"
 		type result struct {
 			out Outcome
 			err error
@@ -230,6 +231,19 @@ func TestRecoverProcedure(t *testing.T) {
 		r := <-done
 		if r.err != nil || len(r.out.Marked) != 1 || r.out.Marked[0].Release.Revision != 2 {
 			t.Fatalf("outcome %+v, err %v; want revision 2 marked after the wait", r.out, r.err)
+		}
+	})
+
+	t.Run("a lock taken over after its expiry is not waited out", func(t *testing.T) {
+		// Its holder stamped LOCKED TILL through a Date header running
+		// ahead: the taker confirmed on its own clock that the holder
+		// stopped, so the revision is recovered at once.
+		c, client := fakeConn(t, objs()...)
+		ahead := dead
+		ahead.LockedTill = t0.Add(10 * time.Minute)
+		out, err := c.Recover(ctx, Procedure{Release: "web", Namespace: "shop", Lock: ahead, Policy: recovery.Policy{Autorecover: true}, Next: lock.OpUpgrade, Writer: &writer{}})
+		if err != nil || len(out.Marked) != 1 || out.Marked[0].Release.Revision != 2 || secretWrites(client) == 0 {
+			t.Fatalf("outcome %+v, err %v; want revision 2 marked at once", out, err)
 		}
 	})
 

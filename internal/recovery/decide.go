@@ -164,6 +164,13 @@ type LockInfo struct {
 	AcquiredAt time.Time
 	// LockedTill is when the lock expired (or expires), in server time.
 	LockedTill time.Time
+	// ReleasedBy names the person who released the holder's lock before
+	// it ran out (unlock --force), "" when it was taken over after its
+	// expiry. Only such a holder may still be writing: an expiry was
+	// confirmed by the client that took the lock, on its own elapsed time
+	// when the Date headers could not tell (lock.Confirm), so the holder
+	// had stopped, whatever its LOCKED TILL says in server time.
+	ReleasedBy string
 }
 
 // ServerTime bounds the API server's clock at the moment of the decision.
@@ -269,16 +276,20 @@ func IsPending(status common.Status) bool {
 //     pending-install for upgrade --install; rollback: pending-rollback;
 //     uninstall: uninstalling), and the revision's own record carries that
 //     holder's lock (its session is the record's holder, or the holder the
-//     record names abandoned: helmx.Summary.CarriesLockOf). In all cases the
-//     revision's last write, in
-//     server time, must lie inside the lock's tenure: after AcquiredAt (when
-//     known; timestamps are whole seconds, so within TimestampResolution
-//     before it counts as after) and no later than LockedTill, since a fenced
-//     holder never writes after its lock ends. Such a revision is abandoned
-//     once the server clock has certainly passed LockedTill plus
-//     lock.TakeoverMargin (true of every lock taken over after an expiry;
-//     a lock a person released early is Blocked with RetryAfter until
-//     then): Recover, unless autorecover is off (Blocked). The record is
+//     record names abandoned: helmx.Summary.CarriesLockOf). When the record
+//     names no revision, the revision's last write, in server time, must
+//     also lie inside the lock's tenure: after AcquiredAt (when known;
+//     timestamps are whole seconds, so within TimestampResolution before it
+//     counts as after) and no later than LockedTill, since a fenced holder
+//     never writes after its lock ends (a record that names the revision
+//     needs no times, which its holder's Date headers may have skewed).
+//     Such a revision is abandoned:
+//     Recover, unless autorecover is off (Blocked). A lock taken over after
+//     its expiry has no writer left (its taker confirmed the expiry, on its
+//     own clock when the Date headers could not tell); a lock a person
+//     released early (ReleasedBy) may, until the server clock has certainly
+//     passed its LockedTill plus lock.TakeoverMargin: Blocked with
+//     RetryAfter until then. The record is
 //     mapped by FromRecord, whose attribution rule drops AcquiredAt when
 //     the record names its revision. A released lock
 //     never attributes a revision (see LockReleased).
@@ -340,12 +351,15 @@ func Decide(in Input) Decision {
 		// Rule 4.
 		reason = fmt.Sprintf("%s, written by %s whose lock expired at %s", pendingAt, holder(*target.Lock), stamp(target.Lock.LockedTill))
 		// A holder stops writing before its LOCKED TILL, so only past it
-		// (plus the takeover margin, in server time) is its revision
+		// (plus the takeover margin, in server time) is the revision of a
+		// holder whose lock a person released early (unlock --force)
 		// certainly abandoned, and only then may anyone else write the
-		// release. A lock taken over after an expiry is past it already; a
-		// lock a person released early (unlock --force) is not.
+		// release. A lock taken over after its expiry has no writer left:
+		// its taker confirmed that on its own clock (lock.Confirm), and
+		// the LOCKED TILL its holder stamped through a Date header running
+		// ahead may still lie minutes in the future.
 		notBefore := target.Lock.LockedTill.Add(lock.TakeoverMargin)
-		if !in.Now.known() || !in.Now.Earliest.After(notBefore) {
+		if target.Lock.ReleasedBy != "" && (!in.Now.known() || !in.Now.Earliest.After(notBefore)) {
 			d := Decision{
 				Verdict:        Blocked,
 				Target:         target,
@@ -459,10 +473,8 @@ func writtenUnder(s helmx.Summary, lock LockInfo) bool {
 	if lock.State != LockExpired || lock.LockedTill.IsZero() {
 		return false
 	}
-	switch {
-	case lock.Revision > 0 && lock.Revision == s.Revision:
-	case lock.Revision == 0 && operationWrites(lock.Operation, s.Status):
-	default:
+	named := lock.Revision > 0 && lock.Revision == s.Revision
+	if !named && (lock.Revision != 0 || !operationWrites(lock.Operation, s.Status)) {
 		return false
 	}
 	if !s.CarriesLockOf(lock.Session) {
@@ -472,11 +484,18 @@ func writtenUnder(s helmx.Summary, lock LockInfo) bool {
 		// holder's stamp of the revision number and its own create.
 		return false
 	}
+	// The holder named this revision and its record carries the holder's
+	// lock: its own fenced writes put it there (stock helm rewrites a
+	// record without annotations), and its LockedTill is not compared: the
+	// holder stamped it through its Date headers, which may run minutes
+	// behind the API server's clock that dated the write (the simulation,
+	// seed 98, found such a revision left pending for good). A lock that
+	// named no revision must have been live when the revision was written.
 	since := pendingSince(s)
-	if since.IsZero() || since.After(lock.LockedTill) {
+	if !named && (since.IsZero() || since.After(lock.LockedTill)) {
 		return false
 	}
-	if !lock.AcquiredAt.IsZero() && !since.Add(TimestampResolution).After(lock.AcquiredAt) {
+	if !lock.AcquiredAt.IsZero() && (since.IsZero() || !since.Add(TimestampResolution).After(lock.AcquiredAt)) {
 		return false
 	}
 	return true

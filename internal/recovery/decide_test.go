@@ -228,8 +228,18 @@ func TestDecide(t *testing.T) {
 			ours:    true,
 		},
 		{
-			name:       "pending revision written after LockedTill is not ours",
-			in:         Input{History: history(rev(1, deployed, t0), rev(2, pUpgrade, t0.Add(time.Second))), Lock: expired(2, OpUpgrade), Now: at(t0.Add(2 * time.Second)), Policy: on},
+			// Its holder named it, and its record carries the holder's
+			// lock: the holder's LOCKED TILL, stamped through Date headers
+			// running behind the API server's clock, proves nothing.
+			name:    "pending revision named by the lock, written after LockedTill, is ours",
+			in:      Input{History: history(rev(1, deployed, t0), rev(2, pUpgrade, t0.Add(10*time.Minute))), Lock: expired(2, OpUpgrade), Now: at(t0.Add(11 * time.Minute)), Policy: on},
+			verdict: Recover,
+			target:  2,
+			ours:    true,
+		},
+		{
+			name:       "pending revision written after LockedTill of a lock that named none is not ours",
+			in:         Input{History: history(rev(1, deployed, t0), rev(2, pUpgrade, t0.Add(time.Second))), Lock: expired(0, OpUpgrade), Now: at(t0.Add(2 * time.Second)), Policy: on},
 			verdict:    Blocked,
 			target:     2,
 			retryAfter: 15 * time.Minute,
@@ -518,12 +528,24 @@ func withWrite(s helmx.Summary, t time.Time) helmx.Summary {
 // out (unlock --force) hands its holder on, but its revision is recovered
 // only once the server clock has certainly passed the holder's LOCKED TILL
 // plus the takeover margin: until then the holder may still be writing.
+// A lock taken over after its expiry is recovered at once, even while its
+// LOCKED TILL lies ahead in server time: its taker confirmed on its own
+// clock that the holder stopped, and a holder that stamped its lock through
+// a Date header running ahead left a LOCKED TILL minutes in the future (the
+// simulation, seed 12, found every later client waiting those minutes).
 func TestDecideHolderMayStillWrite(t *testing.T) {
 	in := Input{
 		History: history(rev(1, deployed, t0.Add(-time.Hour)), rev(2, pUpgrade, t0.Add(-time.Minute))),
 		Lock:    expired(2, OpUpgrade), // LOCKED TILL t0
 		Policy:  on,
 	}
+	for _, now := range []ServerTime{at(t0.Add(-5 * time.Second)), at(t0.Add(-10 * time.Minute)), {}} {
+		in.Now = now
+		if d := Decide(in); d.Verdict != Recover || d.HolderMayWrite {
+			t.Errorf("taken over after its expiry, now %v: %s (%s); want Recover", now.Earliest, d.Verdict, d.Reason)
+		}
+	}
+	in.Lock.ReleasedBy = "bob@laptop"
 	for _, c := range []struct {
 		now       ServerTime
 		want      Verdict

@@ -34,6 +34,7 @@ func FromRecord(rec *lock.Record, state LockState) LockInfo {
 		Revision:   rec.Revision,
 		AcquiredAt: rec.AcquiredAt,
 		LockedTill: rec.LockedTill,
+		ReleasedBy: rec.ReleasedBy,
 	}
 	if rec.Revision > 0 {
 		info.AcquiredAt = time.Time{}

@@ -19,6 +19,10 @@ func TestLockMapping(t *testing.T) {
 		r.Abandoned = abandoned
 		return r
 	}
+	byPerson := func(r *lock.Record) *lock.Record {
+		r.ReleasedBy = "bob@laptop"
+		return r
+	}
 	cases := []struct {
 		name string
 		got  LockInfo
@@ -43,6 +47,18 @@ func TestLockMapping(t *testing.T) {
 		},
 		{
 			"released naming an abandoned holder stands for it", PreviousLock(released(&lock.Record{Schema: lock.SchemaVersion, Session: "s2"}, rec(4)), lock.Free),
+			LockInfo{State: LockExpired, Session: "s1", Who: "alice@ci", Operation: "upgrade", Revision: 4, LockedTill: till},
+		},
+		{
+			"released by a person naming an abandoned holder: it may still write", PreviousLock(byPerson(released(&lock.Record{Schema: lock.SchemaVersion, Session: "s1"}, rec(4))), lock.Free),
+			LockInfo{State: LockExpired, Session: "s1", Who: "alice@ci", Operation: "upgrade", Revision: 4, LockedTill: till, ReleasedBy: "bob@laptop"},
+		},
+		{
+			"died recovering a holder a person released", PreviousLock(&lock.Record{Schema: lock.SchemaVersion, Session: "s3", Abandoned: byPerson(rec(4))}, lock.Expired),
+			LockInfo{State: LockExpired, Session: "s1", Who: "alice@ci", Operation: "upgrade", Revision: 4, LockedTill: till, ReleasedBy: "bob@laptop"},
+		},
+		{
+			"died recovering a holder taken over after its expiry", PreviousLock(&lock.Record{Schema: lock.SchemaVersion, Session: "s3", Abandoned: rec(4)}, lock.Expired),
 			LockInfo{State: LockExpired, Session: "s1", Who: "alice@ci", Operation: "upgrade", Revision: 4, LockedTill: till},
 		},
 		{"nothing found", PreviousLock(nil, lock.Free), LockInfo{State: LockNone}},

@@ -1,0 +1,140 @@
+package lock
+
+import (
+	"testing"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	clocktesting "k8s.io/utils/clock/testing"
+
+	"github.com/helm-autorecover/helm-autorecover/internal/records"
+	"github.com/helm-autorecover/helm-autorecover/internal/servertime"
+)
+
+// TestClaimIsConfirmedOnOwnClock: a claim in flight is judged as a holder
+// is (Confirm). Found by the simulation (seed 36): a client reading a Date
+// header 30 s ahead judged another's fresh claim expired, claimed the beat
+// over it, lost the gate, and its stale claim then held the dead gate
+// holder's lock for the long bound. A claim expired in server time is
+// Live until this process has seen it unchanged for its lease and the
+// margin; a bounded claim live in server time (a Date header behind) is
+// Expired once seen that long.
+func TestClaimIsConfirmedOnOwnClock(t *testing.T) {
+	t0 := time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)
+	lease := 15 * time.Second
+	released := Record{Schema: SchemaVersion, Session: "A", Release: "web", Namespace: "shop", LeaseDuration: metav1.Duration{Duration: lease}, RenewedAt: t0, LockedTill: t0.Add(lease), ReleasedAt: t0.Add(time.Second)}
+	gateEnc, _ := released.Encode()
+	claim := Record{Session: "B", Operation: OpUpgrade, LeaseDuration: metav1.Duration{Duration: lease}, AcquiredAt: t0, RenewedAt: t0.Add(2 * time.Second), LockedTill: t0.Add(2*time.Second + lease)}
+	beatEnc, _ := encodeBeat(claim)
+	r := records.Record{Kind: records.KindSecret, Meta: metav1.ObjectMeta{Name: "sh.helm.release.v1.web.v3", Namespace: "shop", ResourceVersion: "5", Annotations: map[string]string{AnnotationRecord: gateEnc}}}
+	l := (&releaseStore{ns: "shop"}).virtual("web", r, beatObj{exists: true, meta: metav1.ObjectMeta{Name: LeaseName("web"), Namespace: "shop", ResourceVersion: "7", Annotations: map[string]string{AnnotationBeat: beatEnc, annotationClaimedFrom: "A"}}}, "9")
+	at := func(d time.Duration) servertime.Bounds {
+		return servertime.Bounds{Earliest: t0.Add(d), Latest: t0.Add(d + 100*time.Millisecond)}
+	}
+	need := lease + TakeoverMargin
+	for _, tc := range []struct {
+		name       string
+		now        servertime.Bounds // server time, as this client's Date headers have it
+		after      time.Duration     // how long this client has seen the claim unchanged
+		want       State
+		confirming bool
+	}{
+		{"fresh, first seen", at(5 * time.Second), 0, Live, false},
+		{"expired in server time, first seen", at(40 * time.Second), 0, Live, true},
+		{"expired in server time, seen for less than a lease", at(40 * time.Second), need - time.Millisecond, Live, true},
+		{"expired in server time, seen for a lease and the margin", at(40 * time.Second), need, Free, false},
+		{"live in server time (Date behind), seen for a lease and the margin", at(-10 * time.Minute), need, Free, false},
+		{"live in server time (Date behind), seen for less", at(-10 * time.Minute), need - time.Millisecond, Live, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clk := clocktesting.NewFakeClock(t0)
+			b := &Backend{Margin: TakeoverMargin, clock: clk, Sightings: NewSightings()}
+			b.decode(l, tc.now, "C")
+			clk.Step(tc.after)
+			v := b.decode(l, tc.now, "C")
+			if v.state != tc.want || v.confirming != tc.confirming {
+				t.Fatalf("state %s confirming %v, want %s %v", v.state, v.confirming, tc.want, tc.confirming)
+			}
+			if tc.want == Live && (v.claim == nil || v.claim.Session != "B") {
+				t.Errorf("claim %v, want B's", v.claim)
+			}
+			if tc.confirming && !v.confirmAt.Equal(t0.Add(need)) {
+				t.Errorf("confirmAt %v, want %v", v.confirmAt, t0.Add(need))
+			}
+		})
+	}
+}
+
+// TestStoppedWaitersAreSkipped: a queue entry whose waiter stopped
+// refreshing it is skipped once this process has seen it unchanged for the
+// waiter's lease and the margin, even while its expiry, written through a
+// Date header running ahead, is in the future. Found by the simulation
+// (seed 26): a waiter 30 s ahead crashed, and every later client waited
+// those 30 s behind it. An entry of unknown lease (an earlier version's)
+// and our own entry are kept; a refresh starts the count anew.
+func TestStoppedWaitersAreSkipped(t *testing.T) {
+	t0 := time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)
+	lease := 15 * time.Second
+	need := lease + TakeoverMargin
+	ahead := t0.Add(10 * time.Minute)
+	dead := Waiter{Session: "dead", EnqueuedAt: ahead, HeartbeatAt: ahead, ExpiresAt: ahead.Add(lease)}
+	old := Waiter{Session: "old", EnqueuedAt: ahead, ExpiresAt: ahead.Add(lease)}
+	me := Waiter{Session: "me", EnqueuedAt: ahead, HeartbeatAt: ahead, ExpiresAt: ahead.Add(lease)}
+	queueOf := func(ws ...Waiter) *coordinationv1.Lease {
+		l := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: LeaseName("web"), Namespace: "shop", Annotations: map[string]string{}}}
+		if err := setQueue(l, ws); err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
+	sessions := func(ws []Waiter) []string {
+		var out []string
+		for _, w := range ws {
+			out = append(out, w.Session)
+		}
+		return out
+	}
+	clk := clocktesting.NewFakeClock(t0)
+	b := &Backend{Margin: TakeoverMargin, clock: clk, Sightings: NewSightings()}
+	now := servertime.Bounds{Earliest: t0, Latest: t0.Add(100 * time.Millisecond)}
+	l := queueOf(dead, old, me)
+	if got := sessions(b.decode(l, now, "me").live); len(got) != 3 {
+		t.Fatalf("first sight: live %v, want all three", got)
+	}
+	clk.Step(need - time.Millisecond)
+	if got := sessions(b.decode(l, now, "me").live); len(got) != 3 {
+		t.Fatalf("seen for less than a lease: live %v, want all three", got)
+	}
+	clk.Step(time.Millisecond)
+	if got := sessions(b.decode(l, now, "me").live); len(got) != 2 || got[0] != "old" || got[1] != "me" {
+		t.Fatalf("seen for a lease and the margin: live %v, want [old me]", got)
+	}
+	refreshed := dead
+	refreshed.HeartbeatAt, refreshed.ExpiresAt = ahead.Add(time.Second), ahead.Add(time.Second+lease)
+	if got := sessions(b.decode(queueOf(refreshed, old, me), now, "me").live); len(got) != 3 {
+		t.Fatalf("after a refresh: live %v, want all three", got)
+	}
+}
+
+// TestWaiterStopped is the table of waiterStopped.
+func TestWaiterStopped(t *testing.T) {
+	t0 := time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)
+	for _, tc := range []struct {
+		name    string
+		w       Waiter
+		seenFor time.Duration
+		want    bool
+	}{
+		{"lease known, seen for less", Waiter{HeartbeatAt: t0, ExpiresAt: t0.Add(10 * time.Second)}, 10 * time.Second, false},
+		{"lease known, seen for lease and margin", Waiter{HeartbeatAt: t0, ExpiresAt: t0.Add(10 * time.Second)}, 10*time.Second + TakeoverMargin, true},
+		{"lease unknown", Waiter{ExpiresAt: t0.Add(10 * time.Second)}, time.Hour, false},
+		{"expiry not after heartbeat", Waiter{HeartbeatAt: t0, ExpiresAt: t0}, time.Hour, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := waiterStopped(tc.w, tc.seenFor, TakeoverMargin); got != tc.want {
+				t.Fatalf("waiterStopped = %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
