@@ -186,7 +186,13 @@ func (h *Held) Carry(write func(Record) error) error {
 			// before the first gate appears. Best effort: without it the
 			// gate is judged by its long bound until the first renewal,
 			// which only delays a takeover.
-			ctx, cancel := context.WithDeadline(context.Background(), h.Deadline())
+			// The deadline is on the backend's clock, not the runtime's
+			// (a test build's offset clock, an embedder's): the time left
+			// bounds the write. Found by the simulation (seed 389): with
+			// a clock 10 min behind, the context had always expired, the
+			// beat was never written, and a holder that died before its
+			// first renewal left its gate judged by the 24 h bound.
+			ctx, cancel := context.WithTimeout(context.Background(), max(h.Deadline().Sub(h.b.clock.Now()), 0))
 			if beatRV, err := e.ensureBeat(ctx, rec); err == nil {
 				// The lock as this holder knows it now has that beat: a
 				// release that deletes it (the first revision was never

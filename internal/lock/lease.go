@@ -48,8 +48,13 @@ type Request struct {
 	// lock to be confirmed (see Confirm): the holder, and for how long.
 	onConfirm func(holder *Record, in time.Duration)
 	// sightLater, when set, reads the lock's later parts (AcquireJoint)
-	// once this part is found waiting to be confirmed, so that their
-	// confirmations run alongside this one's rather than after it.
+	// whenever this part is found held by another session while the
+	// client waits, or waiting to be confirmed, so that their
+	// confirmations run alongside this one's rather than after it: a
+	// dead holder's Lease is seen unchanged from the first read on, not
+	// from the moment its gate's expiry is due (the simulation, seed 370,
+	// found a joint lock recovered two leases after the kill). A free
+	// part reads nothing more.
 	sightLater func(ctx context.Context)
 	// nextRevision is the revision a part taken first (AcquireJoint) found
 	// the operation will write, for the parts after it (see nextRevision).
@@ -533,9 +538,8 @@ func (b *Backend) attempt(ctx context.Context, req *Request, w *waitState, maybe
 			return attemptResult{}, fmt.Errorf("lock release %q in namespace %q: %w", req.Release, req.Namespace, err)
 		}
 		v := b.decode(cur, now, req.Session)
-		if (v.confirming || v.state == Expired) && req.sightLater != nil {
+		if req.sightLater != nil && holderOf(&cur.Spec) != req.Session && (v.confirming || v.state == Expired || (w != nil && v.state == Live)) {
 			req.sightLater(ctx)
-			req.sightLater = nil
 		}
 		// Our own lock whose take may have committed is adopted while it is
 		// live; once expired it is taken again only in its turn, as any

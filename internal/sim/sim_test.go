@@ -120,6 +120,12 @@ var regressions = []struct {
 	{8304, "stuck (model): a goroutine of a sleeping client spun on a clock that stood still; the simulated clock's timers now start after the sleep"},
 	{1317, "stuck (model): the same, with a pause and network faults"},
 	{735, "S1 (checker): a joint lock held the Lease while another client held the gate of a release with no records"},
+	{36, "S2: a client 30 s ahead judged a fresh claim expired in server time and claimed the beat over it; its stale claim held a dead gate holder's lock for the 24 h bound (a claim is now confirmed on the reader's clock)"},
+	{26, "S2: a crashed waiter's queue entry, written 30 s ahead, held the queue those 30 s (an entry seen unchanged for its lease is skipped)"},
+	{12, "S2: recovery waited for an expired holder's LOCKED TILL, stamped 10 min ahead (only a lock a person released early is waited out)"},
+	{98, "S2: a revision its holder named, written under its lock, was taken for stock helm's: the holder's LOCKED TILL, stamped 10 min behind, preceded the server's write time (a named revision needs no times)"},
+	{370, "S2: a joint lock's Lease was first read when its gate's expiry was due, and confirmed a lease after that: recovery took two leases (the later parts are read whenever the first is held)"},
+	{389, "S2: with a clock 10 min behind, the beat of a first install was never written (a context deadline on the wrong clock); the holder died before its first renewal and its gate was judged by the 24 h bound"},
 }
 
 // TestSimRegressions runs every schedule that once found a violation.
