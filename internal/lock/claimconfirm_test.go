@@ -1,6 +1,7 @@
 package lock
 
 import (
+	"context"
 	"testing"
 	"time"
 
@@ -134,6 +135,133 @@ func TestWaiterStopped(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			if got := waiterStopped(tc.w, tc.seenFor, TakeoverMargin); got != tc.want {
 				t.Fatalf("waiterStopped = %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+// TestSilentBeatBoundsTheGate: a gate whose beat says nothing of its holder
+// (missing, or the beat another session left without claiming it from the
+// holder, as the loser of a first install's race does) is Live in server
+// time for its long bound, but Expired once this process has seen it
+// unchanged for the holder's lease and the margin: a live holder writes
+// its beat back at its next renewal. Found by the simulation (seed 439).
+func TestSilentBeatBoundsTheGate(t *testing.T) {
+	t0 := time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)
+	lease := 15 * time.Second
+	holder := Record{Schema: SchemaVersion, Session: "A", Release: "web", Namespace: "shop", Operation: OpInstall, LeaseDuration: metav1.Duration{Duration: lease}, AcquiredAt: t0, RenewedAt: t0, LockedTill: t0.Add(lease)}
+	gate := GateRecord(holder)
+	gateEnc, _ := gate.Encode()
+	r := records.Record{Kind: records.KindSecret, Meta: metav1.ObjectMeta{Name: "sh.helm.release.v1.web.v1", Namespace: "shop", ResourceVersion: "5", Annotations: map[string]string{AnnotationRecord: gateEnc}}}
+	loser := Record{Session: "B", Operation: OpInstall, LeaseDuration: metav1.Duration{Duration: 5 * time.Second}, AcquiredAt: t0, RenewedAt: t0.Add(time.Second), LockedTill: t0.Add(6 * time.Second)}
+	loserEnc, _ := encodeBeat(loser)
+	ownEnc, _ := encodeBeat(holder)
+	now := servertime.Bounds{Earliest: t0.Add(20 * time.Second), Latest: t0.Add(20*time.Second + 100*time.Millisecond)}
+	need := lease + TakeoverMargin
+	for _, tc := range []struct {
+		name  string
+		beat  beatObj
+		after time.Duration
+		want  State
+	}{
+		{"beat left by the loser, first seen", beatObj{exists: true, meta: metav1.ObjectMeta{Name: LeaseName("web"), Namespace: "shop", ResourceVersion: "7", Annotations: map[string]string{AnnotationBeat: loserEnc, annotationClaimedFrom: "B"}}}, 0, Live},
+		{"beat left by the loser, seen for less than a lease", beatObj{exists: true, meta: metav1.ObjectMeta{Name: LeaseName("web"), Namespace: "shop", ResourceVersion: "7", Annotations: map[string]string{AnnotationBeat: loserEnc, annotationClaimedFrom: "B"}}}, need - time.Millisecond, Live},
+		{"beat left by the loser, seen for a lease and the margin", beatObj{exists: true, meta: metav1.ObjectMeta{Name: LeaseName("web"), Namespace: "shop", ResourceVersion: "7", Annotations: map[string]string{AnnotationBeat: loserEnc, annotationClaimedFrom: "B"}}}, need, Free},
+		{"no beat, seen for a lease and the margin", beatObj{}, need, Free},
+		{"the holder's own beat, expired in server time, seen for a lease", beatObj{exists: true, meta: metav1.ObjectMeta{Name: LeaseName("web"), Namespace: "shop", ResourceVersion: "7", Annotations: map[string]string{AnnotationBeat: ownEnc, annotationClaimedFrom: "A"}}}, need, Free},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l := (&releaseStore{ns: "shop"}).virtual("web", r, tc.beat, "9")
+			clk := clocktesting.NewFakeClock(t0)
+			b := &Backend{Margin: TakeoverMargin, clock: clk, Sightings: NewSightings()}
+			b.decode(l, now, "C")
+			clk.Step(tc.after)
+			// Expired on this clock is Free for a taker: the gate's holder
+			// named no revision (nothing recorded to recover).
+			if v := b.decode(l, now, "C"); (v.state == Live) != (tc.want == Live) {
+				t.Fatalf("state %s, want %s (or expired)", v.state, tc.want)
+			}
+		})
+	}
+}
+
+// TestClaimConfirmedBesideItsGate: a dead gate holder (15 s lease) and a
+// dead claimant taking it over (60 s lease), both expired in server time,
+// are confirmed together from the first read: the claim's confirmation
+// runs while the gate's does, and the lock is free once both are. The time
+// the judgement changes is the later one from the first read on, so a take
+// waiting for it (confirmTake) does not take the claim's time for a renewal
+// of the holder (found by review).
+func TestClaimConfirmedBesideItsGate(t *testing.T) {
+	t0 := time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)
+	holder := Record{Schema: SchemaVersion, Session: "G", Release: "web", Namespace: "shop", Operation: OpUpgrade, Revision: 3, LeaseDuration: metav1.Duration{Duration: 15 * time.Second}, AcquiredAt: t0.Add(-time.Minute), RenewedAt: t0.Add(-time.Minute), LockedTill: t0.Add(-45 * time.Second)}
+	gate := GateRecord(holder)
+	gateEnc, _ := gate.Encode()
+	r := records.Record{Kind: records.KindSecret, Meta: metav1.ObjectMeta{Name: "sh.helm.release.v1.web.v3", Namespace: "shop", ResourceVersion: "5", Annotations: map[string]string{AnnotationRecord: gateEnc}}}
+	claim := Record{Session: "C", Operation: OpUpgrade, LeaseDuration: metav1.Duration{Duration: time.Minute}, AcquiredAt: t0.Add(-2 * time.Minute), RenewedAt: t0.Add(-2 * time.Minute), LockedTill: t0.Add(-time.Minute)}
+	claimEnc, _ := encodeBeat(claim)
+	l := (&releaseStore{ns: "shop"}).virtual("web", r, beatObj{exists: true, meta: metav1.ObjectMeta{Name: LeaseName("web"), Namespace: "shop", ResourceVersion: "7", Annotations: map[string]string{
+		AnnotationBeat: claimEnc, annotationClaimedFrom: "G", annotationClaimedOn: claimedOn("C", r.Meta.Name, "5"),
+	}}}, "9")
+	now := servertime.Bounds{Earliest: t0, Latest: t0.Add(100 * time.Millisecond)}
+	clk := clocktesting.NewFakeClock(t0)
+	b := &Backend{Margin: TakeoverMargin, clock: clk, Sightings: NewSightings()}
+	both := t0.Add(time.Minute + TakeoverMargin)
+
+	v := b.decode(l, now, "T")
+	if v.state != Live || !v.confirming || !v.confirmAt.Equal(both) {
+		t.Fatalf("first read: state %s confirming %v confirmAt %v; want live, confirming until %v", v.state, v.confirming, v.confirmAt, both)
+	}
+	clk.Step(15*time.Second + TakeoverMargin) // the gate's holder is confirmed
+	v = b.decode(l, now, "T")
+	if v.state != Live || v.claim == nil || v.claim.Session != "C" || !v.confirming || !v.confirmAt.Equal(both) {
+		t.Fatalf("holder confirmed: state %s claim %v confirming %v confirmAt %v; want C's claim confirming until %v", v.state, v.claim, v.confirming, v.confirmAt, both)
+	}
+	clk.Step(both.Sub(clk.Now()))
+	if v = b.decode(l, now, "T"); v.state == Live {
+		t.Fatalf("both confirmed a minute after the first read: state %s (claim %v)", v.state, v.claim)
+	}
+}
+
+// TestForceReleaseHandsOnNotStopped: a person's release of a live holder
+// hands its record on not Stopped, so recovery waits out its LOCKED TILL;
+// a holder released while it was recovering what an earlier holder
+// abandoned (revision 0, Abandoned set) hands that earlier holder on, with
+// the later of the two LOCKED TILLs (found by review: handing on the
+// recovering holder alone lost the earlier one).
+func TestForceReleaseHandsOnNotStopped(t *testing.T) {
+	till := t0.Add(10 * time.Second)
+	earlier := Record{Schema: SchemaVersion, Session: "H", Release: "web", Namespace: ns, Operation: OpUpgrade, Revision: 7, LeaseDuration: metav1.Duration{Duration: 15 * time.Second}, RenewedAt: t0.Add(-time.Minute), LockedTill: t0.Add(-45 * time.Second), Stopped: true}
+	for _, tc := range []struct {
+		name      string
+		holder    Record
+		wantSess  string
+		wantTill  time.Time
+		wantRevOf int
+	}{
+		{"a holder writing its revision", Record{Schema: SchemaVersion, Session: "C", Release: "web", Namespace: ns, Operation: OpUpgrade, Revision: 8, LeaseDuration: metav1.Duration{Duration: 15 * time.Second}, RenewedAt: t0.Add(-5 * time.Second), LockedTill: till}, "C", till, 8},
+		{"a holder recovering an earlier one", Record{Schema: SchemaVersion, Session: "C", Release: "web", Namespace: ns, Operation: OpUpgrade, LeaseDuration: metav1.Duration{Duration: 15 * time.Second}, RenewedAt: t0.Add(-5 * time.Second), LockedTill: till, Abandoned: &earlier}, "H", till, 7},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := newWorld(t)
+			c := w.backend(0)
+			l := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: LeaseName("web"), Namespace: ns, Labels: leaseLabels("web")}}
+			if err := setHolder(l, &tc.holder); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := c.b.client.CoordinationV1().Leases(ns).Create(context.Background(), l, metav1.CreateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			rec, err := c.b.ForceRelease(context.Background(), ns, "web", "C", "bob@laptop")
+			if err != nil {
+				t.Fatal(err)
+			}
+			a := rec.Abandoned
+			if a == nil || a.Session != tc.wantSess || a.Stopped || !a.LockedTill.Equal(tc.wantTill) || a.Revision != tc.wantRevOf || a.Abandoned != nil {
+				t.Fatalf("abandoned %+v; want %s's revision %d, not stopped, LOCKED TILL %v", a, tc.wantSess, tc.wantRevOf, tc.wantTill)
+			}
+			if p, st := Found(rec, Free); st != Expired || p.Session != tc.wantSess || p.Stopped {
+				t.Fatalf("found %+v %s; want %s, not stopped", p, st, tc.wantSess)
 			}
 		})
 	}

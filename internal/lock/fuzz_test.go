@@ -168,25 +168,18 @@ func FuzzDecodeRecord(f *testing.F) {
 			}
 		}
 
-		// Found hands on only the abandoned holder the record names; one
-		// released by a person says who (ReleasedBy), so that recovery
-		// waits out its LOCKED TILL.
+		// Found hands on only the abandoned holder the record names, and
+		// HandedOn marks it stopped only when this client found the holder
+		// Expired itself.
 		for _, st := range []State{Free, Live, Expired} {
 			got, gst := Found(rec, st)
-			abandonedAs := func(by string) bool {
-				if got == nil || rec.Abandoned == nil || gst != Expired {
-					return false
-				}
-				want := *rec.Abandoned
-				if want.ReleasedBy == "" {
-					want.ReleasedBy = by
-				}
-				return reflect.DeepEqual(*got, want)
+			if h := HandedOn(rec, st); (h != nil) != (gst == Expired && got != nil) ||
+				(h != nil && h.Stopped != (got == rec || got.Stopped)) || (h != nil && h.Abandoned != nil) {
+				t.Fatalf("HandedOn(record, %s) = %+v; Found gave %p %s", st, h, got, gst)
 			}
 			switch {
 			case got == rec && gst == st:
-			case st == Free && abandonedAs(rec.ReleasedBy):
-			case st == Expired && rec.Revision <= 0 && got == rec.Abandoned && abandonedAs(""):
+			case got == rec.Abandoned && got != nil && gst == Expired && (st == Free || (st == Expired && rec.Revision <= 0)):
 			default:
 				t.Fatalf("Found(record, %s) = %p %s; record %p, abandoned %p", st, got, gst, rec, rec.Abandoned)
 			}

@@ -391,20 +391,12 @@ func (h *Held) ReleaseAbandoning(ctx context.Context, abandoned *Record) error {
 	return h.write(ctx, true, func(r *Record) { r.Abandoned = &a })
 }
 
-// expiredOnly is rec when it was found Expired, else nil.
-func expiredOnly(rec *Record, state State) *Record {
-	if state != Expired {
-		return nil
-	}
-	return rec
-}
-
 // releaseNamingExpired gives h back naming the holder it was taken over
 // from, when that holder had expired (Found, ReleaseAbandoning): the next
 // client, this one retrying included, recovers at once what that holder
 // abandoned rather than judge it stock helm's.
 func (h *Held) releaseNamingExpired(ctx context.Context) error {
-	return h.ReleaseAbandoning(ctx, expiredOnly(Found(h.Previous, h.PreviousState)))
+	return h.ReleaseAbandoning(ctx, HandedOn(h.Previous, h.PreviousState))
 }
 
 // ReleaseAndDelete gives the lock back by deleting the Lease, for uninstall,

@@ -242,7 +242,9 @@ func (j *Joint) Valid() error {
 // (Free).
 //
 // A part released by a holder that failed to recover an expired holder's
-// revision counts as that expired holder's (see Found).
+// revision counts as that expired holder's (see Found). An Expired record is
+// HandedOn's copy: marked Stopped when this client confirmed that holder's
+// expiry itself, as it was handed on otherwise.
 func (j *Joint) Previous() (*Record, State) {
 	type found struct {
 		rec   *Record
@@ -250,12 +252,12 @@ func (j *Joint) Previous() (*Record, State) {
 	}
 	var best *found
 	for _, h := range j.parts {
-		rec, st := Found(h.Previous, h.PreviousState)
-		if st != Expired {
+		if _, st := Found(h.Previous, h.PreviousState); st != Expired {
 			continue
 		}
+		rec := HandedOn(h.Previous, h.PreviousState)
 		if best == nil || best.rec == nil || (rec != nil && rec.Revision > best.rec.Revision) {
-			best = &found{rec, st}
+			best = &found{rec, Expired}
 		}
 	}
 	if best == nil {
@@ -334,7 +336,7 @@ func (j *Joint) releaseNaming(ctx context.Context, abandoned func(*Held) *Record
 // the Lease would attribute to it a revision stock helm wrote after the
 // holder stamped the number in its Lease and died.
 func (j *Joint) ReleaseAfterFailedRecovery(ctx context.Context) error {
-	return j.releaseNaming(ctx, func(h *Held) *Record { return expiredOnly(Found(h.Previous, h.PreviousState)) })
+	return j.releaseNaming(ctx, func(h *Held) *Record { return HandedOn(h.Previous, h.PreviousState) })
 }
 
 // ReleaseAndDelete gives every part back and removes what is left of it

@@ -356,9 +356,18 @@ func (b *Backend) decode(l *coordinationv1.Lease, now servertime.Bounds, self st
 	if c := claimOf(l); c != nil && c.Session != self && c.ReleasedAt.IsZero() &&
 		l.Annotations[annotationClaimedFrom] == gateSession && claimAgainstGate(l) {
 		st, at, confirming := b.confirmClaim(l, c, now)
-		if v.state != Live && st == Live {
+		switch {
+		case v.state != Live && st == Live:
 			v.state, v.claim, v.confirmAt, v.confirming = Live, c, at, confirming
+		case v.confirming && st == Live && at.After(v.confirmAt):
+			// The gate's holder and the claim both wait to be confirmed:
+			// the lock is free once both are, so the later time is when
+			// its judgement changes (a take waiting for it does not
+			// take the claim's time for a renewal of the holder).
+			v.confirmAt = at
 		}
+	} else if b.Sightings != nil {
+		b.Sightings.forgetClaim(b.sightKey(l.Namespace, l.Name))
 	}
 	v.live = b.confirmWaiters(l, liveWaiters(decodeQueue(l.Annotations[AnnotationQueue]), now, b.margin()), self)
 	return v
@@ -436,7 +445,14 @@ func (b *Backend) confirm(v *view, judged *Record, l *coordinationv1.Lease, self
 	}
 	till, _ := LockedTill(judged, &l.Spec)
 	lease := leaseOf(judged, &l.Spec)
-	s := Sighting{Lease: lease, Bounded: bounded(judged, holder, renewed, till, lease)}
+	// A gate whose beat says nothing of its holder is bounded by the
+	// holder's lease on this clock: a live holder's next renewal writes
+	// its beat back, which changes the lock as seen here. Found by the
+	// simulation (seed 439): the loser of a first install's race left its
+	// beat over the winner's, the winner stopped, and its gate was judged
+	// by the 24 h bound.
+	silent := l.Annotations[annotationBeatSilent] == "true" && judged != nil && judged.Session == holder && judged.LeaseDuration.Duration > 0
+	s := Sighting{Lease: lease, Bounded: silent || bounded(judged, holder, renewed, till, lease)}
 	var localNow time.Time
 	if b.clock != nil && b.Sightings != nil {
 		// One reading of the clock: the moment judged, and what the
@@ -815,11 +831,7 @@ func (b *Backend) take(ctx context.Context, req *Request, v view, maybe *maybeTa
 		// holder recovers it (and names a revision of its own, or
 		// releases), its record names that holder too, so that if it dies
 		// recovering, the next client still recovers the revision at once.
-		if p, st := Found(v.rec, v.state); st == Expired && p != nil {
-			a := *p
-			a.Abandoned = nil
-			rec.Abandoned = &a
-		}
+		rec.Abandoned = HandedOn(v.rec, v.state)
 	}
 	if rec.Revision == 0 && rec.Abandoned == nil {
 		// Nothing to recover: the revision the operation writes is known
@@ -969,7 +981,7 @@ func (b *Backend) Inspect(ctx context.Context, namespace, release string) (*Stat
 	l, err := b.leases(namespace).Get(ctx, LeaseName(release), metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		if b.Sightings != nil {
-			b.Sightings.forget(b.sightKey(namespace, LeaseName(release)))
+			b.Sightings.forgetAll(b.sightKey(namespace, LeaseName(release)))
 		}
 		now, _ := b.time.Now()
 		return &Status{Release: release, Namespace: namespace, Store: b.store, State: Free, Now: now}, nil
@@ -1073,12 +1085,19 @@ func (b *Backend) ForceRelease(ctx context.Context, namespace, release, session,
 			// The holder is declared dead: its record is handed on
 			// (Record.Abandoned), so whoever takes the lock next recovers
 			// the revision it left pending at once.
-			// It names the person too: that holder may still be writing
-			// until its LOCKED TILL, which recovery waits for (it was
-			// not taken over after its expiry).
+			// Not Stopped: that holder may still be writing until its
+			// LOCKED TILL, which recovery waits for.
 			abandoned := *rec
-			abandoned.Abandoned = nil
-			abandoned.ReleasedBy = by
+			if rec.Revision <= 0 && rec.Abandoned != nil {
+				// It was recovering what an earlier holder abandoned
+				// (Found): that holder's revision is the one pending, and
+				// is handed on, waiting out this holder's LOCKED TILL too
+				// (found by review: handing on this holder alone lost the
+				// earlier one).
+				abandoned = *rec.Abandoned
+				abandoned.LockedTill = later(abandoned.LockedTill, rec.LockedTill)
+			}
+			abandoned.Abandoned, abandoned.Stopped = nil, false
 			rec.Abandoned = &abandoned
 		}
 		rec.ReleasedAt = ceilMilli(now.Latest)

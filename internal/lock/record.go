@@ -108,6 +108,15 @@ type Record struct {
 	// pending under a released lock for stock helm's (legacy). It never
 	// nests: it is the record of the holder that wrote the revision.
 	Abandoned *Record `json:"abandoned,omitempty"`
+	// On an abandoned holder's copy (Abandoned) only: set when that holder
+	// is known to have stopped writing, because the client that took its
+	// lock over confirmed its expiry on its own clock (Confirm), or the
+	// holder released naming itself. Recovery then needs no wait for the
+	// holder's LOCKED TILL, which its Date headers may have put minutes
+	// ahead. Unset on a copy a person's unlock handed on, or one an
+	// earlier version wrote: the holder may still write until its LOCKED
+	// TILL, which recovery waits for.
+	Stopped bool `json:"stopped,omitempty"`
 	// On a release record's lock (the gate) only: the name of the small
 	// object of the same kind in the same namespace where the holder renews
 	// the lock and waiters queue (the beat). lockedTill on such a gate is a
@@ -123,27 +132,36 @@ type Record struct {
 // record names an abandoned holder (Abandoned) and either was released (a
 // holder that failed to recover that holder's revision, or a person's
 // unlock) or expired before it named a revision of its own (its holder died
-// recovering); that abandoned holder then stands in as Expired, its
-// ReleasedBy naming the person who released it early, if one did.
+// recovering); that abandoned holder then stands in as Expired.
 func Found(rec *Record, state State) (*Record, State) {
 	switch {
 	case rec == nil || rec.Abandoned == nil:
 	case state == Free:
-		// Released by the holder that failed to recover it, or by a
-		// person (ReleasedBy): the abandoned holder's copy says the
-		// latter, as ForceRelease writes it (an earlier version's
-		// does not), so that recovery waits for its LOCKED TILL.
-		a := *rec.Abandoned
-		if a.ReleasedBy == "" {
-			a.ReleasedBy = rec.ReleasedBy
-		}
-		return &a, Expired
+		return rec.Abandoned, Expired
 	case state == Expired && rec.Revision <= 0:
 		// It died while recovering what the holder it names abandoned,
 		// before it named a revision of its own.
 		return rec.Abandoned, Expired
 	}
 	return rec, state
+}
+
+// HandedOn is the copy of the holder a lock taken from rec (found in state)
+// names as abandoned (Record.Abandoned), nil when there is none: Found's,
+// marked Stopped when this client confirmed that holder's expiry itself
+// (rec was Expired and named no holder in its stead), or as it was marked
+// when handed on to rec's holder.
+func HandedOn(rec *Record, state State) *Record {
+	p, st := Found(rec, state)
+	if st != Expired || p == nil {
+		return nil
+	}
+	a := *p
+	a.Abandoned = nil
+	if p == rec {
+		a.Stopped = true
+	}
+	return &a
 }
 
 // Encode returns the record as the JSON stored in AnnotationRecord.

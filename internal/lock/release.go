@@ -268,7 +268,9 @@ func beatLabels(release string) map[string]string {
 // unreadable, or a claim from a stale view says nothing of the holder: the
 // gate is then judged by the bound it was written with (gateForm), however
 // long, rather than taken from a holder that may be renewing a beat someone
-// deleted.
+// deleted; on the reader's own clock it is judged by its holder's lease
+// (annotationBeatSilent, see confirm), since a live holder writes its beat
+// back at its next renewal.
 func (s *releaseStore) virtual(release string, r records.Record, beat beatObj, listRV string) *coordinationv1.Lease {
 	l := virtualLease(release, r)
 	l.ResourceVersion = joinRV(r.Meta.ResourceVersion, beat.rv(), listRV)
@@ -294,6 +296,12 @@ func (s *releaseStore) virtual(release string, r records.Record, beat beatObj, l
 			bt = nil
 		case !own && bt != nil && from == g.Session:
 			gateEffective(g)
+		case gErr == nil && g.Liveness != "" && g.ReleasedAt.IsZero():
+			// The beat says nothing of the holder. A live holder cannot
+			// renew without writing its own beat over it (its renewal is
+			// conditional on the beat as it stands), which readers see:
+			// one that does not renew for a lease has stopped.
+			l.Annotations[annotationBeatSilent] = "true"
 		}
 		if !newer {
 			if enc, err := g.Encode(); err == nil {

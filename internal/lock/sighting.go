@@ -83,6 +83,22 @@ func (s *Sightings) forget(key string) {
 	delete(s.m, key)
 }
 
+// forgetClaim drops the memory of the claim in flight on lock key's beat.
+func (s *Sightings) forgetClaim(key string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.m, key+claimSight)
+}
+
+// forgetAll drops everything remembered of lock key (gone).
+func (s *Sightings) forgetAll(key string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.m, key)
+	delete(s.m, key+claimSight)
+	delete(s.queues, key)
+}
+
 // queue records that lock key's queue was read holding ws at now and
 // returns, for each entry, since when it has been seen with the same
 // expiry (a refresh starts anew). Entries no longer queued are forgotten,

@@ -319,6 +319,9 @@ func (l *Lock) settleOwn(ctx context.Context) (done bool, err error) {
 	cause := errors.Join(failed...)
 	a := l.joint.Record()
 	a.Revision = left
+	// This holder stops writing with its release: the next client need
+	// not wait for its LOCKED TILL either.
+	a.Stopped = true
 	if now, err := l.conn.ServerNow(ctx); err == nil && now.Latest.Before(a.LockedTill) {
 		// Its tenure ends now: every write of helm's was answered before,
 		// and nothing is written under this lock after its release. The

@@ -164,13 +164,13 @@ type LockInfo struct {
 	AcquiredAt time.Time
 	// LockedTill is when the lock expired (or expires), in server time.
 	LockedTill time.Time
-	// ReleasedBy names the person who released the holder's lock before
-	// it ran out (unlock --force), "" when it was taken over after its
-	// expiry. Only such a holder may still be writing: an expiry was
-	// confirmed by the client that took the lock, on its own elapsed time
-	// when the Date headers could not tell (lock.Confirm), so the holder
-	// had stopped, whatever its LOCKED TILL says in server time.
-	ReleasedBy string
+	// Stopped is set when the holder is known to have stopped writing: the
+	// client that took its lock over confirmed its expiry on its own clock
+	// (lock.Confirm), or the holder released naming itself
+	// (lock.Record.Stopped). Otherwise (a person's unlock --force released
+	// it early, or an earlier version handed it on) it may still write
+	// until its LockedTill.
+	Stopped bool
 }
 
 // ServerTime bounds the API server's clock at the moment of the decision.
@@ -284,12 +284,12 @@ func IsPending(status common.Status) bool {
 //     never writes after its lock ends (a record that names the revision
 //     needs no times, which its holder's Date headers may have skewed).
 //     Such a revision is abandoned:
-//     Recover, unless autorecover is off (Blocked). A lock taken over after
-//     its expiry has no writer left (its taker confirmed the expiry, on its
-//     own clock when the Date headers could not tell); a lock a person
-//     released early (ReleasedBy) may, until the server clock has certainly
-//     passed its LockedTill plus lock.TakeoverMargin: Blocked with
-//     RetryAfter until then. The record is
+//     Recover, unless autorecover is off (Blocked). A holder known to have
+//     stopped (Stopped: its taker confirmed the expiry, on its own clock
+//     when the Date headers could not tell) has no writer left; any other
+//     (a lock a person released early) may, until the server clock has
+//     certainly passed its LockedTill plus lock.TakeoverMargin: Blocked
+//     with RetryAfter until then. The record is
 //     mapped by FromRecord, whose attribution rule drops AcquiredAt when
 //     the record names its revision. A released lock
 //     never attributes a revision (see LockReleased).
@@ -352,14 +352,14 @@ func Decide(in Input) Decision {
 		reason = fmt.Sprintf("%s, written by %s whose lock expired at %s", pendingAt, holder(*target.Lock), stamp(target.Lock.LockedTill))
 		// A holder stops writing before its LOCKED TILL, so only past it
 		// (plus the takeover margin, in server time) is the revision of a
-		// holder whose lock a person released early (unlock --force)
-		// certainly abandoned, and only then may anyone else write the
-		// release. A lock taken over after its expiry has no writer left:
-		// its taker confirmed that on its own clock (lock.Confirm), and
-		// the LOCKED TILL its holder stamped through a Date header running
-		// ahead may still lie minutes in the future.
+		// holder not known to have stopped (a person released its lock
+		// early: unlock --force) certainly abandoned, and only then may
+		// anyone else write the release. A holder whose taker confirmed
+		// its expiry on its own clock (lock.Confirm) has stopped, and the
+		// LOCKED TILL it stamped through a Date header running ahead may
+		// still lie minutes in the future.
 		notBefore := target.Lock.LockedTill.Add(lock.TakeoverMargin)
-		if target.Lock.ReleasedBy != "" && (!in.Now.known() || !in.Now.Earliest.After(notBefore)) {
+		if !target.Lock.Stopped && (!in.Now.known() || !in.Now.Earliest.After(notBefore)) {
 			d := Decision{
 				Verdict:        Blocked,
 				Target:         target,

@@ -528,24 +528,25 @@ func withWrite(s helmx.Summary, t time.Time) helmx.Summary {
 // out (unlock --force) hands its holder on, but its revision is recovered
 // only once the server clock has certainly passed the holder's LOCKED TILL
 // plus the takeover margin: until then the holder may still be writing.
-// A lock taken over after its expiry is recovered at once, even while its
-// LOCKED TILL lies ahead in server time: its taker confirmed on its own
-// clock that the holder stopped, and a holder that stamped its lock through
-// a Date header running ahead left a LOCKED TILL minutes in the future (the
-// simulation, seed 12, found every later client waiting those minutes).
+// A holder known to have stopped (its taker confirmed its expiry on its own
+// clock) is recovered at once, even while its LOCKED TILL lies ahead in
+// server time: a holder that stamped its lock through a Date header running
+// ahead left a LOCKED TILL minutes in the future (the simulation, seed 12,
+// found every later client waiting those minutes).
 func TestDecideHolderMayStillWrite(t *testing.T) {
 	in := Input{
 		History: history(rev(1, deployed, t0.Add(-time.Hour)), rev(2, pUpgrade, t0.Add(-time.Minute))),
 		Lock:    expired(2, OpUpgrade), // LOCKED TILL t0
 		Policy:  on,
 	}
+	stopped := in
+	stopped.Lock.Stopped = true
 	for _, now := range []ServerTime{at(t0.Add(-5 * time.Second)), at(t0.Add(-10 * time.Minute)), {}} {
-		in.Now = now
-		if d := Decide(in); d.Verdict != Recover || d.HolderMayWrite {
-			t.Errorf("taken over after its expiry, now %v: %s (%s); want Recover", now.Earliest, d.Verdict, d.Reason)
+		stopped.Now = now
+		if d := Decide(stopped); d.Verdict != Recover || d.HolderMayWrite {
+			t.Errorf("holder stopped, now %v: %s (%s); want Recover", now.Earliest, d.Verdict, d.Reason)
 		}
 	}
-	in.Lock.ReleasedBy = "bob@laptop"
 	for _, c := range []struct {
 		now       ServerTime
 		want      Verdict

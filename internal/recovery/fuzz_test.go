@@ -89,7 +89,7 @@ func FuzzDecide(f *testing.F) {
 	// unknown and inconsistent server time.
 	f.Add([]byte{4, 9, 128, 254, 1, 2, 7, 0, 0, 0, 3, 1, 0, 0, 0}, byte(2), byte(0), byte(3), int8(0), int32(-600000), true, int32(0), true, int32(0), uint16(0), byte(1), true, int32(60000), false, false, int32(0))
 	f.Add([]byte{}, byte(0), byte(0), byte(0), int8(0), int32(0), false, int32(0), false, int32(0), uint16(0), byte(2), false, int32(0), false, false, int32(0))
-	// A person released the lock early: recovered only past its LOCKED TILL.
+	// A holder known to have stopped: recovered at once.
 	f.Add([]byte{3, 1, 0, 0, 1, 4, 0, 0, 0, 1, 5, 7, 250, 0, 2}, byte(2), byte(0x80), byte(1), int8(5), int32(-600000), true, int32(5000), true, int32(0), uint16(200), byte(0), true, int32(900000), true, false, int32(5251))
 	f.Add([]byte{3, 1, 0, 0, 1, 4, 0, 0, 0, 1, 5, 7, 250, 0, 2}, byte(2), byte(0x80), byte(1), int8(5), int32(-600000), true, int32(5000), true, int32(5300), uint16(200), byte(0), true, int32(900000), true, false, int32(0))
 	ops := []string{OpInstall, OpUpgrade, OpRollback, OpUninstall, string(lock.OpRecover), ""}
@@ -106,8 +106,9 @@ func FuzzDecide(f *testing.F) {
 			Policy: Policy{Autorecover: autorecover, LegacyAfter: time.Duration(legacyAfterMs) * time.Millisecond},
 		}
 		if lockSession&0x80 != 0 {
-			// A lock a person released before it ran out (unlock --force).
-			in.Lock.ReleasedBy = "bob@laptop"
+			// A holder known to have stopped (its taker confirmed its
+			// expiry).
+			in.Lock.Stopped = true
 		}
 		if hasAcquired {
 			in.Lock.AcquiredAt = t0.Add(time.Duration(acquiredMs) * time.Millisecond)
@@ -262,13 +263,13 @@ func checkRecovery(t *testing.T, in Input, d Decision, latest helmx.Summary) {
 	// Server time is needed to date a legacy revision, or to wait out the
 	// lock a person released early; a lock taken over after its expiry
 	// has no writer left, whatever the clock says.
-	confirmed := d.Target.Lock != nil && d.Target.Lock.ReleasedBy == ""
-	if !in.Policy.Autorecover || (!in.Now.known() && !confirmed) || in.Lock.State == LockLive {
+	stopped := d.Target.Lock != nil && d.Target.Lock.Stopped
+	if !in.Policy.Autorecover || (!in.Now.known() && !stopped) || in.Lock.State == LockLive {
 		t.Fatalf("%s with autorecover %v, server time known %v, lock %s", d.Verdict, in.Policy.Autorecover, in.Now.known(), in.Lock.State)
 	}
 	if d.Target.Lock != nil {
-		if !confirmed && !in.Now.Earliest.After(d.Target.Lock.LockedTill.Add(lock.TakeoverMargin)) {
-			t.Fatalf("recovered at %s, not certainly past the LOCKED TILL %s + margin of a holder whose lock %s released early", in.Now.Earliest, d.Target.Lock.LockedTill, d.Target.Lock.ReleasedBy)
+		if !stopped && !in.Now.Earliest.After(d.Target.Lock.LockedTill.Add(lock.TakeoverMargin)) {
+			t.Fatalf("recovered at %s, not certainly past the LOCKED TILL %s + margin of a holder not known to have stopped", in.Now.Earliest, d.Target.Lock.LockedTill)
 		}
 	} else {
 		since := d.Target.PendingSince

@@ -34,7 +34,7 @@ func FromRecord(rec *lock.Record, state LockState) LockInfo {
 		Revision:   rec.Revision,
 		AcquiredAt: rec.AcquiredAt,
 		LockedTill: rec.LockedTill,
-		ReleasedBy: rec.ReleasedBy,
+		Stopped:    rec.Stopped,
 	}
 	if rec.Revision > 0 {
 		info.AcquiredAt = time.Time{}
@@ -49,15 +49,18 @@ func FromRecord(rec *lock.Record, state LockState) LockInfo {
 // released by a holder that failed to recover an expired holder's revision
 // stands for that expired holder (lock.Found).
 func PreviousLock(prev *lock.Record, found lock.State) LockInfo {
-	prev, found = lock.Found(prev, found)
-	if prev == nil {
+	p, st := lock.Found(prev, found)
+	if p == nil {
 		return LockInfo{State: LockNone}
 	}
 	state := LockReleased
-	if found == lock.Expired {
+	if st == lock.Expired {
 		state = LockExpired
 	}
-	return FromRecord(prev, state)
+	// Stopped comes from the record alone: lock.HandedOn marks the
+	// holder a taker found Expired itself (lock.Joint.Previous passes
+	// its copy here).
+	return FromRecord(p, state)
 }
 
 // ObservedLock maps a lock read without taking it (lock.Status) onto the
@@ -83,10 +86,12 @@ func ObservedLock(st *lock.Status) LockInfo {
 		// wait for it, and may find the holder renewing.
 		state = LockExpired
 	}
+	// An expiry confirmed here (above) means the holder stopped.
 	if rec == nil || rec.Session != st.HolderIdentity {
-		return LockInfo{State: state, Session: st.HolderIdentity, LockedTill: st.LockedTill}
+		return LockInfo{State: state, Session: st.HolderIdentity, LockedTill: st.LockedTill, Stopped: state == LockExpired}
 	}
 	info := FromRecord(rec, state)
 	info.LockedTill = st.LockedTill
+	info.Stopped = state == LockExpired
 	return info
 }

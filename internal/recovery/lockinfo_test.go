@@ -19,8 +19,8 @@ func TestLockMapping(t *testing.T) {
 		r.Abandoned = abandoned
 		return r
 	}
-	byPerson := func(r *lock.Record) *lock.Record {
-		r.ReleasedBy = "bob@laptop"
+	stopped := func(r *lock.Record) *lock.Record {
+		r.Stopped = true
 		return r
 	}
 	cases := []struct {
@@ -38,8 +38,8 @@ func TestLockMapping(t *testing.T) {
 			LockInfo{State: LockExpired, Session: "s1", Who: "alice@ci", Operation: "upgrade", Revision: 4, LockedTill: till},
 		},
 		{
-			"taken from an expired holder", PreviousLock(rec(4), lock.Expired),
-			LockInfo{State: LockExpired, Session: "s1", Who: "alice@ci", Operation: "upgrade", Revision: 4, LockedTill: till},
+			"taken from an expired holder (as lock.Joint.Previous hands it on)", PreviousLock(lock.HandedOn(rec(4), lock.Expired), lock.Expired),
+			LockInfo{State: LockExpired, Session: "s1", Who: "alice@ci", Operation: "upgrade", Revision: 4, LockedTill: till, Stopped: true},
 		},
 		{
 			"taken from a released holder", PreviousLock(released(rec(4), nil), lock.Free),
@@ -50,16 +50,12 @@ func TestLockMapping(t *testing.T) {
 			LockInfo{State: LockExpired, Session: "s1", Who: "alice@ci", Operation: "upgrade", Revision: 4, LockedTill: till},
 		},
 		{
-			"released by a person naming an abandoned holder: it may still write", PreviousLock(byPerson(released(&lock.Record{Schema: lock.SchemaVersion, Session: "s1"}, rec(4))), lock.Free),
-			LockInfo{State: LockExpired, Session: "s1", Who: "alice@ci", Operation: "upgrade", Revision: 4, LockedTill: till, ReleasedBy: "bob@laptop"},
-		},
-		{
-			"died recovering a holder a person released", PreviousLock(&lock.Record{Schema: lock.SchemaVersion, Session: "s3", Abandoned: byPerson(rec(4))}, lock.Expired),
-			LockInfo{State: LockExpired, Session: "s1", Who: "alice@ci", Operation: "upgrade", Revision: 4, LockedTill: till, ReleasedBy: "bob@laptop"},
-		},
-		{
-			"died recovering a holder taken over after its expiry", PreviousLock(&lock.Record{Schema: lock.SchemaVersion, Session: "s3", Abandoned: rec(4)}, lock.Expired),
+			"died recovering a holder a person released: it may still write", PreviousLock(&lock.Record{Schema: lock.SchemaVersion, Session: "s3", Abandoned: rec(4)}, lock.Expired),
 			LockInfo{State: LockExpired, Session: "s1", Who: "alice@ci", Operation: "upgrade", Revision: 4, LockedTill: till},
+		},
+		{
+			"died recovering a holder taken over after its expiry: it stopped", PreviousLock(&lock.Record{Schema: lock.SchemaVersion, Session: "s3", Abandoned: stopped(rec(4))}, lock.Expired),
+			LockInfo{State: LockExpired, Session: "s1", Who: "alice@ci", Operation: "upgrade", Revision: 4, LockedTill: till, Stopped: true},
 		},
 		{"nothing found", PreviousLock(nil, lock.Free), LockInfo{State: LockNone}},
 		{"observed: no lock", ObservedLock(&lock.Status{}), LockInfo{State: LockNone}},
@@ -69,7 +65,7 @@ func TestLockMapping(t *testing.T) {
 		},
 		{
 			"observed: expired", ObservedLock(&lock.Status{Exists: true, State: lock.Expired, HolderIdentity: "s1", Record: rec(0), LockedTill: till}),
-			LockInfo{State: LockExpired, Session: "s1", Who: "alice@ci", Operation: "upgrade", AcquiredAt: acquired, LockedTill: till},
+			LockInfo{State: LockExpired, Session: "s1", Who: "alice@ci", Operation: "upgrade", AcquiredAt: acquired, LockedTill: till, Stopped: true},
 		},
 		{
 			"observed: live, record of another session", ObservedLock(&lock.Status{Exists: true, State: lock.Live, HolderIdentity: "s9", Record: rec(4), LockedTill: till}),
