@@ -237,9 +237,9 @@ func (j *Joint) Valid() error {
 }
 
 // Previous returns what was found before the lock was taken, for recovery:
-// the record of a part that was Expired (its holder died) if any, the one
-// naming the highest revision when several were; otherwise the first part's
-// (Free).
+// the record of a part that was Expired (its holder died) if any, the first
+// part's when it was, else the one naming the highest revision; otherwise
+// the first part's (Free).
 //
 // A part released by a holder that failed to recover an expired holder's
 // revision counts as that expired holder's (see Found). An Expired record is
@@ -251,11 +251,21 @@ func (j *Joint) Previous() (*Record, State) {
 		state State
 	}
 	var best *found
-	for _, h := range j.parts {
+	for i, h := range j.parts {
 		if _, st := Found(h.Previous, h.PreviousState); st != Expired {
 			continue
 		}
 		rec := HandedOn(h.Previous, h.PreviousState)
+		if i == 0 {
+			// The first part, the release records' lock, is taken first
+			// by every client, and its holder is the newest record's: a
+			// later part found Expired too is as recent at best (a client
+			// of the release backend alone leaves the Lease as an earlier
+			// holder left it; the simulation, seed 5070, found such a
+			// Lease's stale holder preferred for naming a higher revision,
+			// and the revision pending left for stock helm's).
+			return rec, Expired
+		}
 		if best == nil || best.rec == nil || (rec != nil && rec.Revision > best.rec.Revision) {
 			best = &found{rec, Expired}
 		}

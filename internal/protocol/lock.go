@@ -366,7 +366,20 @@ func (l *Lock) settleRevision(ctx context.Context, recs helmx.Records, rev int) 
 			at = now.Latest
 		}
 		desc := fmt.Sprintf(DescriptionOwnUnsettled, s.Status, l.Session(), at.UTC().Format(time.RFC3339))
-		_, err = recovery.MarkFailed(ctx, recs, l.namespace, s, desc, at)
+		// Checked again right before the write, and the write bounded by
+		// the renew deadline: the reads above may have taken long (the
+		// simulation, seed 1997, found a holder that slept during them
+		// write after its lock had been claimed; the write is conditional
+		// on the record as read, which the claim had not changed).
+		if err := l.joint.Valid(); err != nil {
+			return fmt.Errorf("%s: stopped before resolving it: %w", subject, err)
+		}
+		wctx, cancel := ctx, context.CancelFunc(func() {})
+		if d := l.Deadline(); !d.IsZero() {
+			wctx, cancel = context.WithDeadline(ctx, d)
+		}
+		_, err = recovery.MarkFailed(wctx, recs, l.namespace, s, desc, at)
+		cancel()
 		switch {
 		case err == nil:
 			l.noteResolved("release %q in namespace %q: helm's operation left revision %d %s (its final write did not land); it was marked failed, so the next operation proceeds", l.release, l.namespace, rev, s.Status)

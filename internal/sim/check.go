@@ -84,9 +84,11 @@ func Check(o Outcome) []Violation {
 				if at, ok := part.takenFrom(w.Client); ok && !rec {
 					add("S5", "%s renewed its %s lock at %s (write #%d) after it was taken over at write #%d", w.Client, part.name, since(w.At), w.Seq, at)
 				}
-				// A renewal is a write of a new renewedAt; a helm write
-				// carrying the record unchanged renews nothing.
-				if r.RenewedAt.Equal(part.renewed[w.Client]) {
+				// A renewal is a write of a later renewedAt; a helm write
+				// carrying the record unchanged, or an older copy of it
+				// (a revision's, written before later renewals on the
+				// beat), renews nothing (seed 1997).
+				if !r.RenewedAt.After(part.renewed[w.Client]) {
 					continue
 				}
 				part.renewed[w.Client] = r.RenewedAt

@@ -125,6 +125,9 @@ var regressions = []struct {
 	{12, "S2: recovery waited for an expired holder's LOCKED TILL, stamped 10 min ahead (only a lock a person released early is waited out)"},
 	{98, "S2: a revision its holder named, written under its lock, was taken for stock helm's: the holder's LOCKED TILL, stamped 10 min behind, preceded the server's write time (a named revision needs no times)"},
 	{370, "S2: a joint lock's Lease was first read when its gate's expiry was due, and confirmed a lease after that: recovery took two leases (the later parts are read whenever the first is held)"},
+	{439, "S2: the loser of a first install's race left its beat over the winner's, the winner stopped, and its gate was judged by the 24 h bound (a gate whose beat says nothing of its holder is bounded by the holder's lease on the reader's clock)"},
+	{1997, "S3 (checker): a record write carrying an older copy of the holder's lock counted as a renewal; and a holder that slept between its check and its settle write (the write now re-checks the lock and is bounded by its deadline)"},
+	{5070, "S2: a joint lock named the Lease's stale holder, for its higher revision, over the gate's, and the gate holder's revision was left for stock helm's (the first part is preferred)"},
 	{389, "S2: with a clock 10 min behind, the beat of a first install was never written (a context deadline on the wrong clock); the holder died before its first renewal and its gate was judged by the 24 h bound"},
 }
 
