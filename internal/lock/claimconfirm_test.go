@@ -231,6 +231,10 @@ func TestClaimConfirmedBesideItsGate(t *testing.T) {
 // recovering holder alone lost the earlier one).
 func TestForceReleaseHandsOnNotStopped(t *testing.T) {
 	till := t0.Add(10 * time.Second)
+	withTill := func(r Record, lockedTill time.Time, stopped bool) *Record {
+		r.LockedTill, r.Stopped = lockedTill, stopped
+		return &r
+	}
 	earlier := Record{Schema: SchemaVersion, Session: "H", Release: "web", Namespace: ns, Operation: OpUpgrade, Revision: 7, LeaseDuration: metav1.Duration{Duration: 15 * time.Second}, RenewedAt: t0.Add(-time.Minute), LockedTill: t0.Add(-45 * time.Second), Stopped: true}
 	for _, tc := range []struct {
 		name      string
@@ -241,6 +245,13 @@ func TestForceReleaseHandsOnNotStopped(t *testing.T) {
 	}{
 		{"a holder writing its revision", Record{Schema: SchemaVersion, Session: "C", Release: "web", Namespace: ns, Operation: OpUpgrade, Revision: 8, LeaseDuration: metav1.Duration{Duration: 15 * time.Second}, RenewedAt: t0.Add(-5 * time.Second), LockedTill: till}, "C", till, 8},
 		{"a holder recovering an earlier one", Record{Schema: SchemaVersion, Session: "C", Release: "web", Namespace: ns, Operation: OpUpgrade, LeaseDuration: metav1.Duration{Duration: 15 * time.Second}, RenewedAt: t0.Add(-5 * time.Second), LockedTill: till, Abandoned: &earlier}, "H", till, 7},
+		// A stopped earlier holder's LOCKED TILL (here a silent gate's
+		// 24 h bound) is not waited for: only the recovering one may
+		// still write.
+		{"a holder recovering a stopped one with a long bound", Record{Schema: SchemaVersion, Session: "C", Release: "web", Namespace: ns, Operation: OpUpgrade, LeaseDuration: metav1.Duration{Duration: 15 * time.Second}, RenewedAt: t0.Add(-5 * time.Second), LockedTill: till, Abandoned: withTill(earlier, t0.Add(24*time.Hour), true)}, "H", till, 7},
+		// One not known to have stopped is waited for as long as it may
+		// write.
+		{"a holder recovering one a person released", Record{Schema: SchemaVersion, Session: "C", Release: "web", Namespace: ns, Operation: OpUpgrade, LeaseDuration: metav1.Duration{Duration: 15 * time.Second}, RenewedAt: t0.Add(-5 * time.Second), LockedTill: till, Abandoned: withTill(earlier, t0.Add(time.Hour), false)}, "H", t0.Add(time.Hour), 7},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			w := newWorld(t)
@@ -264,5 +275,47 @@ func TestForceReleaseHandsOnNotStopped(t *testing.T) {
 				t.Fatalf("found %+v %s; want %s, not stopped", p, st, tc.wantSess)
 			}
 		})
+	}
+}
+
+// TestSilentBeatCountsEveryBeatWrite: a reader that does not watch sees the
+// gate silent (another session's beat) at its first read, misses the
+// holder's renewal on its own beat, and then sees a third session's beat
+// over it: the view differs only by the beat. Every beat write starts the
+// count anew, so the holder's lock is not judged expired before the
+// holder's renew deadline (found by review: counted by holder, renewal and
+// LOCKED TILL alone, it was judged expired 3.75 s early).
+func TestSilentBeatCountsEveryBeatWrite(t *testing.T) {
+	t0 := time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)
+	lease := 15 * time.Second
+	w := Record{Schema: SchemaVersion, Session: "W", Release: "web", Namespace: "shop", Operation: OpInstall, LeaseDuration: metav1.Duration{Duration: lease}, AcquiredAt: t0, RenewedAt: t0, LockedTill: t0.Add(lease)}
+	g := GateRecord(w)
+	gateEnc, _ := g.Encode()
+	r := records.Record{Kind: records.KindSecret, Meta: metav1.ObjectMeta{Name: "sh.helm.release.v1.web.v1", Namespace: "shop", ResourceVersion: "5", Annotations: map[string]string{AnnotationRecord: gateEnc}}}
+	beatOf := func(rv string, rec Record, from string) beatObj {
+		enc, _ := encodeBeat(rec)
+		return beatObj{exists: true, meta: metav1.ObjectMeta{Name: LeaseName("web"), Namespace: "shop", ResourceVersion: rv, Annotations: map[string]string{AnnotationBeat: enc, annotationClaimedFrom: from}}}
+	}
+	l1 := Record{Session: "L1", LeaseDuration: metav1.Duration{Duration: lease}, RenewedAt: t0, LockedTill: t0.Add(lease)}
+	l2 := Record{Session: "L2", LeaseDuration: metav1.Duration{Duration: lease}, RenewedAt: t0.Add(time.Second), LockedTill: t0.Add(time.Second + lease)}
+	st := &releaseStore{ns: "shop"}
+	clk := clocktesting.NewFakeClock(t0)
+	b := &Backend{Margin: TakeoverMargin, clock: clk, Sightings: NewSightings()}
+	now := func() servertime.Bounds {
+		n := clk.Now()
+		return servertime.Bounds{Earliest: n, Latest: n.Add(100 * time.Millisecond)}
+	}
+	if v := b.decode(st.virtual("web", r, beatOf("7", l1, "L1"), "9"), now(), "R"); v.state != Live {
+		t.Fatalf("first read: %s", v.state)
+	}
+	// W renews on its own beat (rv 8), then L2 writes its beat (rv 10):
+	// neither is read here.
+	clk.Step(lease + TakeoverMargin)
+	if v := b.decode(st.virtual("web", r, beatOf("10", l2, "L2"), "9"), now(), "R"); v.state != Live {
+		t.Fatalf("a lease after the first read, the beat written since: %s; want live (W may write until %v)", v.state, 5*time.Second+lease-RenewMargin)
+	}
+	clk.Step(lease + TakeoverMargin)
+	if v := b.decode(st.virtual("web", r, beatOf("10", l2, "L2"), "9"), now(), "R"); v.state == Live {
+		t.Fatalf("the same beat seen for a lease and the margin: %s; want expired", v.state)
 	}
 }

@@ -460,7 +460,18 @@ func (b *Backend) confirm(v *view, judged *Record, l *coordinationv1.Lease, self
 		// every read of an unchanged lock (confirmTake tells a renewal by
 		// it moving).
 		localNow = b.clock.Now()
-		s.SeenFor = localNow.Sub(b.Sightings.mark(key, holder, renewed, till, localNow))
+		seenAs := holder
+		if silent {
+			// Seen unchanged means the beat unchanged too: a holder's
+			// renewal that a third client's beat write then hid (the
+			// loser of a first install's race) must still start the
+			// count anew (found by review). A beat deleted twice in a row
+			// shows as missing both times (docs/protocol.md, "Residual
+			// risks").
+			_, beatRV, _ := splitRV(l.ResourceVersion)
+			seenAs += "\x00beat@" + beatRV
+		}
+		s.SeenFor = localNow.Sub(b.Sightings.mark(key, seenAs, renewed, till, localNow))
 	}
 	expired := v.state == Expired
 	st, in := Confirm(v.state, s, b.margin())
@@ -1095,7 +1106,14 @@ func (b *Backend) ForceRelease(ctx context.Context, namespace, release, session,
 				// (found by review: handing on this holder alone lost the
 				// earlier one).
 				abandoned = *rec.Abandoned
-				abandoned.LockedTill = later(abandoned.LockedTill, rec.LockedTill)
+				if abandoned.Stopped {
+					// That holder has stopped: only this one may still
+					// write (found by review: the later of the two kept a
+					// stopped holder's 24 h bound).
+					abandoned.LockedTill = rec.LockedTill
+				} else {
+					abandoned.LockedTill = later(abandoned.LockedTill, rec.LockedTill)
+				}
 			}
 			abandoned.Abandoned, abandoned.Stopped = nil, false
 			rec.Abandoned = &abandoned

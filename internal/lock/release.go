@@ -775,13 +775,19 @@ func (s *releaseStore) lastRead(l *coordinationv1.Lease) (lastRead, bool) {
 // new gate would be judged by its long bound until the first renewal (see
 // virtual). A beat naming another session is overwritten: whichever
 // create of the first revision wins holds the lock, and a beat naming the
-// loser is a claim from a stale view its holder overwrites. It returns the
-// beat's resourceVersion.
+// loser is a claim from a stale view its holder overwrites. Once a record
+// exists the race is lost (the create that follows fails) and nothing is
+// written: a loser's beat over the winner's would hide the winner's
+// renewals (found by review). It returns the beat's resourceVersion.
 func (s *releaseStore) ensureBeat(ctx context.Context, rec Record) (string, error) {
 	for range 3 {
-		beat, err := s.beats.get(ctx, s.ns, LeaseName(rec.Release))
+		// One list returns the records and the beat (see read).
+		_, exists, _, beat, err := s.read(ctx, rec.Release)
 		if err != nil {
 			return "", err
+		}
+		if exists {
+			return "", fmt.Errorf("release %q in namespace %q has a stored revision already: its first revision's create is lost", rec.Release, s.ns)
 		}
 		if b := beatRecord(beat); b != nil && b.Session == rec.Session && b.ReleasedAt.IsZero() {
 			return beat.rv(), nil
