@@ -80,10 +80,14 @@ func Check(o Outcome) []Violation {
 					part.released[w.Client] = true
 					continue
 				}
-				// S5: a renewal by a holder whose part someone took since.
-				if at, ok := part.takenFrom(w.Client); ok && !rec {
-					add("S5", "%s renewed its %s lock at %s (write #%d) after it was taken over at write #%d", w.Client, part.name, since(w.At), w.Seq, at)
+				// S5: a renewal of a tenure someone took over since. A
+				// later take by the same session (a joint lock taking a
+				// lost part again) stamps a new acquiredAt, and starts a
+				// tenure of its own (seed 8017).
+				if lost, ok := part.lost[w.Client]; ok && !rec && r.AcquiredAt.Equal(lost.acquired) {
+					add("S5", "%s renewed its %s lock at %s (write #%d) after it was taken over at write #%d", w.Client, part.name, since(w.At), w.Seq, lost.at)
 				}
+				part.acquired[w.Client] = r.AcquiredAt
 				// A renewal is a write of a later renewedAt; a helm write
 				// carrying the record unchanged, or an older copy of it
 				// (a revision's, written before later renewals on the
@@ -101,9 +105,9 @@ func Check(o Outcome) []Violation {
 			// Spans are per part: a client may hold the Lease while the
 			// gate is another's (a joint lock waiting for its first part
 			// again), writing no release data.
-			id := w.Client + "/gate"
+			id := fmt.Sprintf("%s/gate#%d", w.Client, parts["gate"].tenure(w.Client))
 			if lease {
-				id = w.Client + "/lease"
+				id = fmt.Sprintf("%s/lease#%d", w.Client, parts["lease"].tenure(w.Client))
 			}
 			sp := spans[id]
 			if sp == nil {
@@ -208,10 +212,20 @@ type partLog struct {
 	expiry   map[string]time.Time
 	renewed  map[string]time.Time // the renewedAt of each client's latest renewal
 	released map[string]bool
+	// acquired is the acquiredAt of each client's latest record; lost,
+	// per client, the tenure another client took from it last.
+	acquired map[string]time.Time
+	lost     map[string]lostTenure
+}
+
+type lostTenure struct {
+	acquired time.Time
+	at       int64 // the write that took it
 }
 
 func newPartLog(name string) *partLog {
-	return &partLog{name: name, expiry: map[string]time.Time{}, renewed: map[string]time.Time{}, released: map[string]bool{}}
+	return &partLog{name: name, expiry: map[string]time.Time{}, renewed: map[string]time.Time{}, released: map[string]bool{},
+		acquired: map[string]time.Time{}, lost: map[string]lostTenure{}}
 }
 
 func (p *partLog) current() string {
@@ -224,25 +238,24 @@ func (p *partLog) current() string {
 func (p *partLog) held(c string) bool { return p.current() == c }
 
 func (p *partLog) take(c string, seq int64) {
+	if prev := p.current(); prev != "" && prev != c {
+		p.lost[prev] = lostTenure{acquired: p.acquired[prev], at: seq}
+	}
 	p.holders = append(p.holders, c)
 	p.takenAt = append(p.takenAt, seq)
 	delete(p.released, c)
 }
 
-// takenFrom reports whether, and at which write, another client took the
-// part after c had held it.
-func (p *partLog) takenFrom(c string) (int64, bool) {
-	for i, h := range p.holders {
-		if h != c {
-			continue
-		}
-		for j := i + 1; j < len(p.holders); j++ {
-			if p.holders[j] != c {
-				return p.takenAt[j], true
-			}
+// tenure counts c's takes of the part so far: each is a span of its own
+// for S1.
+func (p *partLog) tenure(c string) int {
+	n := 0
+	for _, h := range p.holders {
+		if h == c {
+			n++
 		}
 	}
-	return 0, false
+	return n
 }
 
 func isLease(w Write) bool {
@@ -268,5 +281,6 @@ func releases(w Write) bool {
 
 func partOf(id string) string {
 	_, part, _ := strings.Cut(id, "/")
+	part, _, _ = strings.Cut(part, "#")
 	return part
 }
