@@ -462,14 +462,14 @@ func (b *Backend) confirm(v *view, judged *Record, l *coordinationv1.Lease, self
 		localNow = b.clock.Now()
 		seenAs := holder
 		if silent {
-			// Seen unchanged means the beat unchanged too: a holder's
-			// renewal that a third client's beat write then hid (the
-			// loser of a first install's race) must still start the
-			// count anew (found by review). A beat deleted twice in a row
-			// shows as missing both times (docs/protocol.md, "Residual
-			// risks").
-			_, beatRV, _ := splitRV(l.ResourceVersion)
-			seenAs += "\x00beat@" + beatRV
+			// Seen unchanged means the beat's heartbeat unchanged too: a
+			// holder's renewal that a third client's heartbeat then hid
+			// (the loser of a first install's race) must still start the
+			// count anew (found by review). The queue is not part of it:
+			// a waiter's own refreshes must not restart its count (the
+			// simulation, seed 414). A beat deleted twice in a row shows
+			// as missing both times (docs/protocol.md, "Residual risks").
+			seenAs += "\x00beat@" + l.Annotations[annotationClaim] + "@" + l.Annotations[annotationClaimedFrom]
 		}
 		s.SeenFor = localNow.Sub(b.Sightings.mark(key, seenAs, renewed, till, localNow))
 	}

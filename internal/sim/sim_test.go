@@ -125,6 +125,7 @@ var regressions = []struct {
 	{12, "S2: recovery waited for an expired holder's LOCKED TILL, stamped 10 min ahead (only a lock a person released early is waited out)"},
 	{98, "S2: a revision its holder named, written under its lock, was taken for stock helm's: the holder's LOCKED TILL, stamped 10 min behind, preceded the server's write time (a named revision needs no times)"},
 	{370, "S2: a joint lock's Lease was first read when its gate's expiry was due, and confirmed a lease after that: recovery took two leases (the later parts are read whenever the first is held)"},
+	{414, "S2: a waiter's own queue refreshes restarted its count of a silent gate, and a dead first installer's release was never taken over (the count follows the beat's heartbeat, not its queue)"},
 	{439, "S2: the loser of a first install's race left its beat over the winner's, the winner stopped, and its gate was judged by the 24 h bound (a gate whose beat says nothing of its holder is bounded by the holder's lease on the reader's clock)"},
 	{1997, "S3 (checker): a record write carrying an older copy of the holder's lock counted as a renewal; and a holder that slept between its check and its settle write (the write now re-checks the lock and is bounded by its deadline)"},
 	{5070, "S2: a joint lock named the Lease's stale holder, for its higher revision, over the gate's, and the gate holder's revision was left for stock helm's (the first part is preferred)"},
@@ -139,6 +140,25 @@ func TestSimRegressions(t *testing.T) {
 			t.Errorf("seed %d (%s): %d violations:\n%s", r.seed, r.what, len(o.Violations), o.Trace())
 		}
 	}
+}
+
+// sampleSeeds is how many random schedules make test runs (seeds 1 to
+// sampleSeeds; make sim explores 100,000).
+const sampleSeeds = 1000
+
+// TestSimSample runs the first random schedules, as make sim does, so that
+// make test explores a sample beside the exhaustive set.
+func TestSimSample(t *testing.T) {
+	var ty tally
+	start := time.Now()
+	for seed := int64(1); seed <= sampleSeeds; seed++ {
+		o := runOne(t, Draw(seed))
+		ty.add(o)
+		if len(o.Violations) > 0 {
+			t.Errorf("seed %d: %d violations (replay: go test -tags sim ./internal/sim -run 'TestSimRandom$' -sim.seed=%d -sim.n=1 -sim.trace):\n%s", seed, len(o.Violations), seed, o.Trace())
+		}
+	}
+	report(t, "sample", &ty, time.Since(start))
 }
 
 // TestSimExhaustive runs the bounded exhaustive set.
