@@ -185,6 +185,8 @@ func DecodeRecord(s string) (*Record, error) {
 	switch {
 	case r.Schema == 0:
 		return &r, fmt.Errorf("decode lock record: no schema field: %w", ErrUnsupportedSchema)
+	case r.Schema < 0:
+		return &r, fmt.Errorf("decode lock record: schema %d is not a schema: %w", r.Schema, ErrUnsupportedSchema)
 	case r.Schema > SchemaVersion:
 		return &r, fmt.Errorf("decode lock record: schema %d is newer than %d, upgrade helm-autorecover: %w", r.Schema, SchemaVersion, ErrUnsupportedSchema)
 	}

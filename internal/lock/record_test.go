@@ -49,6 +49,7 @@ func TestDecodeRecordSchemas(t *testing.T) {
 		{name: "unknown fields of a newer writer are ignored", in: `{"schema":1,"session":"s","futureField":{"x":1}}`, wantSession: "s"},
 		{name: "newer schema is flagged but shown", in: `{"schema":2,"session":"s"}`, wantSession: "s", wantErr: ErrUnsupportedSchema},
 		{name: "missing schema is flagged", in: `{"session":"s"}`, wantSession: "s", wantErr: ErrUnsupportedSchema},
+		{name: "negative schema is flagged", in: `{"schema":-1,"session":"s"}`, wantSession: "s", wantErr: ErrUnsupportedSchema},
 		{name: "not JSON", in: `nope`},
 	}
 	for _, tc := range cases {
