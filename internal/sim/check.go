@@ -224,8 +224,10 @@ type lostTenure struct {
 }
 
 func newPartLog(name string) *partLog {
-	return &partLog{name: name, expiry: map[string]time.Time{}, renewed: map[string]time.Time{}, released: map[string]bool{},
-		acquired: map[string]time.Time{}, lost: map[string]lostTenure{}}
+	return &partLog{
+		name: name, expiry: map[string]time.Time{}, renewed: map[string]time.Time{}, released: map[string]bool{},
+		acquired: map[string]time.Time{}, lost: map[string]lostTenure{},
+	}
 }
 
 func (p *partLog) current() string {

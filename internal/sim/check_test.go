@@ -16,8 +16,10 @@ func TestCheck(t *testing.T) {
 	t0 := time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)
 	lease := 2 * time.Second
 	write := func(seq int64, at time.Duration, client string, acquired time.Duration, released bool) Write {
-		rec := lock.Record{Schema: lock.SchemaVersion, Session: client, Release: Release, Namespace: "sim", Operation: lock.OpUpgrade,
-			LeaseDuration: metav1.Duration{Duration: lease}, AcquiredAt: t0.Add(acquired), RenewedAt: t0.Add(at), LockedTill: t0.Add(at + lease)}
+		rec := lock.Record{
+			Schema: lock.SchemaVersion, Session: client, Release: Release, Namespace: "sim", Operation: lock.OpUpgrade,
+			LeaseDuration: metav1.Duration{Duration: lease}, AcquiredAt: t0.Add(acquired), RenewedAt: t0.Add(at), LockedTill: t0.Add(at + lease),
+		}
 		if released {
 			rec.ReleasedAt = t0.Add(at)
 		}
@@ -25,8 +27,10 @@ func TestCheck(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		return Write{Seq: seq, At: t0.Add(at), Sent: t0.Add(at), Client: client, Verb: "update", Res: "leases.coordination.k8s.io", NS: "sim", Name: lock.LeaseName(Release),
-			Object: map[string]any{"metadata": map[string]any{"annotations": map[string]any{lock.AnnotationRecord: enc}}}}
+		return Write{
+			Seq: seq, At: t0.Add(at), Sent: t0.Add(at), Client: client, Verb: "update", Res: "leases.coordination.k8s.io", NS: "sim", Name: lock.LeaseName(Release),
+			Object: map[string]any{"metadata": map[string]any{"annotations": map[string]any{lock.AnnotationRecord: enc}}},
+		}
 	}
 	for _, tc := range []struct {
 		name   string
