@@ -98,10 +98,18 @@ func MarkFailed(ctx context.Context, records helmx.Records, ns string, target he
 	// A record whose release content is what was read, but whose
 	// resourceVersion moved, was only touched by lock writes (renewals, a
 	// waiter queueing): the decision still holds, and the write below is
-	// conditional on the version just read.
+	// conditional on the version just read. Unless the lock on it changed
+	// hands: another client's take of the lock is a lock write too, and a
+	// caller that lost its lock between its check and this read (a pause,
+	// a system sleep) must not write under the taker's lock (the
+	// simulation, seed 24550).
 	if target.ResourceVersion != "" && rv != target.ResourceVersion && (target.ContentHash == "" || now.ContentHash != target.ContentHash) {
 		return helmx.Record{}, fmt.Errorf("marking %s failed: it changed since it was read (resourceVersion %s, now %s); read the history and decide again: %w",
 			subject, target.ResourceVersion, rv, ErrConflict)
+	}
+	if now.LockSession != target.LockSession {
+		return helmx.Record{}, fmt.Errorf("marking %s failed: the lock on its record moved from session %q to %q since it was read; read the history and decide again: %w",
+			subject, target.LockSession, now.LockSession, ErrConflict)
 	}
 
 	doc, err := helmx.DecodeReleaseJSON(cur.Payload)

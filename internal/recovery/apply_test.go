@@ -266,6 +266,8 @@ func TestMarkFailedRefuses(t *testing.T) {
 			sentRV = a.(k8stesting.UpdateAction).GetObject().(*corev1.Secret).ResourceVersion
 			return false, nil, nil
 		})
+		// The same holder's lock, renewed since the read.
+		target.LockSession = "renewed"
 		out, err := MarkFailed(ctx, helmx.SecretRecords(cs), "shop", target, "d", t0)
 		if err != nil {
 			t.Fatalf("MarkFailed after an annotation-only change: %v", err)
@@ -275,6 +277,27 @@ func TestMarkFailedRefuses(t *testing.T) {
 		}
 		if out.Meta.Annotations["helm-autorecover.io/lock"] != `{"schema":1,"session":"renewed"}` {
 			t.Errorf("the lock annotation was not kept: %v", out.Meta.Annotations)
+		}
+	})
+
+	t.Run("the lock changed hands: refused", func(t *testing.T) {
+		// The caller read the record under its own lock, then lost it (a
+		// pause between its check and this write): another client took
+		// the lock over, a lock write only, and the caller must not write
+		// under the taker's lock (the simulation, seed 24550).
+		cs := newFake()
+		target := storePending(t, cs, "shop", pUpgrade)
+		target.LockSession = "holder"
+		s, _ := cs.CoreV1().Secrets("shop").Get(ctx, target.RecordName, metav1.GetOptions{})
+		s.Annotations["helm-autorecover.io/lock"] = `{"schema":1,"session":"taker"}`
+		if _, err := cs.CoreV1().Secrets("shop").Update(ctx, s, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := MarkFailed(ctx, helmx.SecretRecords(cs), "shop", target, "d", t0); !errors.Is(err, ErrConflict) {
+			t.Fatalf("MarkFailed after the lock changed hands: %v; want ErrConflict", err)
+		}
+		if got, _ := cs.CoreV1().Secrets("shop").Get(ctx, target.RecordName, metav1.GetOptions{}); got.Labels["status"] != string(pUpgrade) {
+			t.Errorf("status label %q; want it left %s", got.Labels["status"], pUpgrade)
 		}
 	})
 

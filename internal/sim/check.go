@@ -64,7 +64,7 @@ func Check(o Outcome) []Violation {
 		}
 		if part != nil {
 			// S3: a take must come after the previous holder's expiry.
-			if (rec || lease && holds(w)) && !part.held(w.Client) {
+			if (rec || lease && holds(w)) && !part.held(w.Client) && part.startsTenure(w) {
 				if prev := part.current(); prev != "" {
 					if e := part.expiry[prev]; !part.released[prev] && w.At.Before(e) {
 						add("S3", "%s took the %s lock at %s (write #%d) while %s's ran until %s and was not released", w.Client, part.name, since(w.At), w.Seq, prev, since(e))
@@ -84,7 +84,7 @@ func Check(o Outcome) []Violation {
 				// later take by the same session (a joint lock taking a
 				// lost part again) stamps a new acquiredAt, and starts a
 				// tenure of its own (seed 8017).
-				if lost, ok := part.lost[w.Client]; ok && !rec && r.AcquiredAt.Equal(lost.acquired) {
+				if lost, ok := part.lost[w.Client]; ok && !rec && part.lostAcq[w.Client][r.AcquiredAt.UnixMilli()] {
 					add("S5", "%s renewed its %s lock at %s (write #%d) after it was taken over at write #%d", w.Client, part.name, since(w.At), w.Seq, lost.at)
 				}
 				part.acquired[w.Client] = r.AcquiredAt
@@ -216,6 +216,7 @@ type partLog struct {
 	// per client, the tenure another client took from it last.
 	acquired map[string]time.Time
 	lost     map[string]lostTenure
+	lostAcq  map[string]map[int64]bool
 }
 
 type lostTenure struct {
@@ -226,7 +227,7 @@ type lostTenure struct {
 func newPartLog(name string) *partLog {
 	return &partLog{
 		name: name, expiry: map[string]time.Time{}, renewed: map[string]time.Time{}, released: map[string]bool{},
-		acquired: map[string]time.Time{}, lost: map[string]lostTenure{},
+		acquired: map[string]time.Time{}, lost: map[string]lostTenure{}, lostAcq: map[string]map[int64]bool{},
 	}
 }
 
@@ -239,9 +240,28 @@ func (p *partLog) current() string {
 
 func (p *partLog) held(c string) bool { return p.current() == c }
 
+// startsTenure: a write of c's that is not current starts a tenure unless c
+// held the part before and w carries no unreleased record of c's with a
+// new acquiredAt (a stale write of a lost tenure stays in that span).
+func (p *partLog) startsTenure(w Write) bool {
+	if p.tenure(w.Client) == 0 {
+		return true
+	}
+	for _, r := range lockRecords(w) {
+		if r.Session == w.Client && r.ReleasedAt.IsZero() && !p.lostAcq[w.Client][r.AcquiredAt.UnixMilli()] {
+			return true
+		}
+	}
+	return false
+}
+
 func (p *partLog) take(c string, seq int64) {
 	if prev := p.current(); prev != "" && prev != c {
 		p.lost[prev] = lostTenure{acquired: p.acquired[prev], at: seq}
+		if p.lostAcq[prev] == nil {
+			p.lostAcq[prev] = map[int64]bool{}
+		}
+		p.lostAcq[prev][p.acquired[prev].UnixMilli()] = true
 	}
 	p.holders = append(p.holders, c)
 	p.takenAt = append(p.takenAt, seq)

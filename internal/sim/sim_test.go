@@ -128,6 +128,7 @@ var regressions = []struct {
 	{414, "S2: a waiter's own queue refreshes restarted its count of a silent gate, and a dead first installer's release was never taken over (the count follows the beat's heartbeat, not its queue)"},
 	{439, "S2: the loser of a first install's race left its beat over the winner's, the winner stopped, and its gate was judged by the 24 h bound (a gate whose beat says nothing of its holder is bounded by the holder's lease on the reader's clock)"},
 	{1997, "S3 (checker): a record write carrying an older copy of the holder's lock counted as a renewal; and a holder that slept between its check and its settle write (the write now re-checks the lock and is bounded by its deadline)"},
+	{24550, "S1: a holder that slept between its check and its recovery write read the record after another client took the lock over, and marked it failed under the taker's lock (a change of the record's lock session is a conflict now)"},
 	{5070, "S2: a joint lock named the Lease's stale holder, for its higher revision, over the gate's, and the gate holder's revision was left for stock helm's (the first part is preferred)"},
 	{389, "S2: with a clock 10 min behind, the beat of a first install was never written (a context deadline on the wrong clock); the holder died before its first renewal and its gate was judged by the 24 h bound"},
 }
