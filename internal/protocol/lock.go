@@ -378,7 +378,7 @@ func (l *Lock) settleRevision(ctx context.Context, recs helmx.Records, rev int) 
 		if d := l.Deadline(); !d.IsZero() {
 			wctx, cancel = context.WithDeadline(ctx, d)
 		}
-		_, err = recovery.MarkFailed(wctx, recs, l.namespace, s, desc, at)
+		_, err = recovery.MarkFailedHeld(wctx, recs, l.namespace, s, l.Session(), desc, at)
 		cancel()
 		switch {
 		case err == nil:

@@ -440,7 +440,13 @@ func (c *Conn) markAbandoned(ctx context.Context, p Procedure, out *Outcome, des
 			return false, fmt.Errorf("release %q in namespace %q: stopped before marking revision %d failed: %w", p.Release, p.Namespace, a.Release.Revision, err)
 		}
 		desc := describe(a, by)
-		rec, err := recovery.MarkFailed(ctx, c.records, p.Namespace, a.Release, desc, at)
+		// The newest revision's record carries the lock (the gate): it
+		// must still be ours when it is written.
+		holder := ""
+		if a.Release.Revision == dec.Target.Release.Revision {
+			holder = p.Writer.Session()
+		}
+		rec, err := recovery.MarkFailedHeld(ctx, c.records, p.Namespace, a.Release, holder, desc, at)
 		switch {
 		case err == nil:
 			out.Marked = append(out.Marked, Mark{Abandonment: a, Description: desc, Record: rec})

@@ -132,9 +132,10 @@ func TestRecoverProcedure(t *testing.T) {
 	// exercised here; converge has its own tests on a real API server.
 	objs := func() []runtime.Object {
 		// Revision 2's record carries the dead holder's lock, as its fenced
-		// create wrote it.
+		// create wrote it, now under the taker's lock naming it abandoned,
+		// as the take wrote it.
 		r2 := revision(t, 2, common.StatusPendingUpgrade, t0)
-		r2.Annotations = map[string]string{lock.AnnotationRecord: `{"schema":1,"session":"dead","release":"web","namespace":"shop","revision":2}`}
+		r2.Annotations = map[string]string{lock.AnnotationRecord: `{"schema":1,"session":"rec-session","release":"web","namespace":"shop","abandoned":{"schema":1,"session":"dead","release":"web","namespace":"shop","revision":2}}`}
 		return []runtime.Object{revision(t, 1, common.StatusFailed, t0.Add(-time.Hour)), r2}
 	}
 
@@ -243,6 +244,19 @@ func TestRecoverProcedure(t *testing.T) {
 		out, err := c.Recover(ctx, Procedure{Release: "web", Namespace: "shop", Lock: ahead, Policy: recovery.Policy{Autorecover: true}, Next: lock.OpUpgrade, Writer: &writer{}})
 		if err != nil || len(out.Marked) != 1 || out.Marked[0].Release.Revision != 2 || secretWrites(client) == 0 {
 			t.Fatalf("outcome %+v, err %v; want revision 2 marked at once", out, err)
+		}
+	})
+
+	t.Run("a record under another's lock is not written", func(t *testing.T) {
+		// This client lost its lock between its check and its read (a
+		// pause): the newest record carries the taker's lock now (the
+		// simulation, seed 24550). Nothing is written; the lock is lost.
+		r2 := revision(t, 2, common.StatusPendingUpgrade, t0)
+		r2.Annotations = map[string]string{lock.AnnotationRecord: `{"schema":1,"session":"taker","release":"web","namespace":"shop","abandoned":{"schema":1,"session":"dead","release":"web","namespace":"shop","revision":2}}`}
+		c, client := fakeConn(t, revision(t, 1, common.StatusFailed, t0.Add(-time.Hour)), r2)
+		out, err := c.Recover(ctx, Procedure{Release: "web", Namespace: "shop", Lock: dead, Policy: recovery.Policy{Autorecover: true}, Next: lock.OpRecover, Writer: &writer{}})
+		if !errors.Is(err, lock.ErrLost) || len(out.Marked) != 0 || secretWrites(client) != 0 {
+			t.Fatalf("outcome %+v, err %v, %d writes; want lock.ErrLost and nothing written", out, err, secretWrites(client))
 		}
 	})
 

@@ -21,7 +21,7 @@ import (
 
 func rollbackFixture(t *testing.T) []runtime.Object {
 	r2 := revision(t, 2, common.StatusPendingUpgrade, t0)
-	r2.Annotations = map[string]string{lock.AnnotationRecord: `{"schema":1,"session":"dead","release":"web","namespace":"shop","revision":2}`}
+	r2.Annotations = map[string]string{lock.AnnotationRecord: `{"schema":1,"session":"rec-session","release":"web","namespace":"shop","abandoned":{"schema":1,"session":"dead","release":"web","namespace":"shop","revision":2}}`}
 	return []runtime.Object{revision(t, 1, common.StatusDeployed, t0.Add(-time.Hour)), r2}
 }
 

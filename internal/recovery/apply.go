@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/helm-autorecover/helm-autorecover/internal/helmx"
+	"github.com/helm-autorecover/helm-autorecover/internal/lock"
 	"helm.sh/helm/v4/pkg/release/common"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 )
@@ -67,6 +68,17 @@ var testHookBeforeUpdate func()
 // conflict comes back as ErrConflict: the caller decides again rather than
 // retrying.
 func MarkFailed(ctx context.Context, records helmx.Records, ns string, target helmx.Summary, description string, serverNow time.Time) (helmx.Record, error) {
+	return MarkFailedHeld(ctx, records, ns, target, "", description, serverNow)
+}
+
+// MarkFailedHeld is MarkFailed for a caller that holds the release's lock
+// as session holder and marks the newest revision, whose record carries
+// that lock (the gate): it refuses to write (lock.ErrLost) unless the
+// record read at the write still carries it. A caller that lost its lock
+// between its check and its read (a pause, a system sleep) finds the
+// taker's lock there, and must not write under it (the simulation, seed
+// 24550). An empty holder checks nothing more than MarkFailed.
+func MarkFailedHeld(ctx context.Context, records helmx.Records, ns string, target helmx.Summary, holder, description string, serverNow time.Time) (helmx.Record, error) {
 	subject := fmt.Sprintf("revision %d of release %q in namespace %q", target.Revision, target.Name, ns)
 	kind := records.Kind()
 
@@ -110,6 +122,10 @@ func MarkFailed(ctx context.Context, records helmx.Records, ns string, target he
 	if now.LockSession != target.LockSession {
 		return helmx.Record{}, fmt.Errorf("marking %s failed: the lock on its record moved from session %q to %q since it was read; read the history and decide again: %w",
 			subject, target.LockSession, now.LockSession, ErrConflict)
+	}
+	if holder != "" && now.LockSession != holder {
+		return helmx.Record{}, fmt.Errorf("marking %s failed: its record carries the lock of session %q, not this one's (%s): another client took the lock, and nothing was written: %w",
+			subject, now.LockSession, holder, lock.ErrLost)
 	}
 
 	doc, err := helmx.DecodeReleaseJSON(cur.Payload)
