@@ -443,7 +443,7 @@ func (c *Conn) markAbandoned(ctx context.Context, p Procedure, out *Outcome, des
 		// The newest revision's record carries the lock (the gate): it
 		// must still be ours when it is written.
 		holder := ""
-		if a.Release.Revision == dec.Target.Release.Revision {
+		if a.Release.RecordName == dec.Target.Release.RecordName {
 			holder = p.Writer.Session()
 		}
 		rec, err := recovery.MarkFailedHeld(ctx, c.records, p.Namespace, a.Release, holder, desc, at)
