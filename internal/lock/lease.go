@@ -392,15 +392,33 @@ func (b *Backend) confirmClaim(l *coordinationv1.Lease, c *Record, now servertim
 	if lease <= 0 {
 		lease = DefaultLeaseDuration
 	}
-	localNow := b.clock.Now()
 	s := Sighting{Lease: lease, Bounded: bounded(c, c.Session, c.RenewedAt, c.LockedTill, lease)}
-	s.SeenFor = localNow.Sub(b.Sightings.mark(b.sightKey(l.Namespace, l.Name)+claimSight, c.Session, c.RenewedAt, c.LockedTill, localNow))
-	got, in := Confirm(st, s, b.margin())
+	return b.confirmSeen(b.sightKey(l.Namespace, l.Name)+claimSight, c.Session, c.RenewedAt, c.LockedTill, st, s)
+}
+
+// confirmSeen remembers, under key, that this process read the lock (or a
+// claim) held as seenAs, renewed at renewed until till, and judges state
+// again by how long it has seen it so (Confirm). It returns the state,
+// when on this process's clock that judgement changes unless the lock does
+// (zero when it will not), and whether a lock Expired in server time is
+// not yet confirmed. With no clock or no Sightings the lock counts as
+// first seen now.
+func (b *Backend) confirmSeen(key, seenAs string, renewed, till time.Time, state State, s Sighting) (State, time.Time, bool) {
+	var localNow time.Time
+	if b.clock != nil && b.Sightings != nil {
+		// One reading of the clock: the moment judged, and what the
+		// confirmation is counted from, so that the time returned is the
+		// same on every read of an unchanged lock (confirmTake tells a
+		// renewal by it moving).
+		localNow = b.clock.Now()
+		s.SeenFor = localNow.Sub(b.Sightings.mark(key, seenAs, renewed, till, localNow))
+	}
+	st, in := Confirm(state, s, b.margin())
 	var at time.Time
-	if in > 0 {
+	if in > 0 && !localNow.IsZero() {
 		at = localNow.Add(in)
 	}
-	return got, at, st == Expired && got == Live
+	return st, at, state == Expired && st == Live
 }
 
 // confirmWaiters drops from live, the queue's entries not yet expired in
@@ -453,34 +471,20 @@ func (b *Backend) confirm(v *view, judged *Record, l *coordinationv1.Lease, self
 	// by the 24 h bound.
 	silent := l.Annotations[annotationBeatSilent] == "true" && judged != nil && judged.Session == holder && judged.LeaseDuration.Duration > 0
 	s := Sighting{Lease: lease, Bounded: silent || bounded(judged, holder, renewed, till, lease)}
-	var localNow time.Time
-	if b.clock != nil && b.Sightings != nil {
-		// One reading of the clock: the moment judged, and what the
-		// confirmation is counted from, so that confirmAt is the same on
-		// every read of an unchanged lock (confirmTake tells a renewal by
-		// it moving).
-		localNow = b.clock.Now()
-		seenAs := holder
-		if silent {
-			// Seen unchanged means the beat's heartbeat unchanged too: a
-			// holder's renewal that a third client's heartbeat then hid
-			// (the loser of a first install's race) must still start the
-			// count anew (found by review). The queue is not part of it:
-			// a waiter's own refreshes must not restart its count (the
-			// simulation, seed 414). A beat deleted twice in a row shows
-			// as missing both times (docs/protocol.md, "Residual risks").
-			seenAs += "\x00beat@" + l.Annotations[annotationClaim] + "@" + l.Annotations[annotationClaimedFrom]
-		}
-		s.SeenFor = localNow.Sub(b.Sightings.mark(key, seenAs, renewed, till, localNow))
+	seenAs := holder
+	if silent {
+		// Seen unchanged means the beat's heartbeat unchanged too: a
+		// holder's renewal that a third client's heartbeat then hid (the
+		// loser of a first install's race) must still start the count
+		// anew (found by review). The queue is not part of it: a waiter's
+		// own refreshes must not restart its count (the simulation, seed
+		// 414). A beat deleted twice in a row shows as missing both times
+		// (docs/protocol.md, "Residual risks").
+		seenAs += "\x00beat@" + l.Annotations[annotationClaim] + "@" + l.Annotations[annotationClaimedFrom]
 	}
-	expired := v.state == Expired
-	st, in := Confirm(v.state, s, b.margin())
-	v.state = st
-	v.confirming = expired && st == Live
-	if in <= 0 || localNow.IsZero() {
-		return time.Time{}
-	}
-	return localNow.Add(in)
+	var at time.Time
+	v.state, at, v.confirming = b.confirmSeen(key, seenAs, renewed, till, v.state, s)
+	return at
 }
 
 // bounded tells whether the lock held by holder, renewed at renewed until
@@ -1099,13 +1103,13 @@ func (b *Backend) ForceRelease(ctx context.Context, namespace, release, session,
 			// Not Stopped: that holder may still be writing until its
 			// LOCKED TILL, which recovery waits for.
 			abandoned := *rec
-			if rec.Revision <= 0 && rec.Abandoned != nil {
+			if p, _ := Found(rec, Expired); p != rec {
 				// It was recovering what an earlier holder abandoned
 				// (Found): that holder's revision is the one pending, and
 				// is handed on, waiting out this holder's LOCKED TILL too
 				// (found by review: handing on this holder alone lost the
 				// earlier one).
-				abandoned = *rec.Abandoned
+				abandoned = *p
 				if abandoned.Stopped {
 					// That holder has stopped: only this one may still
 					// write (found by review: the later of the two kept a
