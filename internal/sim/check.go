@@ -84,8 +84,8 @@ func Check(o Outcome) []Violation {
 				// later take by the same session (a joint lock taking a
 				// lost part again) stamps a new acquiredAt, and starts a
 				// tenure of its own (seed 8017).
-				if lost, ok := part.lost[w.Client]; ok && !rec && part.lostAcq[w.Client][r.AcquiredAt.UnixMilli()] {
-					add("S5", "%s renewed its %s lock at %s (write #%d) after it was taken over at write #%d", w.Client, part.name, since(w.At), w.Seq, lost.at)
+				if at, ok := part.lost[w.Client][r.AcquiredAt.UnixMilli()]; ok && !rec {
+					add("S5", "%s renewed its %s lock at %s (write #%d) after it was taken over at write #%d", w.Client, part.name, since(w.At), w.Seq, at)
 				}
 				part.acquired[w.Client] = r.AcquiredAt
 				// A renewal is a write of a later renewedAt; a helm write
@@ -208,26 +208,20 @@ func holds(w Write) bool {
 type partLog struct {
 	name     string // gate or lease
 	holders  []string
-	takenAt  []int64
 	expiry   map[string]time.Time
 	renewed  map[string]time.Time // the renewedAt of each client's latest renewal
 	released map[string]bool
 	// acquired is the acquiredAt of each client's latest record; lost,
-	// per client, the tenure another client took from it last.
+	// per client, the acquiredAt (Unix ms) of each of its tenures another
+	// client took, and the write that took it.
 	acquired map[string]time.Time
-	lost     map[string]lostTenure
-	lostAcq  map[string]map[int64]bool
-}
-
-type lostTenure struct {
-	acquired time.Time
-	at       int64 // the write that took it
+	lost     map[string]map[int64]int64
 }
 
 func newPartLog(name string) *partLog {
 	return &partLog{
 		name: name, expiry: map[string]time.Time{}, renewed: map[string]time.Time{}, released: map[string]bool{},
-		acquired: map[string]time.Time{}, lost: map[string]lostTenure{}, lostAcq: map[string]map[int64]bool{},
+		acquired: map[string]time.Time{}, lost: map[string]map[int64]int64{},
 	}
 }
 
@@ -248,7 +242,7 @@ func (p *partLog) startsTenure(w Write) bool {
 		return true
 	}
 	for _, r := range lockRecords(w) {
-		if r.Session == w.Client && r.ReleasedAt.IsZero() && !p.lostAcq[w.Client][r.AcquiredAt.UnixMilli()] {
+		if _, lost := p.lost[w.Client][r.AcquiredAt.UnixMilli()]; r.Session == w.Client && r.ReleasedAt.IsZero() && !lost {
 			return true
 		}
 	}
@@ -257,14 +251,12 @@ func (p *partLog) startsTenure(w Write) bool {
 
 func (p *partLog) take(c string, seq int64) {
 	if prev := p.current(); prev != "" && prev != c {
-		p.lost[prev] = lostTenure{acquired: p.acquired[prev], at: seq}
-		if p.lostAcq[prev] == nil {
-			p.lostAcq[prev] = map[int64]bool{}
+		if p.lost[prev] == nil {
+			p.lost[prev] = map[int64]int64{}
 		}
-		p.lostAcq[prev][p.acquired[prev].UnixMilli()] = true
+		p.lost[prev][p.acquired[prev].UnixMilli()] = seq
 	}
 	p.holders = append(p.holders, c)
-	p.takenAt = append(p.takenAt, seq)
 	delete(p.released, c)
 }
 
