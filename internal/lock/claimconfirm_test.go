@@ -150,12 +150,8 @@ func TestSilentBeatBoundsTheGate(t *testing.T) {
 	t0 := time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)
 	lease := 15 * time.Second
 	holder := Record{Schema: SchemaVersion, Session: "A", Release: "web", Namespace: "shop", Operation: OpInstall, LeaseDuration: metav1.Duration{Duration: lease}, AcquiredAt: t0, RenewedAt: t0, LockedTill: t0.Add(lease)}
-	gate := GateRecord(holder)
-	gateEnc, _ := gate.Encode()
-	r := records.Record{Kind: records.KindSecret, Meta: metav1.ObjectMeta{Name: "sh.helm.release.v1.web.v1", Namespace: "shop", ResourceVersion: "5", Annotations: map[string]string{AnnotationRecord: gateEnc}}}
+	r := firstInstallGate(t, holder)
 	loser := Record{Session: "B", Operation: OpInstall, LeaseDuration: metav1.Duration{Duration: 5 * time.Second}, AcquiredAt: t0, RenewedAt: t0.Add(time.Second), LockedTill: t0.Add(6 * time.Second)}
-	loserEnc, _ := encodeBeat(loser)
-	ownEnc, _ := encodeBeat(holder)
 	now := servertime.Bounds{Earliest: t0.Add(20 * time.Second), Latest: t0.Add(20*time.Second + 100*time.Millisecond)}
 	need := lease + TakeoverMargin
 	for _, tc := range []struct {
@@ -164,11 +160,11 @@ func TestSilentBeatBoundsTheGate(t *testing.T) {
 		after time.Duration
 		want  State
 	}{
-		{"beat left by the loser, first seen", beatObj{exists: true, meta: metav1.ObjectMeta{Name: LeaseName("web"), Namespace: "shop", ResourceVersion: "7", Annotations: map[string]string{AnnotationBeat: loserEnc, annotationClaimedFrom: "B"}}}, 0, Live},
-		{"beat left by the loser, seen for less than a lease", beatObj{exists: true, meta: metav1.ObjectMeta{Name: LeaseName("web"), Namespace: "shop", ResourceVersion: "7", Annotations: map[string]string{AnnotationBeat: loserEnc, annotationClaimedFrom: "B"}}}, need - time.Millisecond, Live},
-		{"beat left by the loser, seen for a lease and the margin", beatObj{exists: true, meta: metav1.ObjectMeta{Name: LeaseName("web"), Namespace: "shop", ResourceVersion: "7", Annotations: map[string]string{AnnotationBeat: loserEnc, annotationClaimedFrom: "B"}}}, need, Free},
+		{"beat left by the loser, first seen", beatOf(t, "7", loser, "B"), 0, Live},
+		{"beat left by the loser, seen for less than a lease", beatOf(t, "7", loser, "B"), need - time.Millisecond, Live},
+		{"beat left by the loser, seen for a lease and the margin", beatOf(t, "7", loser, "B"), need, Free},
 		{"no beat, seen for a lease and the margin", beatObj{}, need, Free},
-		{"the holder's own beat, expired in server time, seen for a lease", beatObj{exists: true, meta: metav1.ObjectMeta{Name: LeaseName("web"), Namespace: "shop", ResourceVersion: "7", Annotations: map[string]string{AnnotationBeat: ownEnc, annotationClaimedFrom: "A"}}}, need, Free},
+		{"the holder's own beat, expired in server time, seen for a lease", beatOf(t, "7", holder, "A"), need, Free},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			l := (&releaseStore{ns: "shop"}).virtual("web", r, tc.beat, "9")
@@ -289,13 +285,7 @@ func TestSilentBeatCountsEveryBeatWrite(t *testing.T) {
 	t0 := time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)
 	lease := 15 * time.Second
 	w := Record{Schema: SchemaVersion, Session: "W", Release: "web", Namespace: "shop", Operation: OpInstall, LeaseDuration: metav1.Duration{Duration: lease}, AcquiredAt: t0, RenewedAt: t0, LockedTill: t0.Add(lease)}
-	g := GateRecord(w)
-	gateEnc, _ := g.Encode()
-	r := records.Record{Kind: records.KindSecret, Meta: metav1.ObjectMeta{Name: "sh.helm.release.v1.web.v1", Namespace: "shop", ResourceVersion: "5", Annotations: map[string]string{AnnotationRecord: gateEnc}}}
-	beatOf := func(rv string, rec Record, from string) beatObj {
-		enc, _ := encodeBeat(rec)
-		return beatObj{exists: true, meta: metav1.ObjectMeta{Name: LeaseName("web"), Namespace: "shop", ResourceVersion: rv, Annotations: map[string]string{AnnotationBeat: enc, annotationClaimedFrom: from}}}
-	}
+	r := firstInstallGate(t, w)
 	l1 := Record{Session: "L1", LeaseDuration: metav1.Duration{Duration: lease}, RenewedAt: t0, LockedTill: t0.Add(lease)}
 	l2 := Record{Session: "L2", LeaseDuration: metav1.Duration{Duration: lease}, RenewedAt: t0.Add(time.Second), LockedTill: t0.Add(time.Second + lease)}
 	st := &releaseStore{ns: "shop"}
@@ -305,13 +295,13 @@ func TestSilentBeatCountsEveryBeatWrite(t *testing.T) {
 		n := clk.Now()
 		return servertime.Bounds{Earliest: n, Latest: n.Add(100 * time.Millisecond)}
 	}
-	if v := b.decode(st.virtual("web", r, beatOf("7", l1, "L1"), "9"), now(), "R"); v.state != Live {
+	if v := b.decode(st.virtual("web", r, beatOf(t, "7", l1, "L1"), "9"), now(), "R"); v.state != Live {
 		t.Fatalf("first read: %s", v.state)
 	}
 	// W renews on its own beat (rv 8), then L2 writes its beat (rv 10):
 	// neither is read here.
 	clk.Step(lease + TakeoverMargin)
-	if v := b.decode(st.virtual("web", r, beatOf("10", l2, "L2"), "9"), now(), "R"); v.state != Live {
+	if v := b.decode(st.virtual("web", r, beatOf(t, "10", l2, "L2"), "9"), now(), "R"); v.state != Live {
 		t.Fatalf("a lease after the first read, the beat written since: %s; want live (W may write until %v)", v.state, 5*time.Second+lease-RenewMargin)
 	}
 	// The reader's own queue refreshes rewrite the beat (rv 11, 12) and
@@ -319,11 +309,34 @@ func TestSilentBeatCountsEveryBeatWrite(t *testing.T) {
 	// simulation, seed 414, found a waiter that never took a dead holder's
 	// release over, its own refreshes restarting its count).
 	clk.Step(lease / 2)
-	if v := b.decode(st.virtual("web", r, beatOf("11", l2, "L2"), "9"), now(), "R"); v.state != Live {
+	if v := b.decode(st.virtual("web", r, beatOf(t, "11", l2, "L2"), "9"), now(), "R"); v.state != Live {
 		t.Fatalf("half a lease later: %s; want live", v.state)
 	}
 	clk.Step(lease/2 + TakeoverMargin)
-	if v := b.decode(st.virtual("web", r, beatOf("12", l2, "L2"), "9"), now(), "R"); v.state == Live {
+	if v := b.decode(st.virtual("web", r, beatOf(t, "12", l2, "L2"), "9"), now(), "R"); v.state == Live {
 		t.Fatalf("the same heartbeat seen for a lease and the margin, the queue rewritten: %s; want expired", v.state)
 	}
+}
+
+// firstInstallGate is the first revision of release web in shop, its gate
+// holding rec (gateForm, as the fence writes it).
+func firstInstallGate(t *testing.T, rec Record) records.Record {
+	t.Helper()
+	gate := GateRecord(rec)
+	enc, err := gate.Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return records.Record{Kind: records.KindSecret, Meta: metav1.ObjectMeta{Name: "sh.helm.release.v1.web.v1", Namespace: "shop", ResourceVersion: "5", Annotations: map[string]string{AnnotationRecord: enc}}}
+}
+
+// beatOf is web's beat at resourceVersion rv with rec's heartbeat, claimed
+// from session from.
+func beatOf(t *testing.T, rv string, rec Record, from string) beatObj {
+	t.Helper()
+	enc, err := encodeBeat(rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return beatObj{exists: true, meta: metav1.ObjectMeta{Name: LeaseName("web"), Namespace: "shop", ResourceVersion: rv, Annotations: map[string]string{AnnotationBeat: enc, annotationClaimedFrom: from}}}
 }
