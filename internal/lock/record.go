@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/user"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -178,6 +179,9 @@ func (r *Record) Encode() (string, error) {
 // wrapping ErrUnsupportedSchema; callers may show it but must not judge expiry
 // from it.
 func DecodeRecord(s string) (*Record, error) {
+	if r, ok := decoded.get(s); ok {
+		return r, nil
+	}
 	var r Record
 	if err := json.Unmarshal([]byte(s), &r); err != nil {
 		return nil, fmt.Errorf("decode lock record: %w", err)
@@ -190,7 +194,51 @@ func DecodeRecord(s string) (*Record, error) {
 	case r.Schema > SchemaVersion:
 		return &r, fmt.Errorf("decode lock record: schema %d is newer than %d, upgrade helm-autorecover: %w", r.Schema, SchemaVersion, ErrUnsupportedSchema)
 	}
+	decoded.put(s, &r)
 	return &r, nil
+}
+
+// decoded keeps the records DecodeRecord read last. A lock's record is read
+// again at every step of a wait, once per part of a joint lock and again by
+// the fence, and decoding its JSON was the largest share of the CPU a
+// waiting client spent. Each caller gets its own copy.
+var decoded recordMemo
+
+// recordMemo maps a record's JSON to the record, for its last few entries.
+type recordMemo struct {
+	mu      sync.Mutex
+	next    int
+	entries [8]struct {
+		s string
+		r *Record
+	}
+}
+
+func (m *recordMemo) get(s string) (*Record, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, e := range m.entries {
+		if e.r != nil && e.s == s {
+			return e.r.clone(), true
+		}
+	}
+	return nil, false
+}
+
+func (m *recordMemo) put(s string, r *Record) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.entries[m.next].s, m.entries[m.next].r = s, r.clone()
+	m.next = (m.next + 1) % len(m.entries)
+}
+
+// clone returns a copy of r that shares nothing with it.
+func (r *Record) clone() *Record {
+	c := *r
+	if r.Abandoned != nil {
+		c.Abandoned = r.Abandoned.clone()
+	}
+	return &c
 }
 
 // NewSession returns a fresh session ID.

@@ -38,6 +38,33 @@ func TestRecordRoundTrip(t *testing.T) {
 	}
 }
 
+// TestDecodeRecordCopies: DecodeRecord remembers the records it read last;
+// a caller that changes its record, or the record it names as abandoned,
+// changes nothing another caller reads.
+func TestDecodeRecordCopies(t *testing.T) {
+	in := Record{Schema: SchemaVersion, Session: "taker", Revision: 3, Abandoned: &Record{Schema: SchemaVersion, Session: "dead", Revision: 2}}
+	s, err := in.Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		r, err := DecodeRecord(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Session != "taker" || r.Revision != 3 || r.Abandoned == nil || r.Abandoned.Session != "dead" || r.Abandoned.Stopped {
+			t.Fatalf("read %d: %+v (abandoned %+v), want the record as encoded", i, r, r.Abandoned)
+		}
+		r.Session, r.Revision, r.Abandoned.Session, r.Abandoned.Stopped = "changed", 9, "changed", true
+	}
+	if _, err := DecodeRecord(`{"schema":2,"session":"s"}`); !errors.Is(err, ErrUnsupportedSchema) {
+		t.Fatalf("a newer schema: err = %v", err)
+	}
+	if _, err := DecodeRecord(`{"schema":2,"session":"s"}`); !errors.Is(err, ErrUnsupportedSchema) {
+		t.Fatalf("a newer schema read again: err = %v, want it flagged again", err)
+	}
+}
+
 func TestDecodeRecordSchemas(t *testing.T) {
 	cases := []struct {
 		name        string

@@ -92,6 +92,9 @@ func runClient(ctx context.Context, m *Model, p Plan, faults Faults, seed int64)
 		Session: p.ID, Who: p.ID, PID: 1, ToolVersion: "sim",
 	}}
 	res.Err = c.Run(ctx, req, func(ctx context.Context, cfg *action.Configuration) error {
+		if err := simStorage(cfg); err != nil {
+			return err
+		}
 		return helm(ctx, cfg, p, clk, func(f string, a ...any) { res.Notes = append(res.Notes, fmt.Sprintf(f, a...)) })
 	})
 	res.Ended = time.Now()

@@ -53,10 +53,37 @@ const SentHeader = "X-Sim-Sent"
 // namespace and name.
 type key struct{ res, ns, name string }
 
-// obj is a stored object as JSON, with its resourceVersion.
+// obj is a stored object as JSON, with its resourceVersion. Its encodings
+// are made once per version: the object (raw) and, on first use, its
+// metadata alone (meta, as PartialObjectMetadata).
 type obj struct {
 	rv   int64
 	body map[string]any
+	raw  []byte
+	meta *[]byte
+}
+
+// newObj encodes body, stored at resourceVersion rv.
+func newObj(rv int64, body map[string]any) obj {
+	raw, err := json.Marshal(body)
+	if err != nil {
+		// The model only stores what it decoded from JSON.
+		panic(fmt.Sprintf("sim: encoding a stored object: %v", err))
+	}
+	return obj{rv: rv, body: body, raw: raw, meta: new([]byte)}
+}
+
+// metadata returns o as PartialObjectMetadata, the way the API server
+// answers a request that accepts metadata only.
+func (o obj) metadata() []byte {
+	if *o.meta == nil {
+		b, err := json.Marshal(map[string]any{"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": metaOf(o.body)})
+		if err != nil {
+			panic(fmt.Sprintf("sim: encoding a stored object's metadata: %v", err))
+		}
+		*o.meta = b
+	}
+	return *o.meta
 }
 
 // stale reports whether a write's resourceVersion precondition (rv, a
@@ -74,12 +101,12 @@ func (o obj) keepIdentity(body map[string]any, name, ns string) {
 	meta["uid"], meta["creationTimestamp"] = oldMeta["uid"], oldMeta["creationTimestamp"]
 }
 
-// event is one change, for watches.
+// event is one change, for watches: the object after it (before it, for
+// a delete).
 type event struct {
-	rv   int64
-	typ  string // ADDED, MODIFIED, DELETED
-	k    key
-	body map[string]any
+	typ string // ADDED, MODIFIED, DELETED
+	k   key
+	obj
 }
 
 // Write is one committed write.
@@ -206,26 +233,29 @@ func (m *Model) serve(req *http.Request, now time.Time) *http.Response {
 		return m.watch(req.Context(), res, ns, q)
 	case req.Method == http.MethodGet && name == "":
 		m.Requests["list"]++
-		return m.list(res, ns, q)
+		return m.list(res, ns, q, metadataOnly(req, "PartialObjectMetadataList"))
 	case req.Method == http.MethodGet:
 		m.Requests["get"]++
 		o, ok := m.objs[key{res, ns, name}]
 		if !ok {
 			return notFound(res, name)
 		}
-		return jsonResponse(http.StatusOK, o.body)
+		if metadataOnly(req, "PartialObjectMetadata") {
+			return rawResponse(http.StatusOK, o.metadata())
+		}
+		return rawResponse(http.StatusOK, o.raw)
 	case req.Method == http.MethodPost && name == "":
 		m.Requests["create"]++
-		return m.create(res, ns, body, client, now)
+		return m.answer(req, m.create(res, ns, body, client, now))
 	case req.Method == http.MethodPut && name != "":
 		m.Requests["update"]++
-		return m.update(res, ns, name, body, client, now)
+		return m.answer(req, m.update(res, ns, name, body, client, now))
 	case req.Method == http.MethodPatch && name != "":
 		m.Requests["patch"]++
 		if ct := req.Header.Get("Content-Type"); ct != "application/merge-patch+json" {
 			return statusResponse(http.StatusUnsupportedMediaType, "UnsupportedMediaType", "the model applies JSON merge patches only, not "+ct)
 		}
-		return m.patch(res, ns, name, body, client, now)
+		return m.answer(req, m.patch(res, ns, name, body, client, now))
 	case req.Method == http.MethodDelete && name != "":
 		m.Requests["delete"]++
 		return m.delete(res, ns, name, body, client, now)
@@ -233,30 +263,63 @@ func (m *Model) serve(req *http.Request, now time.Time) *http.Response {
 	return statusResponse(http.StatusMethodNotAllowed, "MethodNotAllowed", req.Method+" "+req.URL.Path)
 }
 
-// commit stores o (nil deletes) under k as the next resourceVersion and
-// records the write and the event.
-func (m *Model) commit(k key, verb, typ string, body map[string]any, client string, now time.Time) map[string]any {
+// commit stores body (nil deletes) under k as the next resourceVersion and
+// records the write and the event. It returns the object written.
+func (m *Model) commit(k key, verb, typ string, body map[string]any, client string, now time.Time) obj {
 	m.rv++
+	var o obj
 	if typ == "DELETED" {
-		old := m.objs[k]
+		o = m.objs[k]
 		delete(m.objs, k)
-		body = old.body
 	} else {
 		meta := metaOf(body)
 		meta["resourceVersion"] = strconv.FormatInt(m.rv, 10)
 		meta["managedFields"] = m.managed(k, m.manager, now)
-		m.objs[k] = obj{rv: m.rv, body: body}
+		o = newObj(m.rv, body)
+		m.objs[k] = o
 	}
-	m.events = append(m.events, event{rv: m.rv, typ: typ, k: k, body: body})
-	m.Writes = append(m.Writes, Write{Seq: m.rv, At: now, Sent: m.sent, Client: client, Verb: verb, Res: k.res, NS: k.ns, Name: k.name, Object: body})
+	m.events = append(m.events, event{typ: typ, k: k, obj: obj{rv: m.rv, body: o.body, raw: o.raw, meta: o.meta}})
+	m.Writes = append(m.Writes, Write{Seq: m.rv, At: now, Sent: m.sent, Client: client, Verb: verb, Res: k.res, NS: k.ns, Name: k.name, Object: o.body})
 	close(m.changed)
 	m.changed = make(chan struct{})
-	return body
+	return o
 }
 
-func (m *Model) create(res, ns string, body map[string]any, client string, now time.Time) *http.Response {
+// written is a write's outcome: the object written, or the response to an
+// error.
+type written struct {
+	o    obj
+	code int
+	err  *http.Response
+}
+
+// answer returns the response to a write: the object written (its metadata
+// alone when the request accepts only that), or the error.
+func (m *Model) answer(req *http.Request, w written) *http.Response {
+	switch {
+	case w.err != nil:
+		return w.err
+	case metadataOnly(req, "PartialObjectMetadata"):
+		return rawResponse(w.code, w.o.metadata())
+	}
+	return rawResponse(w.code, w.o.raw)
+}
+
+// metadataOnly reports whether req accepts only metadata, as kind (the
+// first media type of its Accept header names it with as=).
+func metadataOnly(req *http.Request, kind string) bool {
+	first, _, _ := strings.Cut(req.Header.Get("Accept"), ",")
+	for _, p := range strings.Split(first, ";") {
+		if strings.TrimSpace(p) == "as="+kind {
+			return true
+		}
+	}
+	return false
+}
+
+func (m *Model) create(res, ns string, body map[string]any, client string, now time.Time) written {
 	if body == nil {
-		return statusResponse(http.StatusBadRequest, "BadRequest", "no object given")
+		return written{err: statusResponse(http.StatusBadRequest, "BadRequest", "no object given")}
 	}
 	meta := metaOf(body)
 	name, _ := meta["name"].(string)
@@ -265,48 +328,48 @@ func (m *Model) create(res, ns string, body map[string]any, client string, now t
 		meta["name"] = name
 	}
 	if name == "" {
-		return statusResponse(http.StatusUnprocessableEntity, "Invalid", "metadata.name is required")
+		return written{err: statusResponse(http.StatusUnprocessableEntity, "Invalid", "metadata.name is required")}
 	}
 	k := key{res, ns, name}
 	if _, exists := m.objs[k]; exists {
-		return statusResponse(http.StatusConflict, "AlreadyExists", fmt.Sprintf("%s %q already exists", res, name))
+		return written{err: statusResponse(http.StatusConflict, "AlreadyExists", fmt.Sprintf("%s %q already exists", res, name))}
 	}
 	setKind(res, body)
 	meta["namespace"] = ns
 	meta["uid"] = fmt.Sprintf("uid-%d", m.rv+1)
 	meta["creationTimestamp"] = now.UTC().Truncate(time.Second).Format(time.RFC3339)
-	return jsonResponse(http.StatusCreated, m.commit(k, "create", "ADDED", body, client, now))
+	return written{o: m.commit(k, "create", "ADDED", body, client, now), code: http.StatusCreated}
 }
 
-func (m *Model) update(res, ns, name string, body map[string]any, client string, now time.Time) *http.Response {
+func (m *Model) update(res, ns, name string, body map[string]any, client string, now time.Time) written {
 	k := key{res, ns, name}
 	old, ok := m.objs[k]
 	if !ok {
-		return notFound(res, name)
+		return written{err: notFound(res, name)}
 	}
 	if body == nil {
-		return statusResponse(http.StatusBadRequest, "BadRequest", "no object given")
+		return written{err: statusResponse(http.StatusBadRequest, "BadRequest", "no object given")}
 	}
 	if old.stale(metaOf(body)["resourceVersion"]) {
-		return conflict(res, name)
+		return written{err: conflict(res, name)}
 	}
 	setKind(res, body)
 	old.keepIdentity(body, name, ns)
-	return jsonResponse(http.StatusOK, m.commit(k, "update", "MODIFIED", body, client, now))
+	return written{o: m.commit(k, "update", "MODIFIED", body, client, now), code: http.StatusOK}
 }
 
-func (m *Model) patch(res, ns, name string, patch map[string]any, client string, now time.Time) *http.Response {
+func (m *Model) patch(res, ns, name string, patch map[string]any, client string, now time.Time) written {
 	k := key{res, ns, name}
 	old, ok := m.objs[k]
 	if !ok {
-		return notFound(res, name)
+		return written{err: notFound(res, name)}
 	}
 	if old.stale(metaOf(patch)["resourceVersion"]) {
-		return conflict(res, name)
+		return written{err: conflict(res, name)}
 	}
 	body := mergePatch(deepCopy(old.body), patch).(map[string]any)
 	old.keepIdentity(body, name, ns)
-	return jsonResponse(http.StatusOK, m.commit(k, "patch", "MODIFIED", body, client, now))
+	return written{o: m.commit(k, "patch", "MODIFIED", body, client, now), code: http.StatusOK}
 }
 
 func (m *Model) delete(res, ns, name string, opts map[string]any, client string, now time.Time) *http.Response {
@@ -358,30 +421,38 @@ func (s selector) matches(body map[string]any) bool {
 	return s.labels.Matches(ls) && s.fields.Matches(fields.Set{"metadata.name": name, "metadata.namespace": ns})
 }
 
-func (m *Model) list(res, ns string, q url.Values) *http.Response {
+func (m *Model) list(res, ns string, q url.Values, metadata bool) *http.Response {
 	sel, err := selectorOf(q)
 	if err != nil {
 		return statusResponse(http.StatusBadRequest, "BadRequest", err.Error())
 	}
-	items := []any{}
 	var names []string
-	byName := map[string]map[string]any{}
 	for k, o := range m.objs {
 		if k.res == res && k.ns == ns && sel.matches(o.body) {
 			names = append(names, k.name)
-			byName[k.name] = o.body
 		}
 	}
 	sort.Strings(names)
-	for _, n := range names {
-		items = append(items, byName[n])
-	}
 	kv := kinds[res]
-	return jsonResponse(http.StatusOK, map[string]any{
-		"apiVersion": kv[0], "kind": kv[1] + "List",
-		"metadata": map[string]any{"resourceVersion": strconv.FormatInt(m.rv, 10)},
-		"items":    items,
-	})
+	apiVersion, kind := kv[0], kv[1]+"List"
+	if metadata {
+		apiVersion, kind = "meta.k8s.io/v1", "PartialObjectMetadataList"
+	}
+	var b bytes.Buffer
+	fmt.Fprintf(&b, `{"apiVersion":%q,"kind":%q,"metadata":{"resourceVersion":"%d"},"items":[`, apiVersion, kind, m.rv)
+	for i, n := range names {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		o := m.objs[key{res, ns, n}]
+		if metadata {
+			b.Write(o.metadata())
+		} else {
+			b.Write(o.raw)
+		}
+	}
+	b.WriteString("]}")
+	return rawResponse(http.StatusOK, b.Bytes())
 }
 
 // watch streams the changes after the request's resourceVersion (all
@@ -403,7 +474,7 @@ func (m *Model) watch(ctx context.Context, res, ns string, q url.Values) *http.R
 	} else {
 		for k, o := range m.objs {
 			if k.res == res && k.ns == ns && sel.matches(o.body) {
-				initial = append(initial, event{rv: o.rv, typ: "ADDED", k: k, body: o.body})
+				initial = append(initial, event{typ: "ADDED", k: k, obj: o})
 			}
 		}
 		sort.Slice(initial, func(i, j int) bool { return initial[i].rv < initial[j].rv })
@@ -424,11 +495,8 @@ func (m *Model) stream(ctx context.Context, pw *io.PipeWriter, res, ns string, s
 	defer end.Stop()
 	for {
 		for _, e := range pending {
-			line, err := json.Marshal(map[string]any{"type": e.typ, "object": e.body})
-			if err != nil {
-				return
-			}
-			if _, err := pw.Write(append(line, '\n')); err != nil {
+			line := append(append([]byte(`{"type":"`+e.typ+`","object":`), e.raw...), "}\n"...)
+			if _, err := pw.Write(line); err != nil {
 				return
 			}
 		}
@@ -517,6 +585,10 @@ func jsonResponse(code int, v any) *http.Response {
 	if err != nil {
 		return statusResponse(http.StatusInternalServerError, "InternalError", err.Error())
 	}
+	return &http.Response{StatusCode: code, Header: http.Header{"Content-Type": {"application/json"}}, Body: io.NopCloser(bytes.NewReader(b)), ContentLength: int64(len(b))}
+}
+
+func rawResponse(code int, b []byte) *http.Response {
 	return &http.Response{StatusCode: code, Header: http.Header{"Content-Type": {"application/json"}}, Body: io.NopCloser(bytes.NewReader(b)), ContentLength: int64(len(b))}
 }
 
