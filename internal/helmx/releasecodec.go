@@ -16,6 +16,7 @@ import (
 	"maps"
 	"slices"
 	"strconv"
+	"sync"
 	"time"
 
 	"helm.sh/helm/v4/pkg/release/common"
@@ -65,6 +66,19 @@ func HistorySelector(release string) string {
 	return LabelOwner + "=" + OwnerHelm + "," + LabelName + "=" + release
 }
 
+// gzipWriters and gzipReaders keep gzip state for reuse: a writer's tables
+// alone are about 700 KB, allocated and cleared for every record otherwise.
+var (
+	gzipWriters = sync.Pool{New: func() any {
+		zw, err := gzip.NewWriterLevel(nil, gzip.BestCompression)
+		if err != nil {
+			panic(fmt.Sprintf("gzip writer at the best compression: %v", err))
+		}
+		return zw
+	}}
+	gzipReaders sync.Pool
+)
+
 // DecodeReleaseJSON turns a stored data["release"] value back into the
 // release's JSON document. The payload may be gzip-compressed or not, as Helm
 // accepts both. The document is returned as raw bytes so that fields this
@@ -77,11 +91,14 @@ func DecodeReleaseJSON(data []byte) (json.RawMessage, error) {
 	}
 	raw = raw[:n]
 	if bytes.HasPrefix(raw, gzipMagic) {
-		zr, err := gzip.NewReader(bytes.NewReader(raw))
-		if err != nil {
+		zr, _ := gzipReaders.Get().(*gzip.Reader)
+		if zr == nil {
+			zr = new(gzip.Reader)
+		}
+		defer gzipReaders.Put(zr)
+		if err := zr.Reset(bytes.NewReader(raw)); err != nil {
 			return nil, fmt.Errorf("decoding the release payload: bad gzip header: %w", err)
 		}
-		defer zr.Close()
 		raw, err = io.ReadAll(io.LimitReader(zr, maxReleaseJSON+1))
 		if err != nil {
 			return nil, fmt.Errorf("decoding the release payload: bad gzip stream: %w", err)
@@ -104,10 +121,9 @@ func EncodeReleaseJSON(doc json.RawMessage) ([]byte, error) {
 		return nil, fmt.Errorf("encoding the release payload: %w", err)
 	}
 	var buf bytes.Buffer
-	zw, err := gzip.NewWriterLevel(&buf, gzip.BestCompression)
-	if err != nil {
-		return nil, fmt.Errorf("encoding the release payload: %w", err)
-	}
+	zw := gzipWriters.Get().(*gzip.Writer)
+	defer gzipWriters.Put(zw)
+	zw.Reset(&buf)
 	if _, err := zw.Write(doc); err != nil {
 		return nil, fmt.Errorf("encoding the release payload: %w", err)
 	}

@@ -1,14 +1,10 @@
 package sim
 
 import (
-	"bytes"
-	"compress/gzip"
 	"context"
-	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"strconv"
-	"sync"
 	"time"
 
 	"helm.sh/helm/v4/pkg/action"
@@ -20,11 +16,13 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+
+	"github.com/helm-autorecover/helm-autorecover/internal/helmx"
 )
 
 // secrets is helm's secret driver with its two writes done by the
 // simulation: the same Secret, byte for byte (TestSecretsAsHelm), from a
-// gzip writer kept for reuse. Helm's driver makes a new writer per record,
+// gzip writer kept for reuse (helmx.EncodeReleaseJSON). Helm's driver makes a new writer per record,
 // and its 700 KB of tables were most of the memory a schedule allocated
 // and a seventh of its time. Reads and deletes are helm's own.
 type secrets struct {
@@ -104,33 +102,12 @@ func recordSecret(key string, rel release.Releaser, stamp string) (*corev1.Secre
 	}, nil
 }
 
-// zippers keeps gzip writers at helm's level for reuse.
-var zippers = sync.Pool{New: func() any {
-	w, err := gzip.NewWriterLevel(nil, gzip.BestCompression)
-	if err != nil {
-		panic(err)
-	}
-	return w
-}}
-
 // encodeRecord is helm's encoding of a release record: JSON, gzipped at
-// the best compression, in base64.
+// the best compression, in base64 (helmx's encoder, with reused writers).
 func encodeRecord(r *rspb.Release) ([]byte, error) {
 	b, err := json.Marshal(r)
 	if err != nil {
 		return nil, err
 	}
-	var buf bytes.Buffer
-	w := zippers.Get().(*gzip.Writer)
-	defer zippers.Put(w)
-	w.Reset(&buf)
-	if _, err := w.Write(b); err != nil {
-		return nil, err
-	}
-	if err := w.Close(); err != nil {
-		return nil, err
-	}
-	out := make([]byte, base64.StdEncoding.EncodedLen(buf.Len()))
-	base64.StdEncoding.Encode(out, buf.Bytes())
-	return out, nil
+	return helmx.EncodeReleaseJSON(b)
 }

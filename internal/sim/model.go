@@ -33,6 +33,7 @@ type Model struct {
 	objs    map[key]obj
 	events  []event
 	changed chan struct{} // closed and replaced on every commit
+	sels    map[string]selector
 	sent    time.Time     // of the request being served
 	manager string        // its field manager
 	closed  chan struct{}
@@ -57,10 +58,11 @@ type key struct{ res, ns, name string }
 // are made once per version: the object (raw) and, on first use, its
 // metadata alone (meta, as PartialObjectMetadata).
 type obj struct {
-	rv   int64
-	body map[string]any
-	raw  []byte
-	meta *[]byte
+	rv     int64
+	body   map[string]any
+	raw    []byte
+	meta   *[]byte
+	labels labels.Set
 }
 
 // newObj encodes body, stored at resourceVersion rv.
@@ -70,7 +72,13 @@ func newObj(rv int64, body map[string]any) obj {
 		// The model only stores what it decoded from JSON.
 		panic(fmt.Sprintf("sim: encoding a stored object: %v", err))
 	}
-	return obj{rv: rv, body: body, raw: raw, meta: new([]byte)}
+	ls := labels.Set{}
+	if l, ok := metaOf(body)["labels"].(map[string]any); ok {
+		for k, v := range l {
+			ls[k], _ = v.(string)
+		}
+	}
+	return obj{rv: rv, body: body, raw: raw, meta: new([]byte), labels: ls}
 }
 
 // metadata returns o as PartialObjectMetadata, the way the API server
@@ -127,7 +135,7 @@ type Write struct {
 
 // NewModel returns an empty model.
 func NewModel() *Model {
-	return &Model{objs: map[key]obj{}, changed: make(chan struct{}), closed: make(chan struct{}), Requests: map[string]int{}}
+	return &Model{objs: map[key]obj{}, sels: map[string]selector{}, changed: make(chan struct{}), closed: make(chan struct{}), Requests: map[string]int{}}
 }
 
 // Close ends every watch.
@@ -278,7 +286,9 @@ func (m *Model) commit(k key, verb, typ string, body map[string]any, client stri
 		o = newObj(m.rv, body)
 		m.objs[k] = o
 	}
-	m.events = append(m.events, event{typ: typ, k: k, obj: obj{rv: m.rv, body: o.body, raw: o.raw, meta: o.meta}})
+	ev := o
+	ev.rv = m.rv
+	m.events = append(m.events, event{typ: typ, k: k, obj: ev})
 	m.Writes = append(m.Writes, Write{Seq: m.rv, At: now, Sent: m.sent, Client: client, Verb: verb, Res: k.res, NS: k.ns, Name: k.name, Object: o.body})
 	close(m.changed)
 	m.changed = make(chan struct{})
@@ -396,7 +406,13 @@ type selector struct {
 	fields fields.Selector
 }
 
-func selectorOf(q url.Values) (selector, error) {
+// selector parses the selectors of a list or watch request, once per
+// distinct pair. m.mu is held.
+func (m *Model) selector(q url.Values) (selector, error) {
+	k := q.Get("labelSelector") + "\x00" + q.Get("fieldSelector")
+	if s, ok := m.sels[k]; ok {
+		return s, nil
+	}
 	ls, err := labels.Parse(q.Get("labelSelector"))
 	if err != nil {
 		return selector{}, err
@@ -405,30 +421,23 @@ func selectorOf(q url.Values) (selector, error) {
 	if err != nil {
 		return selector{}, err
 	}
-	return selector{ls, fs}, nil
+	m.sels[k] = selector{ls, fs}
+	return m.sels[k], nil
 }
 
-func (s selector) matches(body map[string]any) bool {
-	meta := metaOf(body)
-	ls := labels.Set{}
-	if l, ok := meta["labels"].(map[string]any); ok {
-		for k, v := range l {
-			ls[k], _ = v.(string)
-		}
-	}
-	name, _ := meta["name"].(string)
-	ns, _ := meta["namespace"].(string)
-	return s.labels.Matches(ls) && s.fields.Matches(fields.Set{"metadata.name": name, "metadata.namespace": ns})
+// matches reports whether o, stored under k, is selected.
+func (s selector) matches(k key, o obj) bool {
+	return s.labels.Matches(o.labels) && s.fields.Matches(fields.Set{"metadata.name": k.name, "metadata.namespace": k.ns})
 }
 
 func (m *Model) list(res, ns string, q url.Values, metadata bool) *http.Response {
-	sel, err := selectorOf(q)
+	sel, err := m.selector(q)
 	if err != nil {
 		return statusResponse(http.StatusBadRequest, "BadRequest", err.Error())
 	}
 	var names []string
 	for k, o := range m.objs {
-		if k.res == res && k.ns == ns && sel.matches(o.body) {
+		if k.res == res && k.ns == ns && sel.matches(k, o) {
 			names = append(names, k.name)
 		}
 	}
@@ -459,7 +468,7 @@ func (m *Model) list(res, ns string, q url.Values, metadata bool) *http.Response
 // current objects as ADDED first when it gives none) until the request
 // ends, its timeoutSeconds pass, or the model closes. m.mu is held.
 func (m *Model) watch(ctx context.Context, res, ns string, q url.Values) *http.Response {
-	sel, err := selectorOf(q)
+	sel, err := m.selector(q)
 	if err != nil {
 		return statusResponse(http.StatusBadRequest, "BadRequest", err.Error())
 	}
@@ -473,7 +482,7 @@ func (m *Model) watch(ctx context.Context, res, ns string, q url.Values) *http.R
 		from = n
 	} else {
 		for k, o := range m.objs {
-			if k.res == res && k.ns == ns && sel.matches(o.body) {
+			if k.res == res && k.ns == ns && sel.matches(k, o) {
 				initial = append(initial, event{typ: "ADDED", k: k, obj: o})
 			}
 		}
@@ -503,7 +512,7 @@ func (m *Model) stream(ctx context.Context, pw *io.PipeWriter, res, ns string, s
 		m.mu.Lock()
 		pending = pending[:0]
 		for _, e := range m.events[sort.Search(len(m.events), func(i int) bool { return m.events[i].rv > from }):] {
-			if e.k.res == res && e.k.ns == ns && sel.matches(e.body) {
+			if e.k.res == res && e.k.ns == ns && sel.matches(e.k, e.obj) {
 				pending = append(pending, e)
 			}
 			from = e.rv
