@@ -34,8 +34,8 @@ type Model struct {
 	events  []event
 	changed chan struct{} // closed and replaced on every commit
 	sels    map[string]selector
-	sent    time.Time     // of the request being served
-	manager string        // its field manager
+	sent    time.Time // of the request being served
+	manager string    // its field manager
 	closed  chan struct{}
 	// Writes are the committed writes, in commit order.
 	Writes []Write
