@@ -6,8 +6,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"net/url"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -136,6 +138,53 @@ type Write struct {
 // NewModel returns an empty model.
 func NewModel() *Model {
 	return &Model{objs: map[key]obj{}, sels: map[string]selector{}, changed: make(chan struct{}), closed: make(chan struct{}), Requests: map[string]int{}}
+}
+
+// modelState is a model's data, shared by no bubble: what save returns and
+// restore takes.
+type modelState struct {
+	rv       int64
+	objs     map[key]obj
+	events   []event
+	writes   []Write
+	requests map[string]int
+}
+
+// save returns a copy of m's data. Stored objects are never changed once
+// committed, so the copy shares their bodies.
+func (m *Model) save() modelState {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	st := modelState{rv: m.rv, objs: make(map[key]obj, len(m.objs)), events: slices.Clone(m.events), writes: slices.Clone(m.Writes), requests: maps.Clone(m.Requests)}
+	for k, o := range m.objs {
+		st.objs[k] = o.fresh()
+	}
+	for i := range st.events {
+		st.events[i].obj = st.events[i].fresh()
+	}
+	return st
+}
+
+// restore gives m, a new model, a copy of the data st.
+func (m *Model) restore(st modelState) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.rv, m.events, m.Writes, m.Requests = st.rv, slices.Clone(st.events), slices.Clone(st.writes), maps.Clone(st.requests)
+	m.objs = make(map[key]obj, len(st.objs))
+	for k, o := range st.objs {
+		m.objs[k] = o.fresh()
+	}
+	for i := range m.events {
+		m.events[i].obj = m.events[i].fresh()
+	}
+}
+
+// fresh returns o with its own slot for the metadata encoding, which is
+// filled on first use.
+func (o obj) fresh() obj {
+	meta := *o.meta
+	o.meta = &meta
+	return o
 }
 
 // Close ends every watch.
