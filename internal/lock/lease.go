@@ -569,7 +569,12 @@ func (b *Backend) attempt(ctx context.Context, req *Request, w *waitState, maybe
 			return attemptResult{}, fmt.Errorf("lock release %q in namespace %q: %w", req.Release, req.Namespace, err)
 		}
 		v := b.decode(cur, now, req.Session)
-		if req.sightLater != nil && holderOf(&cur.Spec) != req.Session && (v.confirming || v.state == Expired || (w != nil && v.state == Live)) {
+		ahead := waitersAhead(v.live, req.Session)
+		// While this part keeps us waiting (a holder, or waiters ahead of
+		// us, dead ones included), the later parts are read too, so that
+		// a dead holder's expiry there is confirmed meanwhile, not only
+		// once this part is ours (seeds 92122, 96108).
+		if req.sightLater != nil && holderOf(&cur.Spec) != req.Session && (v.confirming || v.state == Expired || (w != nil && (v.state == Live || ahead > 0))) {
 			req.sightLater(ctx)
 		}
 		// Our own lock whose take may have committed is adopted while it is
@@ -585,7 +590,6 @@ func (b *Backend) attempt(ctx context.Context, req *Request, w *waitState, maybe
 			}
 			return attemptResult{held: h, seen: h.lease}, nil
 		}
-		ahead := waitersAhead(v.live, req.Session)
 		if v.state != Live && ahead == 0 {
 			h, err := b.take(ctx, req, v, maybe)
 			if changed(err) || retry(err) {
