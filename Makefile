@@ -43,26 +43,29 @@ test-unit:
 	$(GO) test -short -count=1 ./...
 
 ## sim: the deterministic simulation (internal/sim, issue 17): the bounded
-## exhaustive set, then SIM_N random schedules from seed SIM_SEED spread
-## over SIM_SHARDS processes (one per core); figures are appended to
+## exhaustive set and SIM_N random schedules from seed SIM_SEED, run by
+## SIM_SHARDS processes (one per core) that take blocks of seeds in turn
+## (sim-claims/), so that they end together; figures are appended to
 ## SIM_REPORT. A violation prints its seed, the command that replays it, and
 ## the schedule's trace, and fails the target. make test runs the
 ## exhaustive set, the regressions and the first 1,000 random schedules.
-## SIM_GOGC trades memory for speed (the model allocates much).
+## SIM_GOGC trades memory for speed.
 SIM_N ?= 100000
 SIM_SEED ?= 1
 SIM_SHARDS ?= 2
 SIM_REPORT ?= sim-report.txt
 SIM_GOGC ?= 400
 sim:
-	@rm -f $(SIM_REPORT)
-	GOGC=$(SIM_GOGC) $(GO) test -count=1 -timeout 4h -tags sim -run '^TestSimExhaustive$$' ./internal/sim -args -sim.report=$(CURDIR)/$(SIM_REPORT)
+	@rm -rf $(SIM_REPORT) sim-shard-*.log sim-exhaustive.log sim-claims && mkdir -p sim-claims bin
 	$(GO) test -c -tags sim -o bin/sim.test ./internal/sim
-	@set -e; pids=""; i=0; while [ $$i -lt $(SIM_SHARDS) ]; do \
-		(cd internal/sim && GOMAXPROCS=1 GOGC=$(SIM_GOGC) ../../bin/sim.test -test.count=1 -test.timeout 8h -test.run '^TestSimRandom$$' \
-			-sim.n=$(SIM_N) -sim.seed=$(SIM_SEED) -sim.shard=$$i/$(SIM_SHARDS) -sim.report=$(CURDIR)/$(SIM_REPORT) > $(CURDIR)/sim-shard-$$i.log 2>&1) & pids="$$pids $$!"; \
+	@set -e; cd internal/sim; \
+		GOMAXPROCS=1 GOGC=$(SIM_GOGC) ../../bin/sim.test -test.count=1 -test.timeout 4h -test.run '^TestSimExhaustive$$' \
+			-sim.report=$(CURDIR)/$(SIM_REPORT) > $(CURDIR)/sim-exhaustive.log 2>&1 & pids="$$!"; \
+		i=0; while [ $$i -lt $(SIM_SHARDS) ]; do \
+		GOMAXPROCS=1 GOGC=$(SIM_GOGC) ../../bin/sim.test -test.count=1 -test.timeout 8h -test.run '^TestSimRandom$$' \
+			-sim.n=$(SIM_N) -sim.seed=$(SIM_SEED) -sim.claims=$(CURDIR)/sim-claims -sim.report=$(CURDIR)/$(SIM_REPORT) > $(CURDIR)/sim-shard-$$i.log 2>&1 & pids="$$pids $$!"; \
 		i=$$((i+1)); done; rc=0; for p in $$pids; do wait $$p || rc=1; done; \
-		cat $(SIM_REPORT); grep -h -A3 'violations (replay' sim-shard-*.log | head -200 || true; exit $$rc
+		cat $(CURDIR)/$(SIM_REPORT); grep -h -A3 -E 'violations( \(replay|:$$)' $(CURDIR)/sim-exhaustive.log $(CURDIR)/sim-shard-*.log | head -200 || true; exit $$rc
 
 ## fuzz: every fuzz target (func FuzzX in a *_test.go file under internal/
 ## and pkg/) for $(FUZZ_TIME) each, one after the other; a new target is

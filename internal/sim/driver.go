@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"strconv"
 	"time"
 
@@ -88,11 +89,11 @@ func recordSecret(key string, rel release.Releaser, stamp string) (*corev1.Secre
 	if err != nil {
 		return nil, err
 	}
-	labels := map[string]string{}
-	for k, v := range r.Labels {
-		labels[k] = v
-	}
-	labels[stamp] = strconv.FormatInt(time.Now().Unix(), 10)
+	// In helm's order: the release's labels, the stamp, the release's
+	// labels again (a stamp the release carries from its last read wins),
+	// then helm's own.
+	labels := map[string]string{stamp: strconv.FormatInt(time.Now().Unix(), 10)}
+	maps.Copy(labels, r.Labels)
 	labels["name"], labels["owner"] = r.Name, "helm"
 	labels["status"], labels["version"] = r.Info.Status.String(), strconv.Itoa(r.Version)
 	return &corev1.Secret{

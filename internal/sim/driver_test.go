@@ -50,6 +50,9 @@ func TestSecretsAsHelm(t *testing.T) {
 			t.Fatalf("a second create: err = %v, want helm's %v", err, driver.ErrReleaseExists)
 		}
 		time.Sleep(90 * time.Second)
+		// As read back through helm's driver: its labels carry the
+		// create's stamp, and a modifiedAt of an earlier update.
+		rel.Labels = map[string]string{"team": "a", "createdAt": "946684800", "modifiedAt": "946684801"}
 		rel.Info.Status = common.StatusDeployed
 		for _, d := range []driver.Driver{helmD, simD} {
 			if err := d.Update("sh.helm.release.v1.app.v3", rel); err != nil {

@@ -3,9 +3,12 @@
 package sim
 
 import (
+	"errors"
 	"flag"
 	"fmt"
+	"io/fs"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -18,7 +21,53 @@ var (
 	flagShard    = flag.String("sim.shard", "0/1", "explore only the seeds i mod n (i/n), to spread them over processes")
 	flagTrace    = flag.Bool("sim.trace", false, "print every schedule's trace")
 	flagProgress = flag.Bool("sim.progress", false, "print each seed as it starts, to stderr")
+	flagClaims   = flag.String("sim.claims", "", "share the seeds with the other processes given this directory: each takes the next block of seeds no one took yet (instead of -sim.shard), so that all end together")
 )
+
+// claimBlock is how many seeds a process takes at once with -sim.claims.
+const claimBlock = 50
+
+// seeds returns the seeds this process explores, in order, as a function
+// that returns the next one (false when none is left).
+func seeds(t *testing.T) func() (int64, bool) {
+	from, end := *flagFrom, *flagFrom+int64(*flagN)
+	if *flagClaims == "" {
+		i, of := shard()
+		seed := from - 1
+		return func() (int64, bool) {
+			for seed++; seed < end; seed++ {
+				if seed%of == i {
+					return seed, true
+				}
+			}
+			return 0, false
+		}
+	}
+	block, next, last := int64(-1), from, from
+	return func() (int64, bool) {
+		for next >= last {
+			// Take the next block that no process created a file for.
+			for {
+				block++
+				if from+block*claimBlock >= end {
+					return 0, false
+				}
+				f, err := os.OpenFile(filepath.Join(*flagClaims, strconv.FormatInt(block, 10)), os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o644)
+				if errors.Is(err, fs.ErrExist) {
+					continue
+				}
+				if err != nil {
+					t.Fatalf("claiming seeds: %v", err)
+				}
+				_ = f.Close()
+				break
+			}
+			next, last = from+block*claimBlock, min(from+(block+1)*claimBlock, end)
+		}
+		next++
+		return next - 1, true
+	}
+}
 
 func shard() (int64, int64) {
 	i, n, ok := strings.Cut(*flagShard, "/")
@@ -37,14 +86,10 @@ func shard() (int64, int64) {
 
 // TestSimRandom explores random schedules (make sim: 100,000 of them).
 func TestSimRandom(t *testing.T) {
-	n := *flagN
-	i, of := shard()
+	next := seeds(t)
 	var ty tally
 	start := time.Now()
-	for seed := *flagFrom; seed < *flagFrom+int64(n); seed++ {
-		if seed%of != i {
-			continue
-		}
+	for seed, ok := next(); ok; seed, ok = next() {
 		if *flagProgress {
 			fmt.Fprintf(os.Stderr, "sim: seed %d\n", seed)
 		}
