@@ -173,7 +173,10 @@ func SetInfoFields(doc json.RawMessage, set map[string]any) (json.RawMessage, er
 }
 
 func checkObject(doc []byte) error {
-	trimmed := bytes.TrimSpace(doc)
+	// JSON's own white space only: bytes.TrimSpace also drops Unicode
+	// spaces (U+0085, U+00A0), which no JSON decoder, helm's included,
+	// accepts before a document.
+	trimmed := bytes.Trim(doc, " \t\r\n")
 	if len(trimmed) == 0 || trimmed[0] != '{' || !json.Valid(trimmed) {
 		return errors.New("not a JSON object")
 	}

@@ -239,6 +239,10 @@ func TestDecodeErrors(t *testing.T) {
 		"truncated gzip":   base64.StdEncoding.EncodeToString([]byte{0x1f, 0x8b, 0x08, 0, 0}),
 		"empty":            "",
 		"json null object": base64.StdEncoding.EncodeToString([]byte("null")),
+		// JSON allows only its own white space around a document; helm's
+		// decoder refuses these too.
+		"a no-break space first": base64.StdEncoding.EncodeToString([]byte("\u00a0{\"name\":\"web\"}")),
+		"a next-line last":       base64.StdEncoding.EncodeToString([]byte("{\"name\":\"web\"}\u0085")),
 	} {
 		if _, err := DecodeReleaseJSON([]byte(data)); err == nil {
 			t.Errorf("%s: no error", name)
