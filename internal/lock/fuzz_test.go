@@ -515,6 +515,7 @@ func FuzzGateAnnotations(f *testing.F) {
 	f.Add("sh.helm.release.v1.a.b.v12", "184467", "A", "184468", "12", "pending-upgrade", byte(0))
 	f.Add("sh.helm.release.v1.web.v1", "", "", "1", "-1", "failed", byte(2))
 	f.Add("x@y", "1@2", "s@t", "1/2", "0x10", "superseded", byte(3))
+	f.Add("sh.helm.release.v1.web.v9223372036854775807", "7", "s", "8", "9223372036854775807", "deployed", byte(1))
 	f.Fuzz(func(t *testing.T, name, rv, session, otherRV, anchorRev, anchorStatus string, op byte) {
 		session = strings.ToValidUTF8(session, "\uFFFD") // as the claim's JSON carries it
 		on := claimedOn(session, name, rv)
@@ -567,9 +568,7 @@ func FuzzGateAnnotations(f *testing.F) {
 		case !SettledStatus(anchorStatus):
 			t.Fatalf("nextRevision = %d past a %q newest record, which may be recovered first", next, anchorStatus)
 		case n == math.MaxInt:
-			// Suspected bug, reported with issue 14: n+1 overflows and the
-			// take names a negative revision (only from a hand-made version
-			// label; helm cannot write the revision after it either).
+			t.Fatalf("nextRevision after the largest revision = %d: there is none to name", next)
 		case err != nil || n <= 0 || next != n+1 || next <= 0:
 			t.Fatalf("nextRevision(anchor revision %q) = %d", anchorRev, next)
 		}

@@ -728,7 +728,9 @@ func nextRevision(req *Request, anchor map[string]string) int {
 		return 0
 	}
 	n, err := strconv.Atoi(anchor[annotationAnchorRevision])
-	if err != nil || n <= 0 {
+	if err != nil || n <= 0 || n == math.MaxInt {
+		// No next revision to name (the one after the largest int
+		// would be negative).
 		return 0
 	}
 	return n + 1
