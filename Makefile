@@ -13,7 +13,7 @@ GOLANGCI_LINT := $(shell $(GO) env GOPATH)/bin/golangci-lint
 # Integration tests start processes and wait on them: generous, not infinite.
 TEST_TIMEOUT ?= 40m
 
-.PHONY: sim dist docs build build-chaos chaos test test-unit test-integration lint fmt vet demo bench bench-controller cluster-up cluster-down cluster-bins tools clean chart-lint fuzz
+.PHONY: pg-up pg-down sim dist docs build build-chaos chaos test test-unit test-integration lint fmt vet demo bench bench-controller cluster-up cluster-down cluster-bins tools clean chart-lint fuzz
 
 build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/helm-autorecover
@@ -87,6 +87,14 @@ cluster-bins:
 
 cluster-up:
 	hack/local-cluster.sh up
+
+## pg-up, pg-down: a throwaway PostgreSQL on loopback for HELM_DRIVER=sql
+## (hack/local-postgres.sh; `hack/local-postgres.sh env` prints the exports).
+pg-up:
+	hack/local-postgres.sh up
+
+pg-down:
+	hack/local-postgres.sh down
 
 cluster-down:
 	hack/local-cluster.sh down
