@@ -10,17 +10,27 @@
 #                                   HELM_DRIVER_SQL_CONNECTION_STRING exports
 #
 # State lives in $LOCAL_POSTGRES_DIR (default .local-postgres/ in the repo):
-# data/, the socket, port, logs/postgres.log. PostgreSQL refuses to run as
-# root: as root the server runs as the user postgres (the package creates
-# it). A missing package is installed by .ci/run; here it is an error that
+# the port, logs/; the server's data, socket and log are there too, except
+# as root. PostgreSQL refuses to run as root: as root the server runs as the
+# user postgres (the package creates it), with its files in a directory of
+# its own under /tmp. A missing package is installed by .ci/run; here it is an error that
 # names the command.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 
 PG_DIR=${LOCAL_POSTGRES_DIR:-$REPO_ROOT/.local-postgres}
-DATA="$PG_DIR/data"
 PORT_FILE="$PG_DIR/port"
-LOG="$PG_DIR/logs/postgres.log"
+# The server's own files (data, socket, log) must be reachable by the user
+# it runs as: as root that is postgres, which may not enter the checkout
+# (under /root, say), so they go to a directory of their own under /tmp,
+# named after PG_DIR.
+if ((EUID == 0)); then
+  RUN_DIR=${TMPDIR:-/tmp}/helm-autorecover-postgres-$(printf %s "$PG_DIR" | md5sum | cut -c1-12)
+else
+  RUN_DIR=$PG_DIR
+fi
+DATA="$RUN_DIR/data"
+LOG="$RUN_DIR/postgres.log"
 
 pg_bin() {
   if [[ -n ${PG_BIN:-} ]]; then
@@ -66,12 +76,14 @@ cmd_up() {
     log "PostgreSQL on port $(port) is already running"
     return 0
   fi
+  mkdir -p "$RUN_DIR"
   if ((EUID == 0)); then
     getent passwd postgres >/dev/null || die "running as root needs the user postgres (the postgresql package creates it)"
-    chown postgres "$PG_DIR" "$PG_DIR/logs"
+    chown postgres "$RUN_DIR"
+    chmod 700 "$RUN_DIR"
   fi
   if [[ ! -f $DATA/PG_VERSION ]]; then
-    rm -rf "$DATA"
+    as_owner rm -rf "$DATA"
     log "creating the database cluster in $DATA"
     as_owner "$bin/initdb" -D "$DATA" -U helm --auth=trust -E UTF8 --no-sync >"$PG_DIR/logs/initdb.log" 2>&1 ||
       die "initdb failed; see $PG_DIR/logs/initdb.log"
@@ -81,7 +93,7 @@ cmd_up() {
   echo "$p" >"$PORT_FILE"
   log "starting PostgreSQL on 127.0.0.1:$p"
   as_owner "$bin/pg_ctl" -D "$DATA" -l "$LOG" -w -t 60 start \
-    -o "-k $PG_DIR -p $p -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=300" >/dev/null 9>&- ||
+    -o "-k $RUN_DIR -p $p -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=300" >/dev/null 9>&- ||
     die "PostgreSQL did not start; see $LOG"
   ready || die "PostgreSQL started but does not accept connections; see $LOG"
   log "PostgreSQL ready in $((SECONDS - t0))s"
