@@ -80,22 +80,6 @@ func SQLHistory(t testing.TB, dsn, ns, release string) []string {
 	return out
 }
 
-// WaitForSQLStatus waits until revision rev of the release is the newest
-// in the SQL store at dsn and has status.
-func WaitForSQLStatus(t testing.TB, dsn, ns, release string, rev int, status string, timeout time.Duration) {
-	t.Helper()
-	want := fmt.Sprintf("%d:%s", rev, status)
-	deadline := time.Now().Add(timeout)
-	var last []string
-	for time.Now().Before(deadline) {
-		if last = SQLHistory(t, dsn, ns, release); len(last) > 0 && last[len(last)-1] == want {
-			return
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	t.Fatalf("release %s/%s in the SQL store: revision %d never reached %s within %s; history: %v", ns, release, rev, status, timeout, last)
-}
-
 func startPostgres(root string) (string, error) {
 	script := filepath.Join(root, "hack", "local-postgres.sh")
 	up := exec.Command(script, "up")

@@ -43,16 +43,24 @@ func (e *Env) History(t testing.TB, ns, release string) []Revision {
 // with status, and fails the test after timeout.
 func (e *Env) WaitForStatus(t testing.TB, ns, release string, rev int, status string, timeout time.Duration) {
 	t.Helper()
+	WaitForLatest(t, ns+"/"+release, func() []string { return e.Summary(t, ns, release) }, rev, status, timeout)
+}
+
+// WaitForLatest waits until the newest entry of history ("1:deployed
+// 2:failed ...", oldest first, as Summary and SQLHistory return it) is
+// revision rev with status, and fails the test after timeout, naming what.
+func WaitForLatest(t testing.TB, what string, history func() []string, rev int, status string, timeout time.Duration) {
+	t.Helper()
+	want := strconv.Itoa(rev) + ":" + status
 	deadline := time.Now().Add(timeout)
-	var last []Revision
+	var last []string
 	for time.Now().Before(deadline) {
-		last = e.History(t, ns, release)
-		if n := len(last); n > 0 && last[n-1].Version == rev && last[n-1].Status == status {
+		if last = history(); len(last) > 0 && last[len(last)-1] == want {
 			return
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	t.Fatalf("release %s/%s: revision %d never reached %s within %s; history: %v", ns, release, rev, status, timeout, summarize(last))
+	t.Fatalf("release %s: revision %d never reached %s within %s; history: %v", what, rev, status, timeout, last)
 }
 
 func summarize(revs []Revision) []string {

@@ -17,41 +17,11 @@ const anotherOperation = "another operation (install/upgrade/rollback) is in pro
 // These are the regression fixtures for all later work.
 func TestStockHelmGetsStuck(t *testing.T) {
 	env := testenv.Get(t)
-	for name, helm := range map[string]string{"helm4": env.Helm4, "helm3": env.Helm3} {
+	for name, helm := range helms(env) {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			ns := env.Namespace(t)
-			const rel = "stuck"
-			chart := env.Chart("app")
-
-			res := env.Run(t, helm, "install", rel, chart, "-n", ns, "--wait", "--timeout", "60s")
-			if res.ExitCode != 0 {
-				t.Fatalf("install failed: %s", res.Stderr)
-			}
-			env.WaitForStatus(t, ns, rel, 1, "deployed", 5*time.Second)
-
-			// Pods of revision 2 can never be scheduled, so --wait holds the
-			// operation open until we kill it.
-			p := env.Start(t, helm, "upgrade", rel, chart, "-n", ns, "--wait", "--timeout", "5m",
-				"--set", "nodeSelector.never=matches", "--set", "message=v2")
-			env.WaitForStatus(t, ns, rel, 2, "pending-upgrade", 60*time.Second)
-			p.Kill(t)
-
-			time.Sleep(500 * time.Millisecond)
-			if got := env.Summary(t, ns, rel); strings.Join(got, " ") != "1:superseded 2:pending-upgrade" &&
-				strings.Join(got, " ") != "1:deployed 2:pending-upgrade" {
-				t.Fatalf("after SIGKILL, history = %v; want revision 2 pending-upgrade", got)
-			}
-			res = env.Run(t, helm, "upgrade", rel, chart, "-n", ns, "--set", "message=v3")
-			if res.ExitCode == 0 {
-				t.Fatalf("second upgrade succeeded on a stuck release; want %q", anotherOperation)
-			}
-			if !strings.Contains(res.Stderr, anotherOperation) {
-				t.Fatalf("second upgrade stderr = %q; want it to contain %q", res.Stderr, anotherOperation)
-			}
-			if got := env.Summary(t, ns, rel); got[len(got)-1] != "2:pending-upgrade" {
-				t.Fatalf("history after the refused upgrade = %v; want it unchanged", got)
-			}
+			stockHelmGetsStuck(t, env, helm, ns, nil, func() []string { return env.Summary(t, ns, stuckRelease) })
 		})
 	}
 }
@@ -62,39 +32,58 @@ func TestStockHelmGetsStuck(t *testing.T) {
 // fails. The fixture for issue 15's sql driver.
 func TestStockHelmSQLGetsStuck(t *testing.T) {
 	env := testenv.Get(t)
-	for name, helm := range map[string]string{"helm4": env.Helm4, "helm3": env.Helm3} {
+	for name, helm := range helms(env) {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			ns := env.Namespace(t)
 			dsn := env.Postgres(t)
 			sqlEnv := []string{"HELM_DRIVER=sql", "HELM_DRIVER_SQL_CONNECTION_STRING=" + dsn}
-			const rel = "stuck"
-			chart := env.Chart("app")
-
-			res := env.RunEnv(t, sqlEnv, helm, "install", rel, chart, "-n", ns, "--wait", "--timeout", "60s")
-			if res.ExitCode != 0 {
-				t.Fatalf("install failed: %s", res.Stderr)
-			}
-			testenv.WaitForSQLStatus(t, dsn, ns, rel, 1, "deployed", 5*time.Second)
-			if got := env.Summary(t, ns, rel); len(got) != 0 {
+			stockHelmGetsStuck(t, env, helm, ns, sqlEnv, func() []string { return testenv.SQLHistory(t, dsn, ns, stuckRelease) })
+			if got := env.Summary(t, ns, stuckRelease); len(got) != 0 {
 				t.Fatalf("with HELM_DRIVER=sql, helm also wrote release Secrets: %v", got)
 			}
-
-			p := env.StartEnv(t, sqlEnv, helm, "upgrade", rel, chart, "-n", ns, "--wait", "--timeout", "5m",
-				"--set", "nodeSelector.never=matches", "--set", "message=v2")
-			testenv.WaitForSQLStatus(t, dsn, ns, rel, 2, "pending-upgrade", 60*time.Second)
-			p.Kill(t)
-
-			res = env.RunEnv(t, sqlEnv, helm, "upgrade", rel, chart, "-n", ns, "--set", "message=v3")
-			if res.ExitCode == 0 {
-				t.Fatalf("second upgrade succeeded on a stuck release; want %q", anotherOperation)
-			}
-			if !strings.Contains(res.Stderr, anotherOperation) {
-				t.Fatalf("second upgrade stderr = %q; want it to contain %q", res.Stderr, anotherOperation)
-			}
-			if got := testenv.SQLHistory(t, dsn, ns, rel); got[len(got)-1] != "2:pending-upgrade" {
-				t.Fatalf("history after the refused upgrade = %v; want revision 2 still pending-upgrade", got)
-			}
 		})
+	}
+}
+
+const stuckRelease = "stuck"
+
+// stockHelmGetsStuck installs stuckRelease in ns with helm (extra: its
+// environment, the storage driver's), kills an upgrade that waits, and
+// checks that the next upgrade is refused and the history, as history
+// reads it from the driver's store, left pending.
+func stockHelmGetsStuck(t *testing.T, env *testenv.Env, helm, ns string, extra []string, history func() []string) {
+	t.Helper()
+	const rel = stuckRelease
+	chart := env.Chart("app")
+	what := ns + "/" + rel
+
+	res := env.RunEnv(t, extra, helm, "install", rel, chart, "-n", ns, "--wait", "--timeout", "60s")
+	if res.ExitCode != 0 {
+		t.Fatalf("install failed: %s", res.Stderr)
+	}
+	testenv.WaitForLatest(t, what, history, 1, "deployed", 5*time.Second)
+
+	// Pods of revision 2 can never be scheduled, so --wait holds the
+	// operation open until we kill it.
+	p := env.StartEnv(t, extra, helm, "upgrade", rel, chart, "-n", ns, "--wait", "--timeout", "5m",
+		"--set", "nodeSelector.never=matches", "--set", "message=v2")
+	testenv.WaitForLatest(t, what, history, 2, "pending-upgrade", 60*time.Second)
+	p.Kill(t)
+
+	time.Sleep(500 * time.Millisecond)
+	if got := history(); strings.Join(got, " ") != "1:superseded 2:pending-upgrade" &&
+		strings.Join(got, " ") != "1:deployed 2:pending-upgrade" {
+		t.Fatalf("after SIGKILL, history = %v; want revision 2 pending-upgrade", got)
+	}
+	res = env.RunEnv(t, extra, helm, "upgrade", rel, chart, "-n", ns, "--set", "message=v3")
+	if res.ExitCode == 0 {
+		t.Fatalf("second upgrade succeeded on a stuck release; want %q", anotherOperation)
+	}
+	if !strings.Contains(res.Stderr, anotherOperation) {
+		t.Fatalf("second upgrade stderr = %q; want it to contain %q", res.Stderr, anotherOperation)
+	}
+	if got := history(); got[len(got)-1] != "2:pending-upgrade" {
+		t.Fatalf("history after the refused upgrade = %v; want it unchanged", got)
 	}
 }
