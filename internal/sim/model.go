@@ -470,8 +470,9 @@ func (m *Model) selector(q url.Values) (selector, error) {
 	if err != nil {
 		return selector{}, err
 	}
-	m.sels[k] = selector{ls, fs}
-	return m.sels[k], nil
+	sel := selector{ls, fs}
+	m.sels[k] = sel
+	return sel, nil
 }
 
 // matches reports whether o, stored under k, is selected.
@@ -643,16 +644,17 @@ func jsonResponse(code int, v any) *http.Response {
 	if err != nil {
 		return statusResponse(http.StatusInternalServerError, "InternalError", err.Error())
 	}
-	return &http.Response{StatusCode: code, Header: http.Header{"Content-Type": {"application/json"}}, Body: io.NopCloser(bytes.NewReader(b)), ContentLength: int64(len(b))}
+	return rawResponse(code, b)
 }
 
+// rawResponse answers with the JSON b.
 func rawResponse(code int, b []byte) *http.Response {
 	return &http.Response{StatusCode: code, Header: http.Header{"Content-Type": {"application/json"}}, Body: io.NopCloser(bytes.NewReader(b)), ContentLength: int64(len(b))}
 }
 
 func statusResponse(code int, reason, msg string) *http.Response {
 	b, _ := json.Marshal(map[string]any{"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": msg, "reason": reason, "code": code})
-	return &http.Response{StatusCode: code, Header: http.Header{"Content-Type": {"application/json"}}, Body: io.NopCloser(bytes.NewReader(b)), ContentLength: int64(len(b))}
+	return rawResponse(code, b)
 }
 
 func notFound(res, name string) *http.Response {
