@@ -13,3 +13,8 @@ die() { log "error: $*"; exit 1; }
 
 # modversion DIR MODULE prints the version of MODULE required by the build module in DIR.
 modversion() { (cd "$1" && go list -m -f '{{.Version}}' "$2"); }
+
+# free_port prints a TCP port on 127.0.0.1 that nothing listens on now.
+free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'
+}

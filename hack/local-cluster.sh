@@ -22,10 +22,6 @@ PIDS="$CLUSTER_DIR/pids"
 KUBECONFIG_FILE="$CLUSTER_DIR/kubeconfig"
 COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok)
 
-free_port() {
-  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'
-}
-
 # alive NAME: the recorded process for NAME is running and is still our binary.
 alive() {
   local f="$PIDS/$1.pid" pid

@@ -53,10 +53,6 @@ as_owner() {
   fi
 }
 
-free_port() {
-  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'
-}
-
 port() { cat "$PORT_FILE" 2>/dev/null; }
 
 ready() {
