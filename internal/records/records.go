@@ -158,6 +158,11 @@ func ForHelmDriver(client kubernetes.Interface, helmDriver string) (Store, error
 // Kind is KindSecret or KindConfigMap.
 func (s Store) Kind() string { return s.kind }
 
+// WriteFenced is false: the API server writes whatever a caller with the
+// rights sends, and the lock's holder is checked by the writer (the lock
+// the record carries) and by package helmx's write fence.
+func (s Store) WriteFenced() bool { return false }
+
 // Resource is the API resource of the records ("secrets" or "configmaps").
 func (s Store) Resource() string {
 	if s.kind == KindConfigMap {

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/helm-autorecover/helm-autorecover/internal/helmx"
+	"github.com/helm-autorecover/helm-autorecover/internal/records"
 	"helm.sh/helm/v4/pkg/release/common"
 	rspb "helm.sh/helm/v4/pkg/release/v1"
 	"helm.sh/helm/v4/pkg/storage/driver"
@@ -96,7 +97,7 @@ func TestLoadConvergeInput(t *testing.T) {
 
 func TestConvergeAbandonedUninstall(t *testing.T) {
 	// An interrupted uninstall is never converged: nothing is read or written.
-	rep, err := ConvergeAbandoned(context.Background(), nil, helmx.Records{},
+	rep, err := ConvergeAbandoned(context.Background(), nil, records.Store{},
 		helmx.Summary{Name: "web", Namespace: "shop", Revision: 3, Status: common.StatusUninstalling}, ConvergeOptions{})
 	if err != nil || rep.Skipped == "" || rep.Changed() {
 		t.Errorf("report %+v err %v", rep, err)
