@@ -39,8 +39,8 @@ type conn struct {
 
 func newConn(pc *protocol.Conn, backend string) *conn {
 	cn := &conn{Conn: pc, backend: backend, lease: pc.Backend(lock.NewLeaseBackend(pc.Client(), pc.Estimator(), pc.Clock()))}
-	if d, err := records.ParseDriver(pc.Driver()); err == nil {
-		cn.records = pc.Backend(lock.NewReleaseBackend(pc.Client(), pc.Estimator(), pc.Clock(), d))
+	if gate, err := pc.GateBackend(); err == nil {
+		cn.records = gate
 	}
 	return cn
 }
@@ -48,7 +48,7 @@ func newConn(pc *protocol.Conn, backend string) *conn {
 // history reads the stored revisions of rel in ns, oldest first.
 func (cn *conn) history(ctx context.Context, ns, rel string) ([]helmx.Summary, error) {
 	if _, err := cn.Records(); err != nil {
-		return nil, exitError(exitcode.Usage, "release %q in namespace %q: %v; reading and recovering the release history needs the secret or configmap driver", rel, ns, err)
+		return nil, exitError(exitcode.Usage, "release %q in namespace %q: %v; reading and recovering the release history needs the secret, configmap or sql driver (with HELM_DRIVER_SQL_CONNECTION_STRING)", rel, ns, err)
 	}
 	return cn.History(ctx, ns, rel)
 }

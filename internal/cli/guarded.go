@@ -49,7 +49,10 @@ func helmSettings(args []string) *helmcli.EnvSettings {
 // rollback and uninstall and wraps each command's run with the guard. Every
 // stock flag keeps working: the command, its flags and its output are
 // helm's own.
-func guardMutating(root *cobra.Command, settings *helmcli.EnvSettings, errOut io.Writer) error {
+//
+// session is the lock session the guard takes its lock as (chosen before
+// helm's storage was initialised: sqlSession); empty chooses a fresh one.
+func guardMutating(root *cobra.Command, settings *helmcli.EnvSettings, errOut io.Writer, session string) error {
 	for name, op := range guardedCommands {
 		cmd := findCommand(root, name)
 		if cmd == nil || cmd.RunE == nil {
@@ -64,7 +67,7 @@ func guardMutating(root *cobra.Command, settings *helmcli.EnvSettings, errOut io
 		}
 		inner := cmd.RunE
 		cmd.RunE = func(c *cobra.Command, args []string) error {
-			return runGuarded(c, args, op, opts, settings, errOut, inner)
+			return runGuarded(c, args, op, opts, settings, errOut, session, inner)
 		}
 	}
 	return nil
@@ -108,7 +111,7 @@ func registerGuardCompletions(cmd *cobra.Command) error {
 }
 
 func runGuarded(c *cobra.Command, args []string, op lock.Operation, opts *guard.Options,
-	settings *helmcli.EnvSettings, errOut io.Writer, inner func(*cobra.Command, []string) error,
+	settings *helmcli.EnvSettings, errOut io.Writer, session string, inner func(*cobra.Command, []string) error,
 ) error {
 	if op == lock.OpInstall {
 		var err error
@@ -143,6 +146,7 @@ func runGuarded(c *cobra.Command, args []string, op lock.Operation, opts *guard.
 		HelmDriver: os.Getenv("HELM_DRIVER"),
 		Fence:      helmx.DefaultWriteFence,
 		AutoMemory: protocol.DefaultAutoMemory(),
+		Session:    session,
 	}
 	ctx := context.Background()
 	if op != lock.OpUninstall {

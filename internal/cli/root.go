@@ -31,7 +31,12 @@ func Run(out, errOut io.Writer, args []string) int {
 	wrapVersion(root, out)
 	settings := helmSettings(args)
 	addLockCommands(root, settings, out, errOut)
-	if err := guardMutating(root, settings, errOut); err != nil {
+	session, err := sqlSession(root, args)
+	if err != nil {
+		fmt.Fprintf(errOut, "Error: %v\n", err)
+		return exitcode.Usage
+	}
+	if err := guardMutating(root, settings, errOut, session); err != nil {
 		fmt.Fprintf(errOut, "Error: %v\n", err)
 		return exitcode.Usage
 	}

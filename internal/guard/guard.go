@@ -1,6 +1,7 @@
 package guard
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -27,6 +28,7 @@ import (
 	"github.com/helm-autorecover/helm-autorecover/internal/parentwatch"
 	"github.com/helm-autorecover/helm-autorecover/internal/protocol"
 	"github.com/helm-autorecover/helm-autorecover/internal/recovery"
+	"github.com/helm-autorecover/helm-autorecover/internal/sqlstore"
 	"github.com/helm-autorecover/helm-autorecover/internal/version"
 )
 
@@ -69,6 +71,10 @@ type Guard struct {
 	// AutoMemory, when set, remembers --lock-backend=auto's choice across
 	// runs (protocol.AutoMemory): no access reviews on every deploy.
 	AutoMemory *protocol.AutoMemory
+	// Session is the lock session to take the lock as; empty takes a fresh
+	// one. With helm's sql driver it is the session helm's connection
+	// string names (the database fences helm's writes by it).
+	Session string
 }
 
 // Run takes the lock for t, recovers the release when the recovery decision
@@ -145,7 +151,7 @@ func (g *Guard) take(ctx context.Context, conn *protocol.Conn, t Target) (*proto
 		MaxHold:       maxHold,
 		ToolVersion:   version.Version,
 		Backend:       backend,
-		Session:       lock.NewSession(),
+		Session:       cmp.Or(g.Session, lock.NewSession()),
 	}
 	held, err := g.acquire(ctx, conn, stores, req)
 	return held, req, err
@@ -296,8 +302,7 @@ func (r *run) do(ctx context.Context, op func() error) (err error) {
 	keepCtx, stopKeep := context.WithCancel(context.Background())
 	defer stopKeep()
 	go r.held.Keep(keepCtx, r.onLost)
-	if r.g.Fence != nil {
-		recs, _ := r.conn.Records()
+	if recs, _ := r.conn.Records(); r.g.Fence != nil && recs != nil {
 		stopFence := r.g.Fence.Guard(helmx.GuardedWrites{
 			Namespace: r.t.Namespace, Release: r.t.Release,
 			Resource: recs.Resource(), Lock: r.held,
@@ -339,8 +344,19 @@ func (r *run) do(ctx context.Context, op func() error) (err error) {
 		// The fence refused helm's write: the lock was lost or taken
 		// over (helm wraps the refusal in its own error).
 		err = r.lost(err)
+	} else if err != nil && sqlstore.IsRefused(err) {
+		// The sql driver's database refused helm's write: this session
+		// no longer holds the release's lock row.
+		err = r.lost(fmt.Errorf("%w: %w", lock.ErrLost, err))
 	} else if err != nil && !errors.As(err, &coded) {
 		err = r.failed(err)
+	}
+	if err != nil && r.conn.SQL() != nil {
+		// No write of helm's to the sql driver's database is seen here
+		// (the write fence sees the API server's): a failed operation may
+		// have left its own revision pending, which the release reads and
+		// marks failed while it still holds the lock.
+		r.held.OwnRecordWrite(r.held.Record().Revision, false)
 	}
 	if derr := r.removeDeferred(ctx); derr != nil && err == nil {
 		err = derr
@@ -358,8 +374,7 @@ func (r *run) do(ctx context.Context, op func() error) (err error) {
 }
 
 // history reads every stored revision of the release. With a driver that
-// keeps no Kubernetes record (sql) it is empty: the lock (a Lease) still
-// excludes other clients, but there is no history here to recover.
+// keeps no record (memory) it is empty.
 func (r *run) history(ctx context.Context) ([]helmx.Summary, error) {
 	if _, err := r.conn.Records(); err != nil {
 		return nil, nil
@@ -374,7 +389,7 @@ func (r *run) history(ctx context.Context) ([]helmx.Summary, error) {
 // rolled the release back (a new revision whose number it did not read).
 func (r *run) recover(ctx context.Context) (latest int, err error) {
 	if _, err := r.conn.Records(); err != nil {
-		return 0, nil // sql: nothing here to recover
+		return 0, nil // memory: nothing here to recover
 	}
 	out, err := r.held.Recover(ctx, protocol.Procedure{
 		Policy:     r.g.Options.policy(),

@@ -24,8 +24,8 @@ type Records interface {
 	// Resource is the Kubernetes resource the records are kept in
 	// ("secrets", "configmaps"), empty when they are not in Kubernetes.
 	Resource() string
-	// Kubectl is how a person reads one record.
-	Kubectl() string
+	// ReadCommand is the command a person runs to read record name in ns.
+	ReadCommand(ns, name string) string
 	List(ctx context.Context, ns, selector string) ([]Record, string, error)
 	ListMeta(ctx context.Context, ns, selector string) ([]Record, string, error)
 	Get(ctx context.Context, ns, name string) (Record, error)

@@ -400,8 +400,8 @@ func ReadHistory(ctx context.Context, recs Records, ns, release string) ([]Summa
 		case r.Meta.Name == newest.Meta.Name:
 			// The newest record may carry a live holder's lock: nothing is
 			// decided past it.
-			return nil, fmt.Errorf("release %q in namespace %q: its newest record is unreadable: %w; inspect it with: %s -n %s %s -o yaml",
-				release, ns, err, recs.Kubectl(), ns, r.Meta.Name)
+			return nil, fmt.Errorf("release %q in namespace %q: its newest record is unreadable: %w; inspect it with: %s",
+				release, ns, err, recs.ReadCommand(ns, r.Meta.Name))
 		default:
 			// helm's own storage skips a record it cannot decode; so does
 			// the history, saying which.

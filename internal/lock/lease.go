@@ -117,7 +117,19 @@ const (
 	// StoreRelease: an annotation on the release's latest storage record
 	// (helm's Secret or ConfigMap of the newest revision).
 	StoreRelease Store = "release"
+	// StoreSQL: a row per release in helm's sql database, beside helm's
+	// release rows (package sqlstore). It holds a Lease's fields and is
+	// judged as a Lease is; the database refuses helm's writes made for a
+	// session that does not hold it.
+	StoreSQL Store = "sql"
 )
+
+// LeaseAPI is a store of Lease objects that behaves as the API server's
+// Leases do: Create fails with AlreadyExists, Update and a Delete with a
+// resourceVersion precondition fail with Conflict when the object changed,
+// Get and Update fail with NotFound when it is gone, and every write
+// changes the resourceVersion. Watch may fail: the lock then polls.
+type LeaseAPI = leaseAPI
 
 // leaseAPI is the part of the typed Lease client the protocol uses; the
 // release store implements it over helm's storage records.
@@ -140,6 +152,16 @@ func NewLeaseBackend(client kubernetes.Interface, est *servertime.Estimator, clk
 		Sightings: NewSightings(),
 		api:       func(ns string) leaseAPI { return client.CoordinationV1().Leases(ns) },
 	}
+}
+
+// NewStoreBackend returns a backend that keeps its locks in api, judged
+// as Leases are, under the name store. client serves only the API server's
+// clock (est; see NewLeaseBackend), which the lock is judged by wherever it
+// is kept: every client of a release talks to its cluster.
+func NewStoreBackend(client kubernetes.Interface, est *servertime.Estimator, clk clock.Clock, store Store, api func(ns string) LeaseAPI) *Backend {
+	b := NewLeaseBackend(client, est, clk)
+	b.store, b.api = store, api
+	return b
 }
 
 // Store tells where this backend keeps its locks.
@@ -1161,6 +1183,9 @@ func InNamespace(ns string) string {
 func (b *Backend) object(name string) string {
 	if b.store == StoreRelease {
 		return "the lock on its release records (beat " + name + ")"
+	}
+	if b.store == StoreSQL {
+		return "lock row " + name
 	}
 	return "lease " + name
 }

@@ -13,7 +13,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/helm-autorecover/helm-autorecover/internal/lock"
-	"github.com/helm-autorecover/helm-autorecover/internal/records"
 )
 
 // The lock backends a client may choose (the CLI's --lock-backend).
@@ -91,18 +90,18 @@ func (c *Conn) chooseAuto(ctx context.Context, ns string) Choice {
 
 // Stores resolves a lock backend choice (BackendAuto, BackendLease or
 // BackendRelease) for a namespace into the stores to take, in order: the
-// release record's lock first (every client takes it, so clients of either
-// backend exclude each other), then the Lease for the lease backend. The sql
-// driver has no record: lease takes the Lease alone, release is refused. It
-// returns the backend chosen (auto resolved).
+// gate beside helm's records first (the lock on the release records, or
+// the lock row in the sql driver's database; every client takes it, so
+// clients of either backend exclude each other), then the Lease for the
+// lease backend. It returns the backend chosen (auto resolved).
 func (c *Conn) Stores(ctx context.Context, ns, choice string) (string, []*lock.Backend, error) {
-	driver, driverErr := records.ParseDriver(c.driver)
+	gate, gateErr := c.GateBackend()
 	if choice == BackendAuto {
 		ch := c.chooseAuto(ctx, ns)
 		choice = ch.Backend
 		slog.Debug("helm-autorecover: lock backend auto chose "+choice, slog.String("namespace", ns), slog.String("reason", ch.Reason))
-		if choice == BackendRelease && errors.Is(driverErr, records.ErrNoReleaseRecords) {
-			return "", nil, fmt.Errorf("lock backend auto: %s, and %w; grant those verbs (see docs/rbac.md) or choose the lease backend once they are granted", ch.Reason, driverErr)
+		if choice == BackendRelease && gateErr != nil {
+			return "", nil, fmt.Errorf("lock backend auto: %s, and %w; grant those verbs (see docs/rbac.md) or choose the lease backend once they are granted", ch.Reason, gateErr)
 		}
 	}
 	switch choice {
@@ -110,18 +109,13 @@ func (c *Conn) Stores(ctx context.Context, ns, choice string) (string, []*lock.B
 	default:
 		return "", nil, fmt.Errorf("lock backend %q: must be auto, lease or release", choice)
 	}
-	leases := c.Backend(lock.NewLeaseBackend(c.client, c.est, c.clock))
-	switch {
-	case errors.Is(driverErr, records.ErrNoReleaseRecords) && choice == BackendLease:
-		return choice, []*lock.Backend{leases}, nil
-	case driverErr != nil:
-		return "", nil, fmt.Errorf("lock backend %s: %w", choice, driverErr)
+	if gateErr != nil {
+		return "", nil, fmt.Errorf("lock backend %s: %w", choice, gateErr)
 	}
-	recs := c.Backend(lock.NewReleaseBackend(c.client, c.est, c.clock, driver))
 	if choice == BackendLease {
-		return choice, []*lock.Backend{recs, leases}, nil
+		return choice, []*lock.Backend{gate, c.Backend(lock.NewLeaseBackend(c.client, c.est, c.clock))}, nil
 	}
-	return choice, []*lock.Backend{recs}, nil
+	return choice, []*lock.Backend{gate}, nil
 }
 
 // LeaseForbidden reports whether err is the API server refusing this caller

@@ -12,9 +12,11 @@ import (
 
 	"github.com/helm-autorecover/helm-autorecover/internal/helmx"
 	"github.com/helm-autorecover/helm-autorecover/internal/lock"
+	"github.com/helm-autorecover/helm-autorecover/internal/records"
 	"github.com/helm-autorecover/helm-autorecover/internal/recovery"
 	"github.com/helm-autorecover/helm-autorecover/internal/servertime"
 	"github.com/helm-autorecover/helm-autorecover/internal/sleepclock"
+	"github.com/helm-autorecover/helm-autorecover/internal/sqlstore"
 )
 
 // ErrNoRecords reports a storage driver that keeps no Kubernetes record of
@@ -32,6 +34,8 @@ type Conn struct {
 	driver     string
 	records    helmx.Records
 	recordsErr error
+	// sql is helm's sql driver's database (HELM_DRIVER=sql), nil otherwise.
+	sql *sqlstore.Store
 
 	// kube builds the cluster access converge needs, once.
 	kube       func() (*recovery.Kube, error)
@@ -120,7 +124,16 @@ func Connect(cfg *rest.Config, clk clock.Clock, helmDriver string) (*Conn, error
 // it: the revision stays pending).
 func NewConn(client kubernetes.Interface, est *servertime.Estimator, clk clock.Clock, helmDriver string, kube func() (*recovery.Kube, error)) *Conn {
 	c := &Conn{client: client, est: est, clock: clk, driver: helmDriver, kube: kube, seen: lock.NewSightings()}
-	c.records, c.recordsErr = helmx.NewRecords(client, helmDriver)
+	if helmDriver == DriverSQL {
+		// helm's rows, its lock rows and its trigger live in helm's own
+		// database; the lock is still judged in the API server's clock.
+		c.sql, c.recordsErr = sqlstore.FromEnv(c.ServerNow)
+		if c.sql != nil {
+			c.records = c.sql.Records()
+		}
+	} else {
+		c.records, c.recordsErr = helmx.NewRecords(client, helmDriver)
+	}
 	if c.recordsErr != nil {
 		c.recordsErr = fmt.Errorf("%w: %w", ErrNoRecords, c.recordsErr)
 	}
@@ -138,6 +151,27 @@ func (c *Conn) Clock() clock.Clock { return c.clock }
 
 // Driver is helm's storage driver name ("" is secret).
 func (c *Conn) Driver() string { return c.driver }
+
+// DriverSQL is the HELM_DRIVER value of helm's sql storage driver.
+const DriverSQL = "sql"
+
+// SQL is the database of helm's sql driver, nil with any other driver.
+func (c *Conn) SQL() *sqlstore.Store { return c.sql }
+
+// GateBackend is the lock store every client takes first, beside helm's
+// release records: the lock on the records themselves (secret and
+// configmap drivers) or the lock row in helm's database (sql). The error
+// wraps ErrNoRecords when the driver keeps no record (memory).
+func (c *Conn) GateBackend() (*lock.Backend, error) {
+	if c.sql != nil {
+		return c.Backend(lock.NewStoreBackend(c.client, c.est, c.clock, lock.StoreSQL, c.sql.Locks)), nil
+	}
+	d, err := records.ParseDriver(c.driver)
+	if err != nil {
+		return nil, err
+	}
+	return c.Backend(lock.NewReleaseBackend(c.client, c.est, c.clock, d)), nil
+}
 
 // Records are helm's release records; the error wraps ErrNoRecords when
 // the driver keeps none.

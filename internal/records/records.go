@@ -158,6 +158,11 @@ func ForHelmDriver(client kubernetes.Interface, helmDriver string) (Store, error
 // Kind is KindSecret or KindConfigMap.
 func (s Store) Kind() string { return s.kind }
 
+// ReadCommand is the kubectl command that shows record name in ns.
+func (s Store) ReadCommand(ns, name string) string {
+	return fmt.Sprintf("%s -n %s %s -o yaml", s.Kubectl(), ns, name)
+}
+
 // WriteFenced is false: the API server writes whatever a caller with the
 // rights sends, and the lock's holder is checked by the writer (the lock
 // the record carries) and by package helmx's write fence.

@@ -77,7 +77,11 @@ func MarkFailed(ctx context.Context, records helmx.Records, ns string, target he
 // record read at the write still carries it. A caller that lost its lock
 // between its check and its read (a pause, a system sleep) finds the
 // taker's lock there, and must not write under it (the simulation, seed
-// 24550). An empty holder checks nothing more than MarkFailed.
+// 24550). An empty holder checks nothing more than MarkFailed. A store
+// that fences its writes itself (helmx.Records.WriteFenced: the sql
+// driver's trigger) is written as holder (helmx.WithWriter) and refuses the
+// write when holder no longer holds the lock; its record names the session
+// that wrote it last, not the lock, and is not checked.
 func MarkFailedHeld(ctx context.Context, records helmx.Records, ns string, target helmx.Summary, holder, description string, serverNow time.Time) (helmx.Record, error) {
 	subject := fmt.Sprintf("revision %d of release %q in namespace %q", target.Revision, target.Name, ns)
 	kind := records.Kind()
@@ -123,7 +127,7 @@ func MarkFailedHeld(ctx context.Context, records helmx.Records, ns string, targe
 		return helmx.Record{}, fmt.Errorf("marking %s failed: the lock on its record moved from session %q to %q since it was read; read the history and decide again: %w",
 			subject, target.LockSession, now.LockSession, ErrConflict)
 	}
-	if holder != "" && now.LockSession != holder {
+	if holder != "" && !records.WriteFenced() && now.LockSession != holder {
 		return helmx.Record{}, fmt.Errorf("marking %s failed: its record carries the lock of session %q, not this one's (%s): another client took the lock, and nothing was written: %w",
 			subject, now.LockSession, holder, lock.ErrLost)
 	}
@@ -159,7 +163,7 @@ func MarkFailedHeld(ctx context.Context, records helmx.Records, ns string, targe
 	if testHookBeforeUpdate != nil {
 		testHookBeforeUpdate()
 	}
-	out, err := records.Update(ctx, upd, FieldManager)
+	out, err := records.Update(helmx.WithWriter(ctx, holder), upd, FieldManager)
 	if apierrors.IsConflict(err) {
 		return helmx.Record{}, fmt.Errorf("marking %s failed: someone wrote it after it was read at resourceVersion %s; read the history and decide again: %w: %w",
 			subject, rv, ErrConflict, err)
