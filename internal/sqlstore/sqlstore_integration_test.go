@@ -1,0 +1,326 @@
+package sqlstore_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"helm.sh/helm/v4/pkg/release/common"
+	rspb "helm.sh/helm/v4/pkg/release/v1"
+	"helm.sh/helm/v4/pkg/storage/driver"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/clock"
+
+	"github.com/helm-autorecover/helm-autorecover/internal/lock"
+	"github.com/helm-autorecover/helm-autorecover/internal/protocol"
+	"github.com/helm-autorecover/helm-autorecover/internal/recovery"
+	"github.com/helm-autorecover/helm-autorecover/internal/sqlstore"
+	"github.com/helm-autorecover/helm-autorecover/internal/testenv"
+)
+
+func TestMain(m *testing.M) { testenv.Main(m) }
+
+// fixture is a fresh database with helm's table (created by helm's own
+// driver) and a store over it whose clock is the local cluster's.
+type fixture struct {
+	dsn   string
+	store *sqlstore.Store
+	conn  *protocol.Conn
+}
+
+func newFixture(t *testing.T) fixture {
+	t.Helper()
+	env := testenv.Get(t)
+	dsn := env.Postgres(t)
+	t.Setenv(sqlstore.EnvConnectionString, dsn)
+	conn, err := protocol.Connect(env.Config, clock.RealClock{}, protocol.DriverSQL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if conn.SQL() == nil {
+		t.Fatal("HELM_DRIVER=sql with a connection string gave no sql store")
+	}
+	t.Cleanup(func() { _ = conn.SQL().Close() })
+	// helm's own driver creates its table, as helm's first command does.
+	if _, err := driver.NewSQL(dsn, "default"); err != nil {
+		t.Fatalf("helm's sql driver: %v", err)
+	}
+	return fixture{dsn: dsn, store: conn.SQL(), conn: conn}
+}
+
+// helmAs is helm's own sql driver on a connection that names session (""
+// is stock helm, which names none).
+func helmAs(t *testing.T, dsn, ns, session string) *driver.SQL {
+	t.Helper()
+	if session != "" {
+		var err error
+		if dsn, err = sqlstore.WithSession(dsn, session); err != nil {
+			t.Fatal(err)
+		}
+	}
+	d, err := driver.NewSQL(dsn, ns)
+	if err != nil {
+		t.Fatalf("helm's sql driver: %v", err)
+	}
+	return d
+}
+
+func release(name, ns string, rev int, status common.Status) *rspb.Release {
+	return &rspb.Release{
+		Name: name, Namespace: ns, Version: rev,
+		Info: &rspb.Info{Status: status, Description: "test"},
+	}
+}
+
+func key(name string, rev int) string { return fmt.Sprintf("sh.helm.release.v1.%s.v%d", name, rev) }
+
+// lockRow writes the release's lock row with holder (through the lock rows'
+// own Lease API, as the lock does).
+func lockRow(t *testing.T, ctx context.Context, s *sqlstore.Store, ns, rel, holder string) {
+	t.Helper()
+	api := s.Locks(ns)
+	name := lock.LeaseName(rel)
+	cur, err := api.Get(ctx, name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		l := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: map[string]string{lock.LabelRelease: rel}}}
+		l.Spec.HolderIdentity = &holder
+		if _, err := api.Create(ctx, l, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	cur.Spec.HolderIdentity = &holder
+	if _, err := api.Update(ctx, cur, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestLockRowsActAsLeases: the lock rows answer as the API server's Leases
+// do, which is what the lock's compare-and-swap relies on.
+func TestLockRowsActAsLeases(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	api := f.store.Locks("shop")
+	l := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "x", Namespace: "shop", Labels: map[string]string{lock.LabelRelease: "web", "a": "b"}}}
+	c1, err := api.Create(ctx, l, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c1.ResourceVersion == "" || c1.UID == "" {
+		t.Fatalf("created row has version %q and uid %q", c1.ResourceVersion, c1.UID)
+	}
+	if _, err := api.Create(ctx, l, metav1.CreateOptions{}); !apierrors.IsAlreadyExists(err) {
+		t.Fatalf("second Create = %v, want AlreadyExists", err)
+	}
+	holder := "s1"
+	c1.Spec.HolderIdentity = &holder
+	u1, err := api.Update(ctx, c1, metav1.UpdateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if u1.ResourceVersion == c1.ResourceVersion {
+		t.Fatal("an update kept the version")
+	}
+	if _, err := api.Update(ctx, c1, metav1.UpdateOptions{}); !apierrors.IsConflict(err) {
+		t.Fatalf("Update at a stale version = %v, want Conflict", err)
+	}
+	got, err := api.Get(ctx, "x", metav1.GetOptions{})
+	if err != nil || got.ResourceVersion != u1.ResourceVersion || *got.Spec.HolderIdentity != "s1" || got.Labels["a"] != "b" {
+		t.Fatalf("Get = %+v, %v; want the update's row", got, err)
+	}
+	if _, err := api.Get(ctx, "y", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Fatalf("Get of a missing row = %v, want NotFound", err)
+	}
+	if _, err := f.store.Locks("other").Get(ctx, "x", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Fatalf("Get in another namespace = %v, want NotFound", err)
+	}
+	list, err := f.store.Locks("").List(ctx, metav1.ListOptions{LabelSelector: "a=b"})
+	if err != nil || len(list.Items) != 1 {
+		t.Fatalf("List a=b = %v, %v; want the one row", list, err)
+	}
+	if list, err := api.List(ctx, metav1.ListOptions{LabelSelector: "a=c"}); err != nil || len(list.Items) != 0 {
+		t.Fatalf("List a=c = %v, %v; want none", list, err)
+	}
+	stale := c1.ResourceVersion
+	if err := api.Delete(ctx, "x", metav1.DeleteOptions{Preconditions: &metav1.Preconditions{ResourceVersion: &stale}}); !apierrors.IsConflict(err) {
+		t.Fatalf("Delete at a stale version = %v, want Conflict", err)
+	}
+	if err := api.Delete(ctx, "x", metav1.DeleteOptions{Preconditions: &metav1.Preconditions{ResourceVersion: &u1.ResourceVersion, UID: &u1.UID}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := api.Delete(ctx, "x", metav1.DeleteOptions{}); !apierrors.IsNotFound(err) {
+		t.Fatalf("Delete of a deleted row = %v, want NotFound", err)
+	}
+	if _, err := api.Update(ctx, u1, metav1.UpdateOptions{}); !apierrors.IsNotFound(err) {
+		t.Fatalf("Update of a deleted row = %v, want NotFound", err)
+	}
+}
+
+// TestTriggerFencesHelmsWrites: helm's own driver, on a connection that
+// names a session, writes a release's rows only while that session holds
+// the release's lock row; stock helm (no session) is not fenced; each
+// write's session is what the history reads.
+func TestTriggerFencesHelmsWrites(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	const ns, rel = "shop", "web"
+	if err := f.store.EnsureSchema(ctx); err != nil {
+		t.Fatal(err)
+	}
+	a, b := helmAs(t, f.dsn, ns, "session-a"), helmAs(t, f.dsn, ns, "session-b")
+
+	// No lock row: a session's write is refused.
+	err := a.Create(key(rel, 1), release(rel, ns, 1, common.StatusPendingInstall))
+	if !sqlstore.IsRefused(err) {
+		t.Fatalf("a write with no lock row = %v, want the trigger's refusal", err)
+	}
+	lockRow(t, ctx, f.store, ns, rel, "session-a")
+	if err := a.Create(key(rel, 1), release(rel, ns, 1, common.StatusPendingInstall)); err != nil {
+		t.Fatalf("the holder's write: %v", err)
+	}
+	if err := b.Update(key(rel, 1), release(rel, ns, 1, common.StatusDeployed)); !sqlstore.IsRefused(err) {
+		t.Fatalf("another session's write = %v, want the trigger's refusal", err)
+	}
+	hist, err := f.conn.History(ctx, ns, rel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(hist) != 1 || hist[0].Status != common.StatusPendingInstall || hist[0].LockSession != "session-a" || hist[0].RecordKind != sqlstore.KindRow {
+		t.Fatalf("history = %+v; want revision 1 pending-install written by session-a", hist)
+	}
+	if hist[0].CreationTimestamp.IsZero() {
+		t.Fatal("the revision's write time is unknown")
+	}
+
+	// The lock is taken over: the old holder's writes are refused, the
+	// new holder's pass.
+	lockRow(t, ctx, f.store, ns, rel, "session-b")
+	if err := a.Update(key(rel, 1), release(rel, ns, 1, common.StatusDeployed)); !sqlstore.IsRefused(err) {
+		t.Fatalf("the old holder's write after a takeover = %v, want the trigger's refusal", err)
+	}
+	if _, err := a.Delete(key(rel, 1)); !sqlstore.IsRefused(err) {
+		t.Fatalf("the old holder's delete after a takeover = %v, want the trigger's refusal", err)
+	}
+
+	// Recovery marks it failed as the new holder, conditional on what it
+	// read; as the old holder it is refused with lock.ErrLost.
+	recs := f.store.Records()
+	now, err := f.conn.ServerNow(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := recovery.MarkFailedHeld(ctx, recs, ns, hist[0], "session-a", "x", now.Latest); !errors.Is(err, lock.ErrLost) {
+		t.Fatalf("marking failed as the old holder = %v, want lock.ErrLost", err)
+	}
+	if _, err := recovery.MarkFailed(ctx, recs, ns, hist[0], "x", now.Latest); err == nil {
+		t.Fatal("an unfenced write (no session) to the sql driver's rows succeeded")
+	}
+	if _, err := recovery.MarkFailedHeld(ctx, recs, ns, hist[0], "session-b", "recovered", now.Latest); err != nil {
+		t.Fatalf("marking failed as the holder: %v", err)
+	}
+	if _, err := recovery.MarkFailedHeld(ctx, recs, ns, hist[0], "session-b", "again", now.Latest); !errors.Is(err, recovery.ErrNotPending) {
+		t.Fatalf("marking it failed again = %v, want ErrNotPending", err)
+	}
+	got, err := a.Get(key(rel, 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := got.(*rspb.Release); r.Info.Status != common.StatusFailed || r.Info.Description != "recovered" {
+		t.Fatalf("helm reads revision 1 as %s %q, want failed \"recovered\"", r.Info.Status, r.Info.Description)
+	}
+
+	// A conditional write at a stale read is a conflict.
+	stale := hist[0]
+	lockRow(t, ctx, f.store, ns, rel, "session-b")
+	if err := b.Update(key(rel, 1), release(rel, ns, 1, common.StatusPendingUpgrade)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := recovery.MarkFailedHeld(ctx, recs, ns, stale, "session-b", "x", now.Latest); !errors.Is(err, recovery.ErrConflict) {
+		t.Fatalf("marking failed at a stale read = %v, want ErrConflict", err)
+	}
+
+	// Stock helm names no session and is not fenced; its write names none.
+	stock := helmAs(t, f.dsn, ns, "")
+	if err := stock.Create(key(rel, 2), release(rel, ns, 2, common.StatusPendingUpgrade)); err != nil {
+		t.Fatalf("stock helm's write: %v", err)
+	}
+	hist, err = f.conn.History(ctx, ns, rel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(hist) != 2 || hist[1].Revision != 2 || hist[1].LockSession != "" {
+		t.Fatalf("history = %+v; want revision 2 written by no session", hist)
+	}
+}
+
+// TestRowsWrittenBeforeTheTrigger: rows helm wrote before the trigger
+// existed are aged from the first time a client read them.
+func TestRowsWrittenBeforeTheTrigger(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	const ns, rel = "shop", "old"
+	if err := helmAs(t, f.dsn, ns, "").Create(key(rel, 1), release(rel, ns, 1, common.StatusPendingInstall)); err != nil {
+		t.Fatal(err)
+	}
+	before, err := f.conn.ServerNow(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hist, err := f.conn.History(ctx, ns, rel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(hist) != 1 || hist[0].LockSession != "" || hist[0].CreationTimestamp.Before(before.Earliest.Add(-time.Second)) {
+		t.Fatalf("history = %+v; want revision 1 by no session, first seen no earlier than %s", hist, before.Earliest)
+	}
+}
+
+// TestLockTakenInRows: the lock, kept in the rows (lock.StoreSQL), excludes
+// a second client as the Lease does.
+func TestLockTakenInRows(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	_, stores, err := f.conn.Stores(ctx, "shop", protocol.BackendRelease)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(stores) != 1 || stores[0].Store() != lock.StoreSQL {
+		t.Fatalf("release backend with sql = %v, want the lock row alone", stores)
+	}
+	_, both, err := f.conn.Stores(ctx, "shop", protocol.BackendLease)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(both) != 2 || both[0].Store() != lock.StoreSQL || both[1].Store() != lock.StoreLease {
+		t.Fatalf("lease backend with sql = %v, want the lock row then the Lease", both)
+	}
+	req := lock.Request{Release: "web", Namespace: "shop", Operation: lock.OpUpgrade, LeaseDuration: 30 * time.Second}
+	first, err := f.conn.Acquire(ctx, req, stores, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = f.conn.Acquire(ctx, req, stores, false, nil)
+	if _, ok := protocol.IsLocked(err); !ok {
+		t.Fatalf("a second Acquire = %v, want locked", err)
+	}
+	// The row names the holder, which is what the trigger checks.
+	l, err := f.store.Locks("shop").Get(ctx, lock.LeaseName("web"), metav1.GetOptions{})
+	if err != nil || l.Spec.HolderIdentity == nil || *l.Spec.HolderIdentity != first.Session() {
+		t.Fatalf("lock row = %+v, %v; want holder %s", l, err, first.Session())
+	}
+	if err := first.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	again, err := f.conn.Acquire(ctx, req, stores, false, nil)
+	if err != nil {
+		t.Fatalf("Acquire after the release: %v", err)
+	}
+	_ = again.Release(ctx)
+}
