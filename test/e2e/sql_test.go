@@ -1,0 +1,177 @@
+package e2e
+
+import (
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/helm-autorecover/helm-autorecover/internal/exitcode"
+	"github.com/helm-autorecover/helm-autorecover/internal/testenv"
+)
+
+// sqlCase is one release kept by helm's sql driver in a fresh database of
+// the real local PostgreSQL server.
+type sqlCase struct {
+	env   *testenv.Env
+	ha    string
+	chart string
+	ns    string
+	extra []string
+	dsn   string
+}
+
+func newSQLCase(t *testing.T) sqlCase {
+	env := testenv.Get(t)
+	dsn := env.Postgres(t)
+	return sqlCase{
+		env: env, ha: env.Bin(t), chart: env.Chart("app"), ns: env.Namespace(t), dsn: dsn,
+		extra: []string{"HELM_DRIVER=sql", "HELM_DRIVER_SQL_CONNECTION_STRING=" + dsn},
+	}
+}
+
+func (c sqlCase) history(t *testing.T, rel string) func() []string {
+	return func() []string { return testenv.SQLHistory(t, c.dsn, c.ns, rel) }
+}
+
+func (c sqlCase) run(t *testing.T, bin string, a ...string) testenv.Result {
+	t.Helper()
+	return c.env.RunEnv(t, c.extra, bin, a...)
+}
+
+func (c sqlCase) wantHistory(t *testing.T, rel, want string) {
+	t.Helper()
+	if got := strings.Join(c.history(t, rel)(), " "); got != want {
+		t.Fatalf("history of %s/%s in the database = %s, want %s", c.ns, rel, got, want)
+	}
+}
+
+// TestSQLKillRecovers is invariant S2 with HELM_DRIVER=sql: a guarded
+// upgrade killed by SIGKILL while helm waits leaves its revision pending in
+// the database; the next upgrade waits out the dead holder's lock, marks the
+// revision failed naming its session, and succeeds. With the release backend
+// the lock is the row in the database alone; with the lease backend the
+// Lease too.
+func TestSQLKillRecovers(t *testing.T) {
+	for _, backend := range []string{"release", "lease"} {
+		t.Run(backend, func(t *testing.T) {
+			c := newSQLCase(t)
+			const rel = "sqlkilled"
+			flag := []string{"-n", c.ns, "--lock-backend", backend, "--lease-duration", killLease.String()}
+			if res := c.run(t, c.ha, append([]string{"install", rel, c.chart, "--wait", "--timeout", "60s"}, flag...)...); res.ExitCode != 0 {
+				t.Fatalf("install: exit %d: %s", res.ExitCode, res.Stderr)
+			}
+			p := c.env.StartEnv(t, c.extra, c.ha, args(append([]string{"upgrade", rel, c.chart, "--wait", "--timeout", "5m", "--set", "message=v2"}, flag...), unschedulable)...)
+			testenv.WaitForLatest(t, c.ns+"/"+rel, c.history(t, rel), 2, "pending-upgrade", 60*time.Second)
+			time.Sleep(killLease / 2) // it renews at least once, as in real life
+			killAt := time.Now()
+			p.Kill(t)
+
+			res := c.run(t, c.ha, append([]string{"upgrade", rel, c.chart, "--lock-timeout", "30s", "--set", "message=v3"}, flag...)...)
+			if res.ExitCode != 0 {
+				t.Fatalf("upgrade after the kill: exit %d\nstderr:\n%s\nhistory: %v", res.ExitCode, res.Stderr, c.history(t, rel)())
+			}
+			figure(t, "kill-to-success sql (--lock-backend=%s): %s (lease %s)", backend, secs(time.Since(killAt)), killLease)
+			if !strings.Contains(res.Stderr, "recovered") {
+				t.Errorf("the recovering upgrade does not report a recovery:\n%s", res.Stderr)
+			}
+			c.wantHistory(t, rel, "1:superseded 2:failed 3:deployed")
+			// helm itself reads the recovered history.
+			h := c.run(t, c.env.Helm4, "history", rel, "-n", c.ns)
+			if h.ExitCode != 0 || !strings.Contains(h.Stdout, "failed") {
+				t.Fatalf("helm history after recovery: exit %d\n%s%s", h.ExitCode, h.Stdout, h.Stderr)
+			}
+		})
+	}
+}
+
+// TestSQLFailStopAfterPause is invariant S5 with HELM_DRIVER=sql: a holder
+// frozen (SIGSTOP) past its lease is recovered by another client; thawed, it
+// exits with the lock-lost code, and the database holds no write of it
+// after the takeover.
+func TestSQLFailStopAfterPause(t *testing.T) {
+	c := newSQLCase(t)
+	const rel = "sqlfrozen"
+	flag := []string{"-n", c.ns, "--lease-duration", "3s"}
+	if res := c.run(t, c.ha, append([]string{"install", rel, c.chart, "--wait", "--timeout", "60s"}, flag...)...); res.ExitCode != 0 {
+		t.Fatalf("install: %s", res.Stderr)
+	}
+	holder := c.env.StartEnv(t, c.extra, c.ha, append([]string{"upgrade", rel, c.chart, "--wait", "--timeout", "5m", "--set", "nodeSelector.never=matches"}, flag...)...)
+	testenv.WaitForLatest(t, c.ns+"/"+rel, c.history(t, rel), 2, "pending-upgrade", 60*time.Second)
+	holder.Signal(t, syscall.SIGSTOP)
+
+	res := c.run(t, c.ha, append([]string{"upgrade", rel, c.chart, "--set", "message=v3", "--lock-timeout", "30s"}, flag...)...)
+	if res.ExitCode != 0 {
+		t.Fatalf("recovering upgrade while the holder is frozen: exit %d: %s", res.ExitCode, res.Stderr)
+	}
+	const want = "1:superseded 2:failed 3:deployed"
+	c.wantHistory(t, rel, want)
+
+	holder.Signal(t, syscall.SIGCONT)
+	if code := holder.Wait(t, 30*time.Second); code != exitcode.LockLost {
+		t.Fatalf("thawed holder exit code = %d, want %d (lock lost); stderr:\n%s", code, exitcode.LockLost, holder.Stderr.String())
+	}
+	c.wantHistory(t, rel, want)
+}
+
+// TestSQLLegacyStuckRelease is invariant S6 with HELM_DRIVER=sql: a
+// revision stock helm left pending (no lock session wrote it) is recovered
+// only once it has been pending for --recover-legacy-after, measured in the
+// database's clock, and refused before.
+func TestSQLLegacyStuckRelease(t *testing.T) {
+	c := newSQLCase(t)
+	const rel = "sqllegacy"
+	const legacyAfter = 15 * time.Second
+	if res := c.run(t, c.ha, "install", rel, c.chart, "-n", c.ns, "--wait", "--timeout", "60s"); res.ExitCode != 0 {
+		t.Fatalf("install: %s", res.Stderr)
+	}
+	p := c.env.StartEnv(t, c.extra, c.env.Helm4, args([]string{"upgrade", rel, c.chart, "-n", c.ns, "--wait", "--timeout", "5m", "--set", "message=v2"}, unschedulable)...)
+	testenv.WaitForLatest(t, c.ns+"/"+rel, c.history(t, rel), 2, "pending-upgrade", 60*time.Second)
+	p.Kill(t)
+	// The pending write happened before this instant.
+	killed := time.Now()
+
+	up := []string{"upgrade", rel, c.chart, "-n", c.ns, "--set", "message=v3", "--recover-legacy-after", legacyAfter.String()}
+	res := c.run(t, c.ha, up...)
+	if time.Since(killed) < legacyAfter-2*time.Second {
+		if res.ExitCode != exitcode.Pending || !strings.Contains(res.Stderr, "--recover-legacy-after") {
+			t.Fatalf("upgrade of a young stock-helm pending revision: exit %d, want %d naming --recover-legacy-after\nstderr:\n%s", res.ExitCode, exitcode.Pending, res.Stderr)
+		}
+		c.wantHistory(t, rel, "1:deployed 2:pending-upgrade")
+	} else {
+		t.Logf("the machine was too slow to try before %s; the refusal was not checked", legacyAfter)
+	}
+	deadline := time.Now().Add(90 * time.Second)
+	for res.ExitCode != 0 {
+		if res.ExitCode != exitcode.Pending || time.Now().After(deadline) {
+			t.Fatalf("upgrade of a stock-helm pending revision: exit %d\nstderr:\n%s", res.ExitCode, res.Stderr)
+		}
+		time.Sleep(2 * time.Second)
+		res = c.run(t, c.ha, up...)
+	}
+	if age := time.Since(killed); age < legacyAfter-time.Second {
+		t.Fatalf("a stock-helm revision was recovered %s after it was written, before --recover-legacy-after %s", secs(age), legacyAfter)
+	}
+	figure(t, "sql legacy recovered after: %s (recover-legacy-after %s)", secs(time.Since(killed)), legacyAfter)
+	c.wantHistory(t, rel, "1:superseded 2:failed 3:deployed")
+}
+
+// TestSQLTwoLiveClients is invariant S1 with HELM_DRIVER=sql: of two
+// upgrades started together, one waits for the other (--lock-timeout), and
+// the history shows them one after the other, each deployed in turn.
+func TestSQLTwoLiveClients(t *testing.T) {
+	c := newSQLCase(t)
+	const rel = "sqlmutex"
+	if res := c.run(t, c.ha, "install", rel, c.chart, "-n", c.ns, "--wait", "--timeout", "60s"); res.ExitCode != 0 {
+		t.Fatalf("install: %s", res.Stderr)
+	}
+	up := func(msg string) *testenv.Proc {
+		return c.env.StartEnv(t, c.extra, c.ha, "upgrade", rel, c.chart, "-n", c.ns, "--wait", "--timeout", "60s", "--lock-timeout", "90s", "--set", "message="+msg)
+	}
+	a, b := up("a"), up("b")
+	ca, cb := a.Wait(t, 150*time.Second), b.Wait(t, 150*time.Second)
+	if ca != 0 || cb != 0 {
+		t.Fatalf("two upgrades: exit %d and %d\nstderr a:\n%s\nstderr b:\n%s", ca, cb, a.Stderr.String(), b.Stderr.String())
+	}
+	c.wantHistory(t, rel, "1:superseded 2:superseded 3:deployed")
+}
