@@ -340,15 +340,17 @@ func (r *run) do(ctx context.Context, op func() error) (err error) {
 		err = &exitcode.Error{Code: exitcode.Locked, Err: fmt.Errorf("release %q in namespace %q is locked: another client wrote its next revision first (%w); wait for it with --lock-timeout=DURATION, or list locks with \"helm-autorecover locks\": %w", r.t.Release, r.t.Namespace, lock.ErrLocked, err)}
 	}
 	var coded *exitcode.Error
-	if err != nil && errors.Is(err, lock.ErrLost) && !errors.As(err, &coded) {
+	switch {
+	case err == nil:
+	case errors.Is(err, lock.ErrLost) && !errors.As(err, &coded):
 		// The fence refused helm's write: the lock was lost or taken
 		// over (helm wraps the refusal in its own error).
 		err = r.lost(err)
-	} else if err != nil && sqlstore.IsRefused(err) {
+	case sqlstore.IsRefused(err):
 		// The sql driver's database refused helm's write: this session
 		// no longer holds the release's lock row.
 		err = r.lost(fmt.Errorf("%w: %w", lock.ErrLost, err))
-	} else if err != nil && !errors.As(err, &coded) {
+	case !errors.As(err, &coded):
 		err = r.failed(err)
 	}
 	if err != nil && r.conn.SQL() != nil {

@@ -11,18 +11,30 @@ func TestWithSession(t *testing.T) {
 	cases := []struct {
 		name, in, want string
 	}{
-		{"pairs", "host=/tmp dbname=h user=helm sslmode=disable",
-			"host='/tmp' dbname='h' user='helm' sslmode='disable' options='-c helm_autorecover.session=S'"},
-		{"pairs with options", "dbname=h options='-c search_path=x'",
-			"dbname='h' options='-c search_path=x -c helm_autorecover.session=S'"},
-		{"pairs replacing a session", "dbname=h options='-c helm_autorecover.session=OLD -c a=b'",
-			"dbname='h' options='-c a=b -c helm_autorecover.session=S'"},
-		{"quoted values", `password='it\'s a secret' dbname = h`,
-			`password='it\'s a secret' dbname='h' options='-c helm_autorecover.session=S'`},
-		{"url", "postgres://helm@localhost:5432/h?sslmode=disable",
-			"postgres://helm@localhost:5432/h?options=-c+helm_autorecover.session%3DS&sslmode=disable"},
-		{"url replacing a session", "postgresql://helm@localhost/h?options=-chelm_autorecover.session%3DOLD",
-			"postgresql://helm@localhost/h?options=-c+helm_autorecover.session%3DS"},
+		{
+			"pairs", "host=/tmp dbname=h user=helm sslmode=disable",
+			"host='/tmp' dbname='h' user='helm' sslmode='disable' options='-c helm_autorecover.session=S'",
+		},
+		{
+			"pairs with options", "dbname=h options='-c search_path=x'",
+			"dbname='h' options='-c search_path=x -c helm_autorecover.session=S'",
+		},
+		{
+			"pairs replacing a session", "dbname=h options='-c helm_autorecover.session=OLD -c a=b'",
+			"dbname='h' options='-c a=b -c helm_autorecover.session=S'",
+		},
+		{
+			"quoted values", `password='it\'s a secret' dbname = h`,
+			`password='it\'s a secret' dbname='h' options='-c helm_autorecover.session=S'`,
+		},
+		{
+			"url", "postgres://helm@localhost:5432/h?sslmode=disable",
+			"postgres://helm@localhost:5432/h?options=-c+helm_autorecover.session%3DS&sslmode=disable",
+		},
+		{
+			"url replacing a session", "postgresql://helm@localhost/h?options=-chelm_autorecover.session%3DOLD",
+			"postgresql://helm@localhost/h?options=-c+helm_autorecover.session%3DS",
+		},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

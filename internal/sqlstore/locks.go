@@ -179,7 +179,7 @@ func (k *locks) List(ctx context.Context, opts metav1.ListOptions) (*coordinatio
 	if err != nil {
 		return nil, fmt.Errorf("listing lock rows %s: %w", lock.InNamespace(k.ns), err)
 	}
-	defer rows.Close()
+	defer func() { _ = rows.Close() }()
 	out := &coordinationv1.LeaseList{}
 	for rows.Next() {
 		var object, uid string

@@ -140,7 +140,7 @@ func (r rows) query(ctx context.Context, where []string, args []any) ([]helmx.Re
 	if err != nil {
 		return nil, err
 	}
-	defer res.Close()
+	defer func() { _ = res.Close() }()
 	type row struct {
 		key, ns, body, name, status, owner, session string
 		version                                     int
