@@ -8,8 +8,6 @@ import (
 	"testing"
 	"time"
 
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/clock"
 
@@ -44,7 +42,7 @@ func newBackend(t *testing.T, env *testenv.Env, skew time.Duration) *lock.Backen
 	if err := est.Sync(context.Background(), cs.Discovery()); err != nil {
 		t.Fatal(err)
 	}
-	return lock.NewLeaseBackend(cs, est, clk)
+	return storeBackend(t, cs, est, clk)
 }
 
 func request(ns, release string, lease time.Duration) lock.Request {
@@ -417,7 +415,8 @@ func TestIntegrationWaitersServedInArrivalOrder(t *testing.T) {
 	}
 }
 
-// TestIntegrationReleaseAndDelete: uninstall leaves no Lease behind.
+// TestIntegrationReleaseAndDelete: uninstall leaves no Lease (lock row)
+// behind.
 func TestIntegrationReleaseAndDelete(t *testing.T) {
 	env := testenv.Get(t)
 	ns := env.Namespace(t)
@@ -432,8 +431,7 @@ func TestIntegrationReleaseAndDelete(t *testing.T) {
 	if err := h.ReleaseAndDelete(ctx); err != nil {
 		t.Fatal(err)
 	}
-	_, err = env.Client.CoordinationV1().Leases(ns).Get(ctx, lock.LeaseName("web"), metav1.GetOptions{})
-	if !apierrors.IsNotFound(err) {
-		t.Errorf("lease after ReleaseAndDelete: %v", err)
+	if lockObjectExists(t, env, ns, "web") {
+		t.Error("the lock object is left after ReleaseAndDelete")
 	}
 }
