@@ -85,5 +85,3 @@ func TestIntegrationSQLStore(t *testing.T) {
 		t.Run(c.name, c.f)
 	}
 }
-
-
