@@ -134,6 +134,16 @@ func (g *Guard) Run(ctx context.Context, t Target, op func() error) error {
 
 // take chooses the lock backend and takes the release's lock.
 func (g *Guard) take(ctx context.Context, conn *protocol.Conn, t Target) (*protocol.Lock, lock.Request, error) {
+	if st := conn.SQL(); st != nil {
+		// helm's writes to the sql driver's database are fenced by the
+		// session its connection string names (the CLI put this one
+		// there before helm opened it): make sure it arrived.
+		if err := st.CheckSession(ctx, g.Session); errors.Is(err, sqlstore.ErrNoSession) {
+			return nil, lock.Request{}, &exitcode.Error{Code: exitcode.Usage, Err: fmt.Errorf("release %q in namespace %q: HELM_DRIVER=sql: %w", t.Release, t.Namespace, err)}
+		} else if err != nil {
+			return nil, lock.Request{}, fmt.Errorf("release %q in namespace %q: HELM_DRIVER=sql: %w", t.Release, t.Namespace, err)
+		}
+	}
 	backend, stores, err := conn.Stores(ctx, t.Namespace, g.Options.LockBackend)
 	if err != nil {
 		return nil, lock.Request{}, &exitcode.Error{Code: exitcode.Usage, Err: fmt.Errorf("release %q in namespace %q: --lock-backend=%s: %w", t.Release, t.Namespace, g.Options.LockBackend, err)}

@@ -96,6 +96,13 @@ func (c *Conn) chooseAuto(ctx context.Context, ns string) Choice {
 // lease backend. It returns the backend chosen (auto resolved).
 func (c *Conn) Stores(ctx context.Context, ns, choice string) (string, []*lock.Backend, error) {
 	gate, gateErr := c.GateBackend()
+	if choice == BackendAuto && c.sql != nil {
+		// With the sql driver, earlier versions took the Lease alone, and
+		// their writes name no session the database could fence: only the
+		// Lease keeps them out. auto therefore always takes it too, and
+		// needs no access review (whose failure would pick release).
+		choice = BackendLease
+	}
 	if choice == BackendAuto {
 		ch := c.chooseAuto(ctx, ns)
 		choice = ch.Backend

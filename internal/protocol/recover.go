@@ -441,9 +441,11 @@ func (c *Conn) markAbandoned(ctx context.Context, p Procedure, out *Outcome, des
 		}
 		desc := describe(a, by)
 		// The newest revision's record carries the lock (the gate): it
-		// must still be ours when it is written.
+		// must still be ours when it is written. A store that fences its
+		// own writes (the sql driver's) writes every revision as the
+		// holder, and checks the lock itself.
 		holder := ""
-		if a.Release.RecordName == dec.Target.Release.RecordName {
+		if a.Release.RecordName == dec.Target.Release.RecordName || c.records.WriteFenced() {
 			holder = p.Writer.Session()
 		}
 		rec, err := recovery.MarkFailedHeld(ctx, c.records, p.Namespace, a.Release, holder, desc, at)

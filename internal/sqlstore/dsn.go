@@ -3,15 +3,26 @@ package sqlstore
 import (
 	"fmt"
 	"net/url"
+	"os"
 	"strings"
 )
+
+// IdleInTransactionTimeout ends a transaction left open by a process that
+// stopped in the middle of it (paused, partitioned): its share lock on the
+// lock row would otherwise hold a taker's write of the row, and so every
+// takeover, until TCP gives up on the connection (hours). helm's own
+// transactions are a few statements sent back to back.
+const IdleInTransactionTimeout = "5s"
 
 // WithSession returns the connection string dsn (a URL or key=value pairs,
 // as lib/pq and so helm take it) with the lock session put into the
 // connection's options, so that every write helm makes through it is made
 // for session, and refused by the trigger unless session holds the
 // release's lock row. A session named there before is replaced; the
-// connection's other options are kept.
+// connection's other options are kept, and when dsn names none, those of
+// PGOPTIONS, which lib/pq reads only when dsn names none. A transaction
+// left idle for IdleInTransactionTimeout is ended, unless the options set
+// that limit themselves.
 func WithSession(dsn, session string) (string, error) {
 	if dsn == "" {
 		return "", ErrNoConnectionString
@@ -22,7 +33,12 @@ func WithSession(dsn, session string) (string, error) {
 			return "", fmt.Errorf("%s is not a URL lib/pq reads: %w", EnvConnectionString, err)
 		}
 		q := u.Query()
-		q.Set("options", withOption(q.Get("options"), session))
+		opts, ok := q["options"]
+		base := os.Getenv("PGOPTIONS")
+		if ok && len(opts) > 0 {
+			base = opts[len(opts)-1]
+		}
+		q.Set("options", withOption(base, session))
 		u.RawQuery = q.Encode()
 		return u.String(), nil
 	}
@@ -38,7 +54,7 @@ func WithSession(dsn, session string) (string, error) {
 		}
 	}
 	if !set {
-		pairs = append(pairs, [2]string{"options", withOption("", session)})
+		pairs = append(pairs, [2]string{"options", withOption(os.Getenv("PGOPTIONS"), session)})
 	}
 	var b strings.Builder
 	for i, p := range pairs {
@@ -70,6 +86,9 @@ func withOption(options, session string) string {
 		kept = append(kept, f)
 	}
 	kept = append(kept, "-c", prefix+session)
+	if !strings.Contains(options, "idle_in_transaction_session_timeout") {
+		kept = append(kept, "-c", "idle_in_transaction_session_timeout="+IdleInTransactionTimeout)
+	}
 	return strings.Join(kept, " ")
 }
 

@@ -60,12 +60,13 @@ func encodeLease(l *coordinationv1.Lease) (object, release, holder string, err e
 }
 
 func (k *locks) Get(ctx context.Context, name string, _ metav1.GetOptions) (*coordinationv1.Lease, error) {
-	if err := k.s.EnsureSchema(ctx); err != nil {
+	n, err := k.s.schema(ctx)
+	if err != nil {
 		return nil, err
 	}
 	var object, uid string
 	var version int64
-	err := k.s.db.QueryRowContext(ctx, `SELECT object, version, uid FROM `+tableLocks+` WHERE namespace = $1 AND name = $2`, k.ns, name).Scan(&object, &version, &uid)
+	err = k.s.db.QueryRowContext(ctx, `SELECT object, version, uid FROM `+n.locks+` WHERE namespace = $1 AND name = $2`, k.ns, name).Scan(&object, &version, &uid)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, apierrors.NewNotFound(leaseResource, name)
 	}
@@ -76,7 +77,8 @@ func (k *locks) Get(ctx context.Context, name string, _ metav1.GetOptions) (*coo
 }
 
 func (k *locks) Create(ctx context.Context, l *coordinationv1.Lease, _ metav1.CreateOptions) (*coordinationv1.Lease, error) {
-	if err := k.s.EnsureSchema(ctx); err != nil {
+	n, err := k.s.schema(ctx)
+	if err != nil {
 		return nil, err
 	}
 	object, release, holder, err := encodeLease(l)
@@ -85,9 +87,9 @@ func (k *locks) Create(ctx context.Context, l *coordinationv1.Lease, _ metav1.Cr
 	}
 	uid := uuid.NewString()
 	var version int64
-	err = k.s.db.QueryRowContext(ctx, `INSERT INTO `+tableLocks+` (namespace, name, release, holder, version, uid, object)
-		VALUES ($1, $2, $3, $4, nextval('`+seqVersions+`'), $5, $6) ON CONFLICT DO NOTHING RETURNING version`,
-		k.ns, l.Name, release, holder, uid, object).Scan(&version)
+	err = k.s.db.QueryRowContext(ctx, `INSERT INTO `+n.locks+` (namespace, name, release, holder, version, uid, object)
+		VALUES ($1, $2, $3, $4, nextval($7), $5, $6) ON CONFLICT DO NOTHING RETURNING version`,
+		k.ns, l.Name, release, holder, uid, object, n.seq).Scan(&version)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, apierrors.NewAlreadyExists(leaseResource, l.Name)
 	}
@@ -98,6 +100,10 @@ func (k *locks) Create(ctx context.Context, l *coordinationv1.Lease, _ metav1.Cr
 }
 
 func (k *locks) Update(ctx context.Context, l *coordinationv1.Lease, _ metav1.UpdateOptions) (*coordinationv1.Lease, error) {
+	n, err := k.s.schema(ctx)
+	if err != nil {
+		return nil, err
+	}
 	object, release, holder, err := encodeLease(l)
 	if err != nil {
 		return nil, err
@@ -108,11 +114,11 @@ func (k *locks) Update(ctx context.Context, l *coordinationv1.Lease, _ metav1.Up
 	}
 	var version int64
 	var uid string
-	err = k.s.db.QueryRowContext(ctx, `UPDATE `+tableLocks+` SET release = $3, holder = $4, object = $5, version = nextval('`+seqVersions+`')
+	err = k.s.db.QueryRowContext(ctx, `UPDATE `+n.locks+` SET release = $3, holder = $4, object = $5, version = nextval($7)
 		WHERE namespace = $1 AND name = $2 AND version = $6 RETURNING version, uid`,
-		k.ns, l.Name, release, holder, object, want).Scan(&version, &uid)
+		k.ns, l.Name, release, holder, object, want, n.seq).Scan(&version, &uid)
 	if errors.Is(err, sql.ErrNoRows) {
-		return nil, k.missedWrite(ctx, l.Name)
+		return nil, k.missedWrite(ctx, n, l.Name)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("writing lock row %q in namespace %q: %w", l.Name, k.ns, err)
@@ -122,9 +128,9 @@ func (k *locks) Update(ctx context.Context, l *coordinationv1.Lease, _ metav1.Up
 
 // missedWrite tells why a conditional write matched no row: the row is
 // gone (NotFound) or changed since it was read (Conflict).
-func (k *locks) missedWrite(ctx context.Context, name string) error {
+func (k *locks) missedWrite(ctx context.Context, n names, name string) error {
 	var one int
-	err := k.s.db.QueryRowContext(ctx, `SELECT 1 FROM `+tableLocks+` WHERE namespace = $1 AND name = $2`, k.ns, name).Scan(&one)
+	err := k.s.db.QueryRowContext(ctx, `SELECT 1 FROM `+n.locks+` WHERE namespace = $1 AND name = $2`, k.ns, name).Scan(&one)
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
 		return apierrors.NewNotFound(leaseResource, name)
@@ -135,7 +141,11 @@ func (k *locks) missedWrite(ctx context.Context, name string) error {
 }
 
 func (k *locks) Delete(ctx context.Context, name string, opts metav1.DeleteOptions) error {
-	q := `DELETE FROM ` + tableLocks + ` WHERE namespace = $1 AND name = $2`
+	n, err := k.s.schema(ctx)
+	if err != nil {
+		return err
+	}
+	q := `DELETE FROM ` + n.locks + ` WHERE namespace = $1 AND name = $2`
 	args := []any{k.ns, name}
 	if p := opts.Preconditions; p != nil {
 		if p.ResourceVersion != nil {
@@ -155,21 +165,22 @@ func (k *locks) Delete(ctx context.Context, name string, opts metav1.DeleteOptio
 	if err != nil {
 		return fmt.Errorf("deleting lock row %q in namespace %q: %w", name, k.ns, err)
 	}
-	if n, err := res.RowsAffected(); err == nil && n == 0 {
-		return k.missedWrite(ctx, name)
+	if gone, err := res.RowsAffected(); err == nil && gone == 0 {
+		return k.missedWrite(ctx, n, name)
 	}
 	return nil
 }
 
 func (k *locks) List(ctx context.Context, opts metav1.ListOptions) (*coordinationv1.LeaseList, error) {
-	if err := k.s.EnsureSchema(ctx); err != nil {
+	n, err := k.s.schema(ctx)
+	if err != nil {
 		return nil, err
 	}
 	sel, err := labels.Parse(opts.LabelSelector)
 	if err != nil {
 		return nil, apierrors.NewBadRequest(fmt.Sprintf("label selector %q: %v", opts.LabelSelector, err))
 	}
-	q := `SELECT object, version, uid FROM ` + tableLocks
+	q := `SELECT object, version, uid FROM ` + n.locks
 	var args []any
 	if k.ns != "" {
 		q += ` WHERE namespace = $1`

@@ -56,15 +56,19 @@ func versionOf(body, status string) string {
 
 // selectRows reads helm's rows with the session and the age (in the
 // database's clock) of their last write.
-const selectRows = `SELECT r."key", r.namespace, r.body, r.name, r.version, r.status, r.owner,
+func selectRows(n names) string {
+	return `SELECT r."key", r.namespace, r.body, r.name, r.version, r.status, r.owner,
 	coalesce(w.session, ''), extract(epoch FROM (now() - w.written_at))
-	FROM ` + tableReleases + ` r LEFT JOIN ` + tableWrites + ` w ON w."key" = r."key" AND w.namespace = r.namespace`
+	FROM ` + n.releases + ` r LEFT JOIN ` + n.writes + ` w ON w."key" = r."key" AND w.namespace = r.namespace`
+}
 
 // firstSeen notes rows written before the trigger existed as written now,
 // by no session: their age counts from the first time a client saw them.
-const firstSeen = `INSERT INTO ` + tableWrites + ` ("key", namespace, session, written_at)
-	SELECT "key", namespace, '', now() FROM ` + tableReleases + ` WHERE "key" = ANY($1) AND namespace = ANY($2)
+func firstSeen(n names) string {
+	return `INSERT INTO ` + n.writes + ` ("key", namespace, session, written_at)
+	SELECT "key", namespace, '', now() FROM ` + n.releases + ` WHERE "key" = ANY($1) AND namespace = ANY($2)
 	ON CONFLICT DO NOTHING`
+}
 
 func (r rows) List(ctx context.Context, ns, selector string) ([]helmx.Record, string, error) {
 	sel, err := labels.Parse(selector)
@@ -125,10 +129,11 @@ func (r rows) Newest(ctx context.Context, ns, selector string) (helmx.Record, bo
 // whose last write the trigger did not see (written before it existed) is
 // noted as first seen now.
 func (r rows) query(ctx context.Context, where []string, args []any) ([]helmx.Record, error) {
-	if err := r.s.EnsureSchema(ctx); err != nil {
+	n, err := r.s.schema(ctx)
+	if err != nil {
 		return nil, err
 	}
-	q := selectRows
+	q := selectRows(n)
 	if len(where) > 0 {
 		q += " WHERE " + strings.Join(where, " AND ")
 	}
@@ -161,10 +166,13 @@ func (r rows) query(ctx context.Context, where []string, args []any) ([]helmx.Re
 	if err := res.Err(); err != nil {
 		return nil, err
 	}
-	if len(unseenKeys) > 0 {
-		if _, err := r.s.db.ExecContext(ctx, firstSeen, pq.Array(unseenKeys), pq.Array(unseenNS)); err != nil {
-			return nil, fmt.Errorf("noting release rows written before helm-autorecover's trigger: %w", err)
-		}
+	seen := len(unseenKeys) == 0
+	if !seen {
+		// A reader that may not write the side table (a read-only role)
+		// still reads the history; those rows' ages stay unknown, and
+		// nothing is recovered by age.
+		_, err := r.s.db.ExecContext(ctx, firstSeen(n), pq.Array(unseenKeys), pq.Array(unseenNS))
+		seen = err == nil
 	}
 	// The server's clock is read after the rows: a write's time placed on
 	// it (now less its age) is never earlier than the write was.
@@ -186,11 +194,14 @@ func (r rows) query(ctx context.Context, where []string, args []any) ([]helmx.Re
 			},
 			ResourceVersion: versionOf(w.body, w.status),
 		}
-		age := time.Duration(0)
-		if w.age.Valid {
-			age = time.Duration(max(0, w.age.Float64) * float64(time.Second))
+		if w.age.Valid || seen {
+			// The row's last write, which the trigger notes, is its
+			// creation time and its last change at once.
+			age := time.Duration(max(0, w.age.Float64) * float64(time.Second))
+			at := metav1.NewTime(latest.Add(-age))
+			meta.CreationTimestamp = at
+			meta.ManagedFields = []metav1.ManagedFieldsEntry{{Manager: "helm", Operation: metav1.ManagedFieldsOperationUpdate, Time: &at}}
 		}
-		meta.CreationTimestamp = metav1.Time{Time: latest.Add(-age)}
 		if w.session != "" {
 			// The session that wrote the row last, as a lock record names
 			// it: recovery attributes the revision to that holder.
@@ -218,6 +229,10 @@ func (r rows) Update(ctx context.Context, rec helmx.Record, _ string) (helmx.Rec
 	if status == "" {
 		return helmx.Record{}, fmt.Errorf("writing %s: the record names no status", subject)
 	}
+	n, err := r.s.schema(ctx)
+	if err != nil {
+		return helmx.Record{}, err
+	}
 	tx, err := r.s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return helmx.Record{}, fmt.Errorf("writing %s: %w", subject, err)
@@ -226,7 +241,7 @@ func (r rows) Update(ctx context.Context, rec helmx.Record, _ string) (helmx.Rec
 	if _, err := tx.ExecContext(ctx, `SELECT set_config('`+settingSession+`', $1, true)`, session); err != nil {
 		return helmx.Record{}, fmt.Errorf("writing %s: %w", subject, err)
 	}
-	res, err := tx.ExecContext(ctx, `UPDATE `+tableReleases+` SET body = $1, status = $2, modifiedat = extract(epoch FROM now())::integer
+	res, err := tx.ExecContext(ctx, `UPDATE `+n.releases+` SET body = $1, status = $2, modifiedat = extract(epoch FROM now())::integer
 		WHERE "key" = $3 AND namespace = $4 AND md5(body || '/' || status) = $5`,
 		string(rec.Payload), status, rec.Meta.Name, rec.Meta.Namespace, rec.Meta.ResourceVersion)
 	var pqErr *pq.Error

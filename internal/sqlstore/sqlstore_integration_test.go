@@ -324,3 +324,223 @@ func TestLockTakenInRows(t *testing.T) {
 	}
 	_ = again.Release(ctx)
 }
+
+// TestWriteTimeIsCommitTime: a row's write is noted when its transaction
+// commits, not when its statement ran: helm's create is a transaction, and
+// a row noted at its insert would look older than it is once it becomes
+// visible (a stock helm stalled between the two would have its live
+// revision recovered by age).
+func TestWriteTimeIsCommitTime(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	if err := f.store.EnsureSchema(ctx); err != nil {
+		t.Fatal(err)
+	}
+	db := f.store.DB()
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback() }()
+	if _, err := tx.ExecContext(ctx, `INSERT INTO releases_v1 ("key", type, body, name, namespace, version, status, owner, createdat, modifiedat)
+		VALUES ('sh.helm.release.v1.slow.v1', 'helm.sh/release.v1', 'x', 'slow', 'shop', 1, 'pending-install', 'helm', 0, 0)`); err != nil {
+		t.Fatal(err)
+	}
+	var beforeCommit time.Time
+	if err := db.QueryRowContext(ctx, `SELECT clock_timestamp()`).Scan(&beforeCommit); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	var written time.Time
+	if err := db.QueryRowContext(ctx, `SELECT written_at FROM helm_autorecover_writes_v1 WHERE "key" = 'sh.helm.release.v1.slow.v1'`).Scan(&written); err != nil {
+		t.Fatal(err)
+	}
+	if written.Before(beforeCommit) {
+		t.Fatalf("the row's write is noted at %s, before its transaction committed (after %s)", written, beforeCommit)
+	}
+}
+
+// TestOlderPendingRevisionsRecovered: recovery under a lock kept in the
+// database marks the pending revision and an older one left pending too,
+// writing both as the holder (the trigger refuses a write that names no
+// session); stock helm's uninstalling revision has a known age.
+func TestOlderPendingRevisionsRecovered(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	const ns, rel = "shop", "strays"
+	stock := helmAs(t, f.dsn, ns, "")
+	if err := f.store.EnsureSchema(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for rev, st := range map[int]common.Status{1: common.StatusPendingInstall, 2: common.StatusPendingUpgrade} {
+		if err := stock.Create(key(rel, rev), release(rel, ns, rev, st)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, stores, err := f.conn.Stores(ctx, ns, protocol.BackendRelease)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := f.conn.Acquire(ctx, lock.Request{Release: rel, Namespace: ns, Operation: lock.OpUpgrade, LeaseDuration: 30 * time.Second}, stores, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = l.Release(ctx) }()
+	// Ages are whole seconds: the revisions are old enough a moment on.
+	var out protocol.Outcome
+	for range 20 {
+		out, err = l.Recover(ctx, protocol.Procedure{Policy: recovery.Policy{Autorecover: true, LegacyAfter: time.Nanosecond}, Next: lock.OpRollback})
+		if err != nil {
+			t.Fatalf("recovery: %v (decision: %s)", err, out.Decision.Reason)
+		}
+		if out.Decision.Verdict != recovery.Blocked || out.Decision.RetryAfter <= 0 {
+			break
+		}
+		time.Sleep(out.Decision.RetryAfter)
+	}
+	if len(out.Marked) != 2 {
+		t.Fatalf("marked %d revisions, want 2: %s", len(out.Marked), out.Decision.Reason)
+	}
+	hist, err := f.conn.History(ctx, ns, rel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, h := range hist {
+		if h.Status != common.StatusFailed || h.LockSession != l.Session() {
+			t.Errorf("revision %d is %s written by %q; want failed, written by the holder %s", h.Revision, h.Status, h.LockSession, l.Session())
+		}
+	}
+
+	// An interrupted uninstall stock helm left: its age is known.
+	if err := stock.Update(key(rel, 2), release(rel, ns, 2, common.StatusUninstalling)); err != nil {
+		t.Fatal(err)
+	}
+	if hist, err = f.conn.History(ctx, ns, rel); err != nil {
+		t.Fatal(err)
+	}
+	if last := hist[len(hist)-1]; last.Status != common.StatusUninstalling || last.LastWriteTime.IsZero() {
+		t.Fatalf("revision 2 = %s, last written %s; want uninstalling with a known write time", last.Status, last.LastWriteTime)
+	}
+}
+
+// TestCheckSession: a store whose connections do not name the command's
+// session is refused (helm's writes would not be fenced); one that does
+// passes.
+func TestCheckSession(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	if err := f.store.CheckSession(ctx, "S"); !errors.Is(err, sqlstore.ErrNoSession) {
+		t.Fatalf("CheckSession on a connection naming no session = %v, want ErrNoSession", err)
+	}
+	dsn, err := sqlstore.WithSession(f.dsn, "S")
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := sqlstore.Open(dsn, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = st.Close() }()
+	if err := st.CheckSession(ctx, "S"); err != nil {
+		t.Fatalf("CheckSession on a connection naming S: %v", err)
+	}
+	if err := st.CheckSession(ctx, "T"); !errors.Is(err, sqlstore.ErrNoSession) {
+		t.Fatalf("CheckSession(T) on a connection naming S = %v, want ErrNoSession", err)
+	}
+}
+
+// TestStalledTransactionDoesNotBlockTakeover: a holder that stops inside
+// helm's transaction (its write holds a share lock on the lock row) is
+// ended by the server after the idle limit WithSession sets, so a taker's
+// write of the lock row goes through, and the holder's write is lost.
+func TestStalledTransactionDoesNotBlockTakeover(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	const ns, rel = "shop", "stalled"
+	if err := f.store.EnsureSchema(ctx); err != nil {
+		t.Fatal(err)
+	}
+	lockRow(t, ctx, f.store, ns, rel, "A")
+	dsn, err := sqlstore.WithSession(f.dsn, "A")
+	if err != nil {
+		t.Fatal(err)
+	}
+	holder, err := sqlstore.Open(dsn, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = holder.Close() }()
+	tx, err := holder.DB().BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback() }()
+	if _, err := tx.ExecContext(ctx, `INSERT INTO releases_v1 ("key", type, body, name, namespace, version, status, owner, createdat, modifiedat)
+		VALUES ('sh.helm.release.v1.stalled.v1', 'helm.sh/release.v1', 'x', 'stalled', 'shop', 1, 'pending-install', 'helm', 0, 0)`); err != nil {
+		t.Fatalf("the holder's write: %v", err)
+	}
+	// The holder stalls here. The taker's write of the lock row waits for
+	// its transaction, which the server ends.
+	tctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	api := f.store.Locks(ns)
+	cur, err := api.Get(tctx, lock.LeaseName(rel), metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := "B"
+	cur.Spec.HolderIdentity = &b
+	if _, err := api.Update(tctx, cur, metav1.UpdateOptions{}); err != nil {
+		t.Fatalf("the taker's write of the lock row behind a stalled transaction: %v", err)
+	}
+	if err := tx.Commit(); err == nil {
+		t.Fatal("the stalled holder's transaction committed after the takeover")
+	}
+	var n int
+	if err := f.store.DB().QueryRowContext(ctx, `SELECT count(*) FROM releases_v1 WHERE name = 'stalled'`).Scan(&n); err != nil || n != 0 {
+		t.Fatalf("rows of the stalled holder: %d, %v; want none", n, err)
+	}
+}
+
+// TestTablesBesideHelmsTable: with helm's table in another schema (a
+// search_path in the connection's options), helm-autorecover's tables and
+// triggers go beside it, and a writer whose search_path differs (stock
+// helm as another client) still writes through the trigger.
+func TestTablesBesideHelmsTable(t *testing.T) {
+	env := testenv.Get(t)
+	base := env.Postgres(t)
+	ctx := context.Background()
+	plain, err := sqlstore.Open(base, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = plain.Close() }()
+	if _, err := plain.DB().ExecContext(ctx, `CREATE SCHEMA helmschema`); err != nil {
+		t.Fatal(err)
+	}
+	dsn := base + " options='-c search_path=helmschema'"
+	if _, err := driver.NewSQL(dsn, "default"); err != nil {
+		t.Fatal(err)
+	}
+	st, err := sqlstore.Open(dsn, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = st.Close() }()
+	if err := st.EnsureSchema(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var locks, public bool
+	if err := plain.DB().QueryRowContext(ctx, `SELECT to_regclass('helmschema.helm_autorecover_locks_v1') IS NOT NULL, to_regclass('public.helm_autorecover_locks_v1') IS NOT NULL`).Scan(&locks, &public); err != nil {
+		t.Fatal(err)
+	}
+	if !locks || public {
+		t.Fatalf("lock table in helmschema: %v, in public: %v; want it beside helm's table only", locks, public)
+	}
+	if _, err := plain.DB().ExecContext(ctx, `INSERT INTO helmschema.releases_v1 ("key", type, body, name, namespace, version, status, owner, createdat, modifiedat)
+		VALUES ('sh.helm.release.v1.web.v1', 'helm.sh/release.v1', 'x', 'web', 'shop', 1, 'deployed', 'helm', 0, 0)`); err != nil {
+		t.Fatalf("a write from another search_path: %v", err)
+	}
+}

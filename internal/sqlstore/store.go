@@ -52,7 +52,11 @@ type Store struct {
 
 	schemaMu sync.Mutex
 	schemaOK bool
-	dsn      string
+	names    names
+	// connSession is the lock session the store's connections name, as
+	// the first schema query read it (sessionRead).
+	connSession string
+	sessionRead bool
 }
 
 // Open returns the store of the database at dsn (a lib/pq connection
@@ -67,7 +71,7 @@ func Open(dsn string, now func(context.Context) (servertime.Bounds, error)) (*St
 		return nil, fmt.Errorf("opening the sql driver's database: %w", err)
 	}
 	db.SetMaxIdleConns(2)
-	return &Store{db: db, now: now, dsn: dsn}, nil
+	return &Store{db: db, now: now}, nil
 }
 
 // FromEnv opens the database helm's sql driver uses
