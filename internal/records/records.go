@@ -44,8 +44,8 @@ var ErrNoReleaseRecords = errors.New("this helm storage driver keeps no Kubernet
 
 // ParseDriver maps a HELM_DRIVER value onto its driver, as helm does (""
 // and "secrets" mean secret, "configmaps" configmap). The sql and memory
-// drivers return an error wrapping ErrNoReleaseRecords that says which lock
-// backend to use instead.
+// drivers return an error wrapping ErrNoReleaseRecords that says where
+// their releases are.
 func ParseDriver(helmDriver string) (Driver, error) {
 	switch helmDriver {
 	case "", "secret", "secrets":
@@ -53,7 +53,7 @@ func ParseDriver(helmDriver string) (Driver, error) {
 	case "configmap", "configmaps":
 		return DriverConfigMap, nil
 	case "sql":
-		return "", fmt.Errorf("HELM_DRIVER=sql stores releases in a SQL database, outside Kubernetes, so --lock-backend=release is not available; use --lock-backend=lease (a coordination.k8s.io Lease per release): %w", ErrNoReleaseRecords)
+		return "", fmt.Errorf("HELM_DRIVER=sql stores releases in a SQL database, outside Kubernetes (package sqlstore keeps the lock and reads the history there): %w", ErrNoReleaseRecords)
 	case "memory":
 		return "", fmt.Errorf("HELM_DRIVER=memory keeps releases inside one process; there is nothing to lock: %w", ErrNoReleaseRecords)
 	}

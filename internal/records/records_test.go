@@ -36,7 +36,7 @@ func TestParseDriver(t *testing.T) {
 			t.Errorf("ParseDriver(%q) = %q, %v; want %q", in, got, err, c.want)
 		}
 	}
-	if _, err := ParseDriver("sql"); err == nil || !strings.Contains(err.Error(), "--lock-backend=lease") {
-		t.Errorf("the sql error does not name the backend to use: %v", err)
+	if _, err := ParseDriver("sql"); err == nil || !strings.Contains(err.Error(), "SQL database") {
+		t.Errorf("the sql error does not say where the releases are: %v", err)
 	}
 }
