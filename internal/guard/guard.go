@@ -363,6 +363,9 @@ func (r *run) do(ctx context.Context, op func() error) (err error) {
 	case !errors.As(err, &coded):
 		err = r.failed(err)
 	}
+	if err == nil && r.conn.SQL() != nil {
+		err = r.checkSQLWritten(ctx)
+	}
 	if err != nil && r.conn.SQL() != nil {
 		// No write of helm's to the sql driver's database is seen here
 		// (the write fence sees the API server's): a failed operation may
@@ -383,6 +386,28 @@ func (r *run) do(ctx context.Context, op func() error) (err error) {
 		return &exitcode.Error{Code: exitcode.Interrupted, Err: err}
 	}
 	return err
+}
+
+// checkSQLWritten reads the revision a successful operation wrote to the
+// sql driver's database: helm's sql driver ignores a failed commit of its
+// create (the server ended the transaction, a failover), and would report
+// success for a revision that was never stored. An uninstall removes rows
+// instead, and is not checked.
+func (r *run) checkSQLWritten(ctx context.Context) error {
+	rev := r.held.Record().Revision
+	recs, rerr := r.conn.Records()
+	if r.t.Op == lock.OpUninstall || rev <= 0 || rerr != nil {
+		return nil
+	}
+	_, err := recs.Get(ctx, r.t.Namespace, helmx.ReleaseSecretName(r.t.Release, rev))
+	switch {
+	case apierrors.IsNotFound(err):
+		return fmt.Errorf("release %q in namespace %q: helm reported success, but revision %d is not in its sql database (helm's sql driver ignores a failed commit); check the release with helm history %s -n %s before the next operation",
+			r.t.Release, r.t.Namespace, rev, r.t.Release, r.t.Namespace)
+	case err != nil:
+		fmt.Fprintf(r.g.Stderr, "helm-autorecover: release %q in namespace %q: could not read back revision %d from the sql database: %v\n", r.t.Release, r.t.Namespace, rev, err)
+	}
+	return nil
 }
 
 // history reads every stored revision of the release. With a driver that

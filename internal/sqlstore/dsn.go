@@ -7,22 +7,17 @@ import (
 	"strings"
 )
 
-// IdleInTransactionTimeout ends a transaction left open by a process that
-// stopped in the middle of it (paused, partitioned): its share lock on the
-// lock row would otherwise hold a taker's write of the row, and so every
-// takeover, until TCP gives up on the connection (hours). helm's own
-// transactions are a few statements sent back to back.
-const IdleInTransactionTimeout = "5s"
-
 // WithSession returns the connection string dsn (a URL or key=value pairs,
 // as lib/pq and so helm take it) with the lock session put into the
 // connection's options, so that every write helm makes through it is made
 // for session, and refused by the trigger unless session holds the
 // release's lock row. A session named there before is replaced; the
 // connection's other options are kept, and when dsn names none, those of
-// PGOPTIONS, which lib/pq reads only when dsn names none. A transaction
-// left idle for IdleInTransactionTimeout is ended, unless the options set
-// that limit themselves.
+// PGOPTIONS, which lib/pq reads only when dsn names none.
+//
+// No limit is put on a transaction left idle: helm's sql driver ignores a
+// failed commit of its create, so a transaction the server ended would
+// lose the revision while helm carried on.
 func WithSession(dsn, session string) (string, error) {
 	if dsn == "" {
 		return "", ErrNoConnectionString
@@ -86,9 +81,6 @@ func withOption(options, session string) string {
 		kept = append(kept, f)
 	}
 	kept = append(kept, "-c", prefix+session)
-	if !strings.Contains(options, "idle_in_transaction_session_timeout") {
-		kept = append(kept, "-c", "idle_in_transaction_session_timeout="+IdleInTransactionTimeout)
-	}
 	return strings.Join(kept, " ")
 }
 

@@ -14,27 +14,27 @@ func TestWithSession(t *testing.T) {
 	}{
 		{
 			"pairs", "host=/tmp dbname=h user=helm sslmode=disable",
-			"host='/tmp' dbname='h' user='helm' sslmode='disable' options='-c helm_autorecover.session=S -c idle_in_transaction_session_timeout=5s'",
+			"host='/tmp' dbname='h' user='helm' sslmode='disable' options='-c helm_autorecover.session=S'",
 		},
 		{
 			"pairs with options", "dbname=h options='-c search_path=x'",
-			"dbname='h' options='-c search_path=x -c helm_autorecover.session=S -c idle_in_transaction_session_timeout=5s'",
+			"dbname='h' options='-c search_path=x -c helm_autorecover.session=S'",
 		},
 		{
 			"pairs replacing a session", "dbname=h options='-c helm_autorecover.session=OLD -c a=b'",
-			"dbname='h' options='-c a=b -c helm_autorecover.session=S -c idle_in_transaction_session_timeout=5s'",
+			"dbname='h' options='-c a=b -c helm_autorecover.session=S'",
 		},
 		{
 			"quoted values", `password='it\'s a secret' dbname = h`,
-			`password='it\'s a secret' dbname='h' options='-c helm_autorecover.session=S -c idle_in_transaction_session_timeout=5s'`,
+			`password='it\'s a secret' dbname='h' options='-c helm_autorecover.session=S'`,
 		},
 		{
 			"url", "postgres://helm@localhost:5432/h?sslmode=disable",
-			"postgres://helm@localhost:5432/h?options=-c+helm_autorecover.session%3DS+-c+idle_in_transaction_session_timeout%3D5s&sslmode=disable",
+			"postgres://helm@localhost:5432/h?options=-c+helm_autorecover.session%3DS&sslmode=disable",
 		},
 		{
 			"url replacing a session", "postgresql://helm@localhost/h?options=-chelm_autorecover.session%3DOLD",
-			"postgresql://helm@localhost/h?options=-c+helm_autorecover.session%3DS+-c+idle_in_transaction_session_timeout%3D5s",
+			"postgresql://helm@localhost/h?options=-c+helm_autorecover.session%3DS",
 		},
 	}
 	for _, c := range cases {
@@ -49,12 +49,12 @@ func TestWithSession(t *testing.T) {
 		})
 	}
 	// PGOPTIONS, which lib/pq reads only when the string names no options,
-	// is kept; a limit of the user's own is not overridden.
-	t.Setenv("PGOPTIONS", "-c search_path=helm -c idle_in_transaction_session_timeout=1min")
+	// is kept.
+	t.Setenv("PGOPTIONS", "-c search_path=helm")
 	for in, want := range map[string]string{
-		"dbname=h":                  "dbname='h' options='-c search_path=helm -c idle_in_transaction_session_timeout=1min -c helm_autorecover.session=S'",
-		"postgres://localhost/h":    "postgres://localhost/h?options=-c+search_path%3Dhelm+-c+idle_in_transaction_session_timeout%3D1min+-c+helm_autorecover.session%3DS",
-		"dbname=h options='-c a=b'": "dbname='h' options='-c a=b -c helm_autorecover.session=S -c idle_in_transaction_session_timeout=5s'",
+		"dbname=h":                  "dbname='h' options='-c search_path=helm -c helm_autorecover.session=S'",
+		"postgres://localhost/h":    "postgres://localhost/h?options=-c+search_path%3Dhelm+-c+helm_autorecover.session%3DS",
+		"dbname=h options='-c a=b'": "dbname='h' options='-c a=b -c helm_autorecover.session=S'",
 	} {
 		if got, err := WithSession(in, "S"); err != nil || got != want {
 			t.Errorf("with PGOPTIONS, WithSession(%q)\n got %q, %v\nwant %q", in, got, err, want)

@@ -94,6 +94,9 @@ DECLARE
 	ns TEXT;
 	h TEXT;
 BEGIN
+	IF TG_RELID <> ` + pq.QuoteLiteral(n.releases) + `::regclass THEN
+		RAISE EXCEPTION 'helm-autorecover: this trigger serves helm''s table of releases only';
+	END IF;
 	IF TG_OP = 'DELETE' THEN
 		rel := OLD.name; ns := OLD.namespace;
 	ELSE
@@ -116,12 +119,20 @@ END
 $fence$;
 CREATE OR REPLACE FUNCTION ` + written + `() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER SET search_path = ` + path + ` AS $written$
 BEGIN
+	IF TG_RELID <> ` + pq.QuoteLiteral(n.releases) + `::regclass THEN
+		RAISE EXCEPTION 'helm-autorecover: this trigger serves helm''s table of releases only';
+	END IF;
+	IF NOT EXISTS (SELECT 1 FROM ` + n.releases + ` WHERE "key" = NEW."key" AND namespace = NEW.namespace) THEN
+		RETURN NULL; -- deleted later in the same transaction
+	END IF;
 	INSERT INTO ` + n.writes + ` ("key", namespace, session, written_at)
 		VALUES (NEW."key", NEW.namespace, coalesce(current_setting('` + settingSession + `', true), ''), clock_timestamp())
 		ON CONFLICT ("key", namespace) DO UPDATE SET session = EXCLUDED.session, written_at = EXCLUDED.written_at;
 	RETURN NULL;
 END
 $written$;
+REVOKE EXECUTE ON FUNCTION ` + fence + `() FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION ` + written + `() FROM PUBLIC;
 DROP TRIGGER IF EXISTS ` + triggerFence + ` ON ` + n.releases + `;
 CREATE TRIGGER ` + triggerFence + ` BEFORE INSERT OR UPDATE OR DELETE ON ` + n.releases + `
 	FOR EACH ROW EXECUTE FUNCTION ` + fence + `();
@@ -138,7 +149,9 @@ CREATE CONSTRAINT TRIGGER ` + triggerWritten + ` AFTER INSERT OR UPDATE ON ` + n
 const schemaState = `WITH r AS (SELECT to_regclass('` + tableReleases + `') AS oid)
 SELECT coalesce((SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = r.oid), current_schema()),
 	r.oid IS NOT NULL,
-	(SELECT count(*) FROM pg_trigger t WHERE t.tgrelid = r.oid AND t.tgname IN ('` + triggerFence + `', '` + triggerWritten + `') AND t.tgenabled <> 'D'),
+	(SELECT count(*) FROM pg_trigger t JOIN pg_proc p ON p.oid = t.tgfoid
+		WHERE t.tgrelid = r.oid AND t.tgenabled IN ('O', 'A')
+		AND ((t.tgname = '` + triggerFence + `' AND p.proname = '` + funcFence + `') OR (t.tgname = '` + triggerWritten + `' AND p.proname = '` + funcWritten + `' AND t.tgdeferrable))),
 	coalesce(current_setting('` + settingSession + `', true), '')
 FROM r`
 

@@ -27,6 +27,8 @@ func TestMain(m *testing.M) { testenv.Main(m) }
 // fixture is a fresh database with helm's table (created by helm's own
 // driver) and a store over it whose clock is the local cluster's.
 type fixture struct {
+	// ns is a namespace of the local cluster, for the Lease of a lock.
+	ns    string
 	dsn   string
 	store *sqlstore.Store
 	conn  *protocol.Conn
@@ -49,7 +51,7 @@ func newFixture(t *testing.T) fixture {
 	if _, err := driver.NewSQL(dsn, "default"); err != nil {
 		t.Fatalf("helm's sql driver: %v", err)
 	}
-	return fixture{dsn: dsn, store: conn.SQL(), conn: conn}
+	return fixture{ns: env.Namespace(t), dsn: dsn, store: conn.SQL(), conn: conn}
 }
 
 // helmAs is helm's own sql driver on a connection that names session (""
@@ -287,21 +289,22 @@ func TestRowsWrittenBeforeTheTrigger(t *testing.T) {
 func TestLockTakenInRows(t *testing.T) {
 	f := newFixture(t)
 	ctx := context.Background()
-	_, stores, err := f.conn.Stores(ctx, "shop", protocol.BackendRelease)
-	if err != nil {
-		t.Fatal(err)
+	// Every backend takes the lock row and then the Lease: earlier
+	// versions took the Lease alone with sql, unfenced by the database.
+	var stores []*lock.Backend
+	for _, b := range []string{protocol.BackendRelease, protocol.BackendLease, protocol.BackendAuto} {
+		chosen, got, err := f.conn.Stores(ctx, f.ns, b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if chosen != protocol.BackendLease || len(got) != 2 || got[0].Store() != lock.StoreSQL || got[1].Store() != lock.StoreLease {
+			t.Fatalf("--lock-backend=%s with sql = %s %v, want the lock row then the Lease", b, chosen, got)
+		}
+		stores = got
 	}
-	if len(stores) != 1 || stores[0].Store() != lock.StoreSQL {
-		t.Fatalf("release backend with sql = %v, want the lock row alone", stores)
-	}
-	_, both, err := f.conn.Stores(ctx, "shop", protocol.BackendLease)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(both) != 2 || both[0].Store() != lock.StoreSQL || both[1].Store() != lock.StoreLease {
-		t.Fatalf("lease backend with sql = %v, want the lock row then the Lease", both)
-	}
-	req := lock.Request{Release: "web", Namespace: "shop", Operation: lock.OpUpgrade, LeaseDuration: 30 * time.Second}
+	// The lock row alone excludes a second client too.
+	stores = stores[:1]
+	req := lock.Request{Release: "web", Namespace: f.ns, Operation: lock.OpUpgrade, LeaseDuration: 30 * time.Second}
 	first, err := f.conn.Acquire(ctx, req, stores, false, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -311,7 +314,7 @@ func TestLockTakenInRows(t *testing.T) {
 		t.Fatalf("a second Acquire = %v, want locked", err)
 	}
 	// The row names the holder, which is what the trigger checks.
-	l, err := f.store.Locks("shop").Get(ctx, lock.LeaseName("web"), metav1.GetOptions{})
+	l, err := f.store.Locks(f.ns).Get(ctx, lock.LeaseName("web"), metav1.GetOptions{})
 	if err != nil || l.Spec.HolderIdentity == nil || *l.Spec.HolderIdentity != first.Session() {
 		t.Fatalf("lock row = %+v, %v; want holder %s", l, err, first.Session())
 	}
@@ -369,7 +372,8 @@ func TestWriteTimeIsCommitTime(t *testing.T) {
 func TestOlderPendingRevisionsRecovered(t *testing.T) {
 	f := newFixture(t)
 	ctx := context.Background()
-	const ns, rel = "shop", "strays"
+	ns := f.ns
+	const rel = "strays"
 	stock := helmAs(t, f.dsn, ns, "")
 	if err := f.store.EnsureSchema(ctx); err != nil {
 		t.Fatal(err)
@@ -451,59 +455,6 @@ func TestCheckSession(t *testing.T) {
 	}
 }
 
-// TestStalledTransactionDoesNotBlockTakeover: a holder that stops inside
-// helm's transaction (its write holds a share lock on the lock row) is
-// ended by the server after the idle limit WithSession sets, so a taker's
-// write of the lock row goes through, and the holder's write is lost.
-func TestStalledTransactionDoesNotBlockTakeover(t *testing.T) {
-	f := newFixture(t)
-	ctx := context.Background()
-	const ns, rel = "shop", "stalled"
-	if err := f.store.EnsureSchema(ctx); err != nil {
-		t.Fatal(err)
-	}
-	lockRow(t, ctx, f.store, ns, rel, "A")
-	dsn, err := sqlstore.WithSession(f.dsn, "A")
-	if err != nil {
-		t.Fatal(err)
-	}
-	holder, err := sqlstore.Open(dsn, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = holder.Close() }()
-	tx, err := holder.DB().BeginTx(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = tx.Rollback() }()
-	if _, err := tx.ExecContext(ctx, `INSERT INTO releases_v1 ("key", type, body, name, namespace, version, status, owner, createdat, modifiedat)
-		VALUES ('sh.helm.release.v1.stalled.v1', 'helm.sh/release.v1', 'x', 'stalled', 'shop', 1, 'pending-install', 'helm', 0, 0)`); err != nil {
-		t.Fatalf("the holder's write: %v", err)
-	}
-	// The holder stalls here. The taker's write of the lock row waits for
-	// its transaction, which the server ends.
-	tctx, cancel := context.WithTimeout(ctx, 60*time.Second)
-	defer cancel()
-	api := f.store.Locks(ns)
-	cur, err := api.Get(tctx, lock.LeaseName(rel), metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	b := "B"
-	cur.Spec.HolderIdentity = &b
-	if _, err := api.Update(tctx, cur, metav1.UpdateOptions{}); err != nil {
-		t.Fatalf("the taker's write of the lock row behind a stalled transaction: %v", err)
-	}
-	if err := tx.Commit(); err == nil {
-		t.Fatal("the stalled holder's transaction committed after the takeover")
-	}
-	var n int
-	if err := f.store.DB().QueryRowContext(ctx, `SELECT count(*) FROM releases_v1 WHERE name = 'stalled'`).Scan(&n); err != nil || n != 0 {
-		t.Fatalf("rows of the stalled holder: %d, %v; want none", n, err)
-	}
-}
-
 // TestTablesBesideHelmsTable: with helm's table in another schema (a
 // search_path in the connection's options), helm-autorecover's tables and
 // triggers go beside it, and a writer whose search_path differs (stock
@@ -542,5 +493,33 @@ func TestTablesBesideHelmsTable(t *testing.T) {
 	if _, err := plain.DB().ExecContext(ctx, `INSERT INTO helmschema.releases_v1 ("key", type, body, name, namespace, version, status, owner, createdat, modifiedat)
 		VALUES ('sh.helm.release.v1.web.v1', 'helm.sh/release.v1', 'x', 'web', 'shop', 1, 'deployed', 'helm', 0, 0)`); err != nil {
 		t.Fatalf("a write from another search_path: %v", err)
+	}
+}
+
+// TestDisabledTriggerRecreated: a fence trigger switched off (or set to
+// fire for replicas only) is found by the next client's schema check and
+// created again, so writes are fenced again.
+func TestDisabledTriggerRecreated(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	if err := f.store.EnsureSchema(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, off := range []string{"DISABLE TRIGGER", "ENABLE REPLICA TRIGGER"} {
+		if _, err := f.store.DB().ExecContext(ctx, `ALTER TABLE releases_v1 `+off+` helm_autorecover_fence_v1`); err != nil {
+			t.Fatal(err)
+		}
+		next, err := sqlstore.Open(f.dsn, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := next.EnsureSchema(ctx); err != nil {
+			t.Fatal(err)
+		}
+		_ = next.Close()
+		err = helmAs(t, f.dsn, "shop", "nobody").Create(key("web", 1), release("web", "shop", 1, common.StatusPendingInstall))
+		if !sqlstore.IsRefused(err) {
+			t.Fatalf("after %s and a client's schema check, a write with no lock = %v, want the trigger's refusal", off, err)
+		}
 	}
 }

@@ -49,9 +49,8 @@ func (c sqlCase) wantHistory(t *testing.T, rel, want string) {
 // TestSQLKillRecovers is invariant S2 with HELM_DRIVER=sql: a guarded
 // upgrade killed by SIGKILL while helm waits leaves its revision pending in
 // the database; the next upgrade waits out the dead holder's lock, marks the
-// revision failed naming its session, and succeeds. With the release backend
-// the lock is the row in the database alone; with the lease backend the
-// Lease too.
+// revision failed naming its session, and succeeds, whichever backend is
+// named (with sql each takes the row in the database, then the Lease).
 func TestSQLKillRecovers(t *testing.T) {
 	for _, backend := range []string{"release", "lease"} {
 		t.Run(backend, func(t *testing.T) {
