@@ -58,6 +58,10 @@ func (cn *conn) readStores() []*lock.Backend {
 	switch {
 	case cn.records == nil:
 		return []*lock.Backend{cn.lease}
+	case cn.SQL() != nil:
+		// With the sql driver every client takes the lock row and the
+		// Lease (earlier versions the Lease alone): both are read.
+		return []*lock.Backend{cn.records, cn.lease}
 	case cn.backend == protocol.BackendRelease || cn.leaseDenied.Load():
 		return []*lock.Backend{cn.records}
 	}
@@ -127,9 +131,9 @@ func (cn *conn) forceRelease(ctx context.Context, ns, rel, session, by string) (
 				rec = r
 			}
 		case b == cn.lease && cn.records != nil:
-			// The record's lock, taken first by every client, decides;
-			// the Lease is said to be left (unless there was none to
-			// release).
+			// The record's lock (the lock row, with sql), taken first by
+			// every client, decides; the Lease is said to be left
+			// (unless there was none to release), and runs out by itself.
 			if apierrors.ReasonForError(err) != metav1.StatusReasonUnknown && !apierrors.IsNotFound(err) {
 				skipped = fmt.Sprintf("lease/%s (%v)", lock.LeaseName(rel), err)
 			}

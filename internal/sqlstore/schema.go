@@ -151,6 +151,7 @@ SELECT coalesce((SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid =
 	r.oid IS NOT NULL,
 	(SELECT count(*) FROM pg_trigger t JOIN pg_proc p ON p.oid = t.tgfoid
 		WHERE t.tgrelid = r.oid AND t.tgenabled IN ('O', 'A')
+		AND p.pronamespace = (SELECT c.relnamespace FROM pg_class c WHERE c.oid = r.oid)
 		AND ((t.tgname = '` + triggerFence + `' AND p.proname = '` + funcFence + `') OR (t.tgname = '` + triggerWritten + `' AND p.proname = '` + funcWritten + `' AND t.tgdeferrable))),
 	coalesce(current_setting('` + settingSession + `', true), '')
 FROM r`

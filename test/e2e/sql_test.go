@@ -1,6 +1,8 @@
 package e2e
 
 import (
+	"database/sql"
+
 	"strings"
 	"syscall"
 	"testing"
@@ -173,4 +175,44 @@ func TestSQLTwoLiveClients(t *testing.T) {
 		t.Fatalf("two upgrades: exit %d and %d\nstderr a:\n%s\nstderr b:\n%s", ca, cb, a.Stderr.String(), b.Stderr.String())
 	}
 	c.wantHistory(t, rel, "1:superseded 2:superseded 3:deployed")
+}
+
+// TestSQLUnlockForce: with HELM_DRIVER=sql, `unlock --force` of a killed
+// holder's session releases both its lock row and its Lease, whichever
+// backend is named, recovers what it left pending, and the next upgrade
+// needs no wait.
+func TestSQLUnlockForce(t *testing.T) {
+	c := newSQLCase(t)
+	const rel = "sqlunlock"
+	if res := c.run(t, c.ha, "install", rel, c.chart, "-n", c.ns, "--wait", "--timeout", "60s"); res.ExitCode != 0 {
+		t.Fatalf("install: %s", res.Stderr)
+	}
+	p := c.env.StartEnv(t, c.extra, c.ha, args([]string{"upgrade", rel, c.chart, "-n", c.ns, "--wait", "--timeout", "5m", "--lease-duration", "5s", "--set", "message=v2"}, unschedulable)...)
+	testenv.WaitForLatest(t, c.ns+"/"+rel, c.history(t, rel), 2, "pending-upgrade", 60*time.Second)
+	p.Kill(t)
+	session := c.holder(t, rel)
+	res := c.run(t, c.ha, "unlock", rel, "-n", c.ns, "--session", session, "--force", "--yes", "--lock-backend", "release")
+	if res.ExitCode != 0 {
+		t.Fatalf("unlock --force: exit %d: %s%s", res.ExitCode, res.Stdout, res.Stderr)
+	}
+	c.wantHistory(t, rel, "1:deployed 2:failed")
+	if res := c.run(t, c.ha, "upgrade", rel, c.chart, "-n", c.ns, "--set", "message=v3"); res.ExitCode != 0 {
+		t.Fatalf("upgrade after unlock --force (no --lock-timeout): exit %d: %s", res.ExitCode, res.Stderr)
+	}
+	c.wantHistory(t, rel, "1:superseded 2:failed 3:deployed")
+}
+
+// holder is the session the release's lock row names.
+func (c sqlCase) holder(t *testing.T, rel string) string {
+	t.Helper()
+	db, err := sql.Open("postgres", c.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = db.Close() }()
+	var h string
+	if err := db.QueryRow(`SELECT holder FROM helm_autorecover_locks_v1 WHERE namespace = $1 AND release = $2`, c.ns, rel).Scan(&h); err != nil || h == "" {
+		t.Fatalf("the lock row of %s/%s: holder %q, %v", c.ns, rel, h, err)
+	}
+	return h
 }
