@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"database/sql"
-
 	"strings"
 	"syscall"
 	"testing"
