@@ -76,12 +76,18 @@ func (k *locks) Get(ctx context.Context, name string, _ metav1.GetOptions) (*coo
 	return decodeLease(object, version, uid)
 }
 
-func (k *locks) Create(ctx context.Context, l *coordinationv1.Lease, _ metav1.CreateOptions) (*coordinationv1.Lease, error) {
-	n, err := k.s.schema(ctx)
-	if err != nil {
-		return nil, err
+// prepare is a write's start: the schema's names and what the row stores
+// of l.
+func (k *locks) prepare(ctx context.Context, l *coordinationv1.Lease) (n names, object, release, holder string, err error) {
+	if n, err = k.s.schema(ctx); err != nil {
+		return names{}, "", "", "", err
 	}
-	object, release, holder, err := encodeLease(l)
+	object, release, holder, err = encodeLease(l)
+	return n, object, release, holder, err
+}
+
+func (k *locks) Create(ctx context.Context, l *coordinationv1.Lease, _ metav1.CreateOptions) (*coordinationv1.Lease, error) {
+	n, object, release, holder, err := k.prepare(ctx, l)
 	if err != nil {
 		return nil, err
 	}
@@ -100,11 +106,7 @@ func (k *locks) Create(ctx context.Context, l *coordinationv1.Lease, _ metav1.Cr
 }
 
 func (k *locks) Update(ctx context.Context, l *coordinationv1.Lease, _ metav1.UpdateOptions) (*coordinationv1.Lease, error) {
-	n, err := k.s.schema(ctx)
-	if err != nil {
-		return nil, err
-	}
-	object, release, holder, err := encodeLease(l)
+	n, object, release, holder, err := k.prepare(ctx, l)
 	if err != nil {
 		return nil, err
 	}

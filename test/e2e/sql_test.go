@@ -35,6 +35,14 @@ func (c sqlCase) history(t *testing.T, rel string) func() []string {
 	return func() []string { return testenv.SQLHistory(t, c.dsn, c.ns, rel) }
 }
 
+// install installs rel with helm-autorecover, and extra flags.
+func (c sqlCase) install(t *testing.T, rel string, extra ...string) {
+	t.Helper()
+	if res := c.run(t, c.ha, append([]string{"install", rel, c.chart, "-n", c.ns, "--wait", "--timeout", "60s"}, extra...)...); res.ExitCode != 0 {
+		t.Fatalf("install: exit %d: %s", res.ExitCode, res.Stderr)
+	}
+}
+
 func (c sqlCase) run(t *testing.T, bin string, a ...string) testenv.Result {
 	t.Helper()
 	return c.env.RunEnv(t, c.extra, bin, a...)
@@ -58,9 +66,7 @@ func TestSQLKillRecovers(t *testing.T) {
 			c := newSQLCase(t)
 			const rel = "sqlkilled"
 			flag := []string{"-n", c.ns, "--lock-backend", backend, "--lease-duration", killLease.String()}
-			if res := c.run(t, c.ha, append([]string{"install", rel, c.chart, "--wait", "--timeout", "60s"}, flag...)...); res.ExitCode != 0 {
-				t.Fatalf("install: exit %d: %s", res.ExitCode, res.Stderr)
-			}
+			c.install(t, rel, flag[2:]...)
 			p := c.env.StartEnv(t, c.extra, c.ha, args(append([]string{"upgrade", rel, c.chart, "--wait", "--timeout", "5m", "--set", "message=v2"}, flag...), unschedulable)...)
 			testenv.WaitForLatest(t, c.ns+"/"+rel, c.history(t, rel), 2, "pending-upgrade", 60*time.Second)
 			time.Sleep(killLease / 2) // it renews at least once, as in real life
@@ -93,9 +99,7 @@ func TestSQLFailStopAfterPause(t *testing.T) {
 	c := newSQLCase(t)
 	const rel = "sqlfrozen"
 	flag := []string{"-n", c.ns, "--lease-duration", "3s"}
-	if res := c.run(t, c.ha, append([]string{"install", rel, c.chart, "--wait", "--timeout", "60s"}, flag...)...); res.ExitCode != 0 {
-		t.Fatalf("install: %s", res.Stderr)
-	}
+	c.install(t, rel, flag[2:]...)
 	holder := c.env.StartEnv(t, c.extra, c.ha, append([]string{"upgrade", rel, c.chart, "--wait", "--timeout", "5m", "--set", "nodeSelector.never=matches"}, flag...)...)
 	testenv.WaitForLatest(t, c.ns+"/"+rel, c.history(t, rel), 2, "pending-upgrade", 60*time.Second)
 	holder.Signal(t, syscall.SIGSTOP)
@@ -122,9 +126,7 @@ func TestSQLLegacyStuckRelease(t *testing.T) {
 	c := newSQLCase(t)
 	const rel = "sqllegacy"
 	const legacyAfter = 15 * time.Second
-	if res := c.run(t, c.ha, "install", rel, c.chart, "-n", c.ns, "--wait", "--timeout", "60s"); res.ExitCode != 0 {
-		t.Fatalf("install: %s", res.Stderr)
-	}
+	c.install(t, rel)
 	p := c.env.StartEnv(t, c.extra, c.env.Helm4, args([]string{"upgrade", rel, c.chart, "-n", c.ns, "--wait", "--timeout", "5m", "--set", "message=v2"}, unschedulable)...)
 	testenv.WaitForLatest(t, c.ns+"/"+rel, c.history(t, rel), 2, "pending-upgrade", 60*time.Second)
 	p.Kill(t)
@@ -162,9 +164,7 @@ func TestSQLLegacyStuckRelease(t *testing.T) {
 func TestSQLTwoLiveClients(t *testing.T) {
 	c := newSQLCase(t)
 	const rel = "sqlmutex"
-	if res := c.run(t, c.ha, "install", rel, c.chart, "-n", c.ns, "--wait", "--timeout", "60s"); res.ExitCode != 0 {
-		t.Fatalf("install: %s", res.Stderr)
-	}
+	c.install(t, rel)
 	up := func(msg string) *testenv.Proc {
 		return c.env.StartEnv(t, c.extra, c.ha, "upgrade", rel, c.chart, "-n", c.ns, "--wait", "--timeout", "60s", "--lock-timeout", "90s", "--set", "message="+msg)
 	}
@@ -183,9 +183,7 @@ func TestSQLTwoLiveClients(t *testing.T) {
 func TestSQLUnlockForce(t *testing.T) {
 	c := newSQLCase(t)
 	const rel = "sqlunlock"
-	if res := c.run(t, c.ha, "install", rel, c.chart, "-n", c.ns, "--wait", "--timeout", "60s"); res.ExitCode != 0 {
-		t.Fatalf("install: %s", res.Stderr)
-	}
+	c.install(t, rel)
 	p := c.env.StartEnv(t, c.extra, c.ha, args([]string{"upgrade", rel, c.chart, "-n", c.ns, "--wait", "--timeout", "5m", "--lease-duration", "5s", "--set", "message=v2"}, unschedulable)...)
 	testenv.WaitForLatest(t, c.ns+"/"+rel, c.history(t, rel), 2, "pending-upgrade", 60*time.Second)
 	p.Kill(t)
