@@ -32,12 +32,12 @@ type locks struct {
 	ns string
 }
 
-// decodeLease reads a row's object and sets the version and identity the
-// row holds.
-func decodeLease(object string, version int64, uid string) (*coordinationv1.Lease, error) {
+// decodeLease reads the object of row name and sets the version and
+// identity the row holds.
+func decodeLease(name, object string, version int64, uid string) (*coordinationv1.Lease, error) {
 	var l coordinationv1.Lease
 	if err := json.Unmarshal([]byte(object), &l); err != nil {
-		return nil, fmt.Errorf("reading lock row %q: %w", l.Name, err)
+		return nil, fmt.Errorf("reading lock row %q: %w", name, err)
 	}
 	l.ResourceVersion = strconv.FormatInt(version, 10)
 	l.UID = types.UID(uid)
@@ -73,7 +73,7 @@ func (k *locks) Get(ctx context.Context, name string, _ metav1.GetOptions) (*coo
 	if err != nil {
 		return nil, fmt.Errorf("reading lock row %q in namespace %q: %w", name, k.ns, err)
 	}
-	return decodeLease(object, version, uid)
+	return decodeLease(name, object, version, uid)
 }
 
 // prepare is a write's start: the schema's names and what the row stores
@@ -102,7 +102,7 @@ func (k *locks) Create(ctx context.Context, l *coordinationv1.Lease, _ metav1.Cr
 	if err != nil {
 		return nil, fmt.Errorf("creating lock row %q in namespace %q: %w", l.Name, k.ns, err)
 	}
-	return decodeLease(object, version, uid)
+	return decodeLease(l.Name, object, version, uid)
 }
 
 func (k *locks) Update(ctx context.Context, l *coordinationv1.Lease, _ metav1.UpdateOptions) (*coordinationv1.Lease, error) {
@@ -125,7 +125,7 @@ func (k *locks) Update(ctx context.Context, l *coordinationv1.Lease, _ metav1.Up
 	if err != nil {
 		return nil, fmt.Errorf("writing lock row %q in namespace %q: %w", l.Name, k.ns, err)
 	}
-	return decodeLease(object, version, uid)
+	return decodeLease(l.Name, object, version, uid)
 }
 
 // missedWrite tells why a conditional write matched no row: the row is
@@ -182,7 +182,7 @@ func (k *locks) List(ctx context.Context, opts metav1.ListOptions) (*coordinatio
 	if err != nil {
 		return nil, apierrors.NewBadRequest(fmt.Sprintf("label selector %q: %v", opts.LabelSelector, err))
 	}
-	q := `SELECT object, version, uid FROM ` + n.locks
+	q := `SELECT name, object, version, uid FROM ` + n.locks
 	var args []any
 	if k.ns != "" {
 		q += ` WHERE namespace = $1`
@@ -195,12 +195,12 @@ func (k *locks) List(ctx context.Context, opts metav1.ListOptions) (*coordinatio
 	defer func() { _ = rows.Close() }()
 	out := &coordinationv1.LeaseList{}
 	for rows.Next() {
-		var object, uid string
+		var name, object, uid string
 		var version int64
-		if err := rows.Scan(&object, &version, &uid); err != nil {
+		if err := rows.Scan(&name, &object, &version, &uid); err != nil {
 			return nil, fmt.Errorf("listing lock rows %s: %w", lock.InNamespace(k.ns), err)
 		}
-		l, err := decodeLease(object, version, uid)
+		l, err := decodeLease(name, object, version, uid)
 		if err != nil {
 			return nil, err
 		}

@@ -182,9 +182,14 @@ func (s *Store) schema(ctx context.Context) (names, error) {
 		return names{}, fmt.Errorf("reading the schema of helm's sql database: %w", err)
 	}
 	n := qualified(schema)
-	s.names, s.connSession, s.sessionRead = n, session, true
+	s.names, s.connSession = n, session
 	if releases && triggers == 2 {
 		s.schemaOK = true
+		return n, nil
+	}
+	if !releases && s.tablesMade {
+		// Nothing to add until helm creates its table: only the query
+		// above is asked again, to notice it.
 		return n, nil
 	}
 	tx, err := s.db.BeginTx(ctx, nil)
@@ -206,7 +211,7 @@ func (s *Store) schema(ctx context.Context) (names, error) {
 	if err := tx.Commit(); err != nil {
 		return names{}, fmt.Errorf("creating helm-autorecover's tables in helm's sql database: %w", err)
 	}
-	s.schemaOK = releases
+	s.schemaOK, s.tablesMade = releases, true
 	return n, nil
 }
 
@@ -223,9 +228,9 @@ func (s *Store) CheckSession(ctx context.Context, session string) error {
 		return err
 	}
 	s.schemaMu.Lock()
-	got, read := s.connSession, s.sessionRead
+	got := s.connSession
 	s.schemaMu.Unlock()
-	if session == "" || !read || got != session {
+	if session == "" || got != session {
 		return fmt.Errorf("%w (it reads %q): the connection string's options (-c %s=...) did not reach PostgreSQL, as with a service file that sets options or a pooler that drops them, so helm's writes could not be fenced; connect to PostgreSQL directly, without options in a service file",
 			ErrNoSession, strings.TrimSpace(got), settingSession)
 	}

@@ -51,12 +51,13 @@ type Store struct {
 	now func(context.Context) (servertime.Bounds, error)
 
 	schemaMu sync.Mutex
-	schemaOK bool
-	names    names
+	// schemaOK: tables and triggers are in place; tablesMade: the tables
+	// are, while helm's own table does not exist yet.
+	schemaOK, tablesMade bool
+	names                names
 	// connSession is the lock session the store's connections name, as
-	// the first schema query read it (sessionRead).
+	// the last schema query read it.
 	connSession string
-	sessionRead bool
 }
 
 // Open returns the store of the database at dsn (a lib/pq connection
