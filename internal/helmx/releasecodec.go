@@ -172,6 +172,35 @@ func SetInfoFields(doc json.RawMessage, set map[string]any) (json.RawMessage, er
 	return out, nil
 }
 
+// KeyLeft is the top-level key of the release JSON under which recovery
+// records, on a revision it marked failed, the objects only that revision
+// rendered that it left in place for the next operation to settle
+// (recovery.LoadLeft). Helm ignores keys it does not know when it reads a
+// release, and never rewrites a failed revision.
+const KeyLeft = "helm_autorecover_left"
+
+// SetTopField returns doc with its top-level key set to value; every other
+// value is carried over as it was (see SetInfoFields).
+func SetTopField(doc json.RawMessage, key string, value any) (json.RawMessage, error) {
+	var top map[string]json.RawMessage
+	if err := json.Unmarshal(doc, &top); err != nil {
+		return nil, fmt.Errorf("editing the release: not a JSON object: %w", err)
+	}
+	if top == nil {
+		return nil, errors.New("editing the release: the document is null")
+	}
+	b, err := json.Marshal(value)
+	if err != nil {
+		return nil, fmt.Errorf("editing the release: %s: %w", key, err)
+	}
+	top[key] = b
+	out, err := json.Marshal(top)
+	if err != nil {
+		return nil, fmt.Errorf("editing the release: %w", err)
+	}
+	return out, nil
+}
+
 func checkObject(doc []byte) error {
 	// JSON's own white space only: bytes.TrimSpace also drops Unicode
 	// spaces (U+0085, U+00A0), which no JSON decoder, helm's included,
@@ -227,6 +256,11 @@ type Summary struct {
 	// into the record, stock helm's never does, and a takeover names the
 	// holder it found in the record it took.
 	LockSession, LockAbandoned string
+
+	// Left is the raw value of the release's KeyLeft, nil when it has
+	// none: the objects recovery left in place when it marked this
+	// revision failed (recovery.LoadLeft reads it).
+	Left string
 }
 
 // CarriesLockOf reports whether the record's own lock annotation names
@@ -238,9 +272,10 @@ func (s Summary) CarriesLockOf(session string) bool {
 // releaseHeader holds the few release fields Summarize reads. Times are kept
 // as text because Helm has written empty strings for unset times.
 type releaseHeader struct {
-	Name      string `json:"name"`
-	Namespace string `json:"namespace"`
-	Version   int    `json:"version"`
+	Left      json.RawMessage `json:"helm_autorecover_left"`
+	Name      string          `json:"name"`
+	Namespace string          `json:"namespace"`
+	Version   int             `json:"version"`
 	Info      *struct {
 		FirstDeployed string        `json:"first_deployed"`
 		LastDeployed  string        `json:"last_deployed"`
@@ -283,6 +318,9 @@ func SummarizeRecord(r Record) (Summary, error) {
 
 	s := summarizeMeta(r)
 	s.ContentHash = contentHash(r)
+	if len(h.Left) > 0 && string(h.Left) != "null" {
+		s.Left = string(h.Left)
+	}
 	s.Name = cmp.Or(h.Name, s.Name)
 	s.Namespace = cmp.Or(h.Namespace, s.Namespace)
 	if h.Version != 0 {

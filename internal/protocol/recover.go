@@ -227,6 +227,9 @@ func (c *Conn) Recover(ctx context.Context, p Procedure) (Outcome, error) {
 			}
 			continue
 		}
+		if dec.Verdict == recovery.Proceed && p.Writer != nil && defersRemovals(p.Next) {
+			c.takeLeft(ctx, p, &out, hist)
+		}
 		if dec.Verdict != recovery.Recover && dec.Verdict != recovery.RecoverThenRollback {
 			return out, nil
 		}
@@ -369,8 +372,13 @@ func (c *Conn) sleep(ctx context.Context, d time.Duration) error {
 // deferred too, and the rollback is left out (HeldBack): deleting them
 // first would lose what the operation may render again.
 func (c *Conn) converge(ctx context.Context, p Procedure, out *Outcome, abandoned helmx.Summary) error {
+	// With no operation to follow, what only the abandoned revision
+	// rendered waits for the next one too (recorded on the revision by
+	// markAbandoned), unless helm's rollback follows: its target's
+	// manifest is the next revision's, and the rules apply against it now.
+	deferRemovals := defersRemovals(p.Next) || (p.Next == lock.OpRecover && out.Decision.Verdict != recovery.RecoverThenRollback)
 	rep, err := recovery.ConvergeAbandoned(ctx, c.clusterAccess, c.records, abandoned,
-		recovery.ConvergeOptions{BeforeWrite: p.Writer.Valid, DeferRemovals: defersRemovals(p.Next), DeleteData: p.DeleteData})
+		recovery.ConvergeOptions{BeforeWrite: p.Writer.Valid, DeferRemovals: deferRemovals, DeleteData: p.DeleteData})
 	out.Converged = rep
 	if (rep.Notable() || err != nil) && p.Log != nil {
 		fmt.Fprintf(p.Log, "helm-autorecover: %s\n", rep.Summary())
@@ -396,6 +404,29 @@ func (c *Conn) converge(ctx context.Context, p Procedure, out *Outcome, abandone
 // last deployed.
 func defersRemovals(next lock.Operation) bool {
 	return next == lock.OpUpgrade || next == lock.OpInstall
+}
+
+// takeLeft sets out.Converged.Deferred, before an upgrade or install that
+// needs no recovery, to what an earlier recovery left in place on the
+// newest revision (recovery.LoadLeft), for Conn.RemoveDeferred once that
+// operation has written its revision. It reads nothing unless the newest
+// revision records such objects. A record it cannot read is a warning: the
+// objects stay, and the operation goes on.
+func (c *Conn) takeLeft(ctx context.Context, p Procedure, out *Outcome, hist []helmx.Summary) {
+	if len(hist) == 0 || len(hist[len(hist)-1].Left) == 0 {
+		return
+	}
+	newest := hist[len(hist)-1]
+	d, err := recovery.LoadLeft(ctx, c.records, newest)
+	if err != nil {
+		if p.Log != nil {
+			fmt.Fprintf(p.Log, "helm-autorecover: warning: %v; they stay in place\n", err)
+		}
+		return
+	}
+	if !d.Empty() {
+		out.Converged = recovery.ConvergeReport{Release: d.Release, Namespace: d.Namespace, Abandoned: d.Abandoned, Deferred: d}
+	}
 }
 
 // RemoveDeferred removes, after the operation a recovery preceded has run
@@ -448,7 +479,14 @@ func (c *Conn) markAbandoned(ctx context.Context, p Procedure, out *Outcome, des
 		if a.Release.RecordName == dec.Target.Release.RecordName || c.records.WriteFenced() {
 			holder = p.Writer.Session()
 		}
-		rec, err := recovery.MarkFailedHeld(ctx, c.records, p.Namespace, a.Release, holder, desc, at)
+		// The objects converge left in place are recorded on the revision
+		// they belong to, in the same write: if this process dies before
+		// its operation removes them, the next one does.
+		var left *recovery.Deferred
+		if a.Release.RecordName == dec.Target.Release.RecordName {
+			left = out.Converged.Deferred
+		}
+		rec, err := recovery.MarkFailedLeaving(ctx, c.records, p.Namespace, a.Release, holder, desc, at, left)
 		switch {
 		case err == nil:
 			out.Marked = append(out.Marked, Mark{Abandonment: a, Description: desc, Record: rec})

@@ -83,6 +83,16 @@ func MarkFailed(ctx context.Context, records helmx.Records, ns string, target he
 // write when holder no longer holds the lock; its record names the session
 // that wrote it last, not the lock, and is not checked.
 func MarkFailedHeld(ctx context.Context, records helmx.Records, ns string, target helmx.Summary, holder, description string, serverNow time.Time) (helmx.Record, error) {
+	return MarkFailedLeaving(ctx, records, ns, target, holder, description, serverNow, nil)
+}
+
+// MarkFailedLeaving is MarkFailedHeld that also records, in the same write,
+// the objects only the abandoned revision rendered that recovery left in
+// place (left; nil records none): the next guarded upgrade or install
+// removes those its own revision does not render (LoadLeft), so that they
+// neither leak when this process dies nor go before a revision that may
+// render them again is known.
+func MarkFailedLeaving(ctx context.Context, records helmx.Records, ns string, target helmx.Summary, holder, description string, serverNow time.Time, left *Deferred) (helmx.Record, error) {
 	subject := fmt.Sprintf("revision %d of release %q in namespace %q", target.Revision, target.Name, ns)
 	kind := records.Kind()
 
@@ -142,6 +152,11 @@ func MarkFailedHeld(ctx context.Context, records helmx.Records, ns string, targe
 	})
 	if err != nil {
 		return helmx.Record{}, fmt.Errorf("marking %s failed: %w", subject, err)
+	}
+	if !left.Empty() {
+		if doc, err = recordLeft(doc, left); err != nil {
+			return helmx.Record{}, fmt.Errorf("marking %s failed: %w", subject, err)
+		}
 	}
 	payload, err := helmx.EncodeReleaseJSON(doc)
 	if err != nil {

@@ -275,6 +275,8 @@ type converger struct {
 	rep     *ConvergeReport
 	release string
 	ns      string
+	// cascade finds the owners of data, once something is to be deleted.
+	cascade *cascadeGuard
 }
 
 // target is the revision objects are brought to: the deployed one, or

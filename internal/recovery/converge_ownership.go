@@ -83,8 +83,8 @@ func keepReason(live, rendered *unstructured.Unstructured, release, ns string, a
 		return fmt.Sprintf("%s asks to keep it (the live value is %q; helm itself honours only an exact %q on the live object)",
 			AnnotationResourcePolicy, live.GetAnnotations()[AnnotationResourcePolicy], ResourcePolicyKeep)
 	}
-	if kind := dataHolder(live); kind != "" && !deleteData {
-		return "a " + kind + " holds data that a delete destroys with it; recovery deletes one only with --recover-delete-data"
+	if why := dataHolder(live, rendered); why != "" && !deleteData {
+		return why + "; recovery deletes it only with --recover-delete-data"
 	}
 	if abandonedCreated.IsZero() {
 		return "the abandoned revision's creation time is unknown"
@@ -112,19 +112,52 @@ func keepReason(live, rendered *unstructured.Unstructured, release, ns string, a
 	return ""
 }
 
-// dataHolder names the kinds whose deletion destroys more than the object:
-// a PersistentVolumeClaim its volume's data, a CustomResourceDefinition
-// every custom resource of its kind, a Namespace everything in it. It
-// returns "" for any other kind.
-func dataHolder(o *unstructured.Unstructured) string {
-	gk := o.GroupVersionKind().GroupKind()
-	switch {
-	case gk.Group == "" && gk.Kind == "PersistentVolumeClaim":
-		return "PersistentVolumeClaim"
-	case gk.Group == "" && gk.Kind == "Namespace":
-		return "Namespace"
-	case gk.Group == "apiextensions.k8s.io" && gk.Kind == "CustomResourceDefinition":
-		return "CustomResourceDefinition"
+// dataHolder says why deleting o destroys more than the object itself, or
+// "" when it does not, judged on the object alone (what it owns through
+// ownerReferences is cascadeGuard's): a PersistentVolumeClaim or
+// PersistentVolume loses its volume's data, a CustomResourceDefinition every
+// custom resource of its kind, a Namespace everything in it, a StatefulSet
+// whose persistentVolumeClaimRetentionPolicy deletes its claims takes them
+// (even those not created yet), and a Service of type LoadBalancer loses its
+// external address for good. The live object and the rendered one are both
+// asked: either saying so is enough.
+func dataHolder(live, rendered *unstructured.Unstructured) string {
+	for _, o := range []*unstructured.Unstructured{live, rendered} {
+		if o == nil {
+			continue
+		}
+		gk := o.GroupVersionKind().GroupKind()
+		switch {
+		case gk.Group == "" && gk.Kind == "PersistentVolumeClaim":
+			return "a PersistentVolumeClaim holds data that a delete destroys with it"
+		case gk.Group == "" && gk.Kind == "PersistentVolume":
+			return "a PersistentVolume holds data that a delete may destroy with it"
+		case gk.Group == "" && gk.Kind == "Namespace":
+			return "a Namespace holds everything in it, which a delete destroys with it"
+		case gk.Group == "apiextensions.k8s.io" && gk.Kind == "CustomResourceDefinition":
+			return "a CustomResourceDefinition holds every custom resource of its kind, which a delete destroys with it"
+		case gk.Group == "apps" && gk.Kind == "StatefulSet":
+			if p := claimRetention(o); p != "" {
+				return "a StatefulSet whose persistentVolumeClaimRetentionPolicy." + p + " is Delete takes its PersistentVolumeClaims, and their data, with it"
+			}
+		case gk.Group == "" && gk.Kind == "Service":
+			if t, _, _ := unstructured.NestedString(o.Object, "spec", "type"); t == "LoadBalancer" {
+				return "a Service of type LoadBalancer loses its external address for good when deleted"
+			}
+		}
+	}
+	return ""
+}
+
+// claimRetention names the field of a StatefulSet's
+// persistentVolumeClaimRetentionPolicy that deletes its claims (whenDeleted,
+// or whenScaled, whose claims the garbage collector takes with their pods),
+// "" when neither does.
+func claimRetention(sts *unstructured.Unstructured) string {
+	for _, f := range []string{"whenDeleted", "whenScaled"} {
+		if v, _, _ := unstructured.NestedString(sts.Object, "spec", "persistentVolumeClaimRetentionPolicy", f); v == "Delete" {
+			return f
+		}
 	}
 	return ""
 }

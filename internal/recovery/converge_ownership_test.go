@@ -62,8 +62,16 @@ func TestKeepReason(t *testing.T) {
 		{"Keep, spaced", liveObj(with(owned, AnnotationResourcePolicy, " Keep "), helmLabel, revAt), rendered, revAt, "keep"},
 		{"keep in the manifest only", liveObj(owned, helmLabel, revAt), renderedKeep, revAt, "keep"},
 		{"a PersistentVolumeClaim the revision created", ofKind(liveObj(owned, helmLabel, revAt.Add(time.Second)), "v1", "PersistentVolumeClaim"), rendered, revAt, "PersistentVolumeClaim holds data"},
-		{"a Namespace the revision created", ofKind(liveObj(owned, helmLabel, revAt.Add(time.Second)), "v1", "Namespace"), rendered, revAt, "Namespace holds data"},
-		{"a CRD the revision created", ofKind(liveObj(owned, helmLabel, revAt.Add(time.Second)), "apiextensions.k8s.io/v1", "CustomResourceDefinition"), rendered, revAt, "CustomResourceDefinition holds data"},
+		{"a Namespace the revision created", ofKind(liveObj(owned, helmLabel, revAt.Add(time.Second)), "v1", "Namespace"), rendered, revAt, "Namespace holds everything in it"},
+		{"a CRD the revision created", ofKind(liveObj(owned, helmLabel, revAt.Add(time.Second)), "apiextensions.k8s.io/v1", "CustomResourceDefinition"), rendered, revAt, "CustomResourceDefinition holds every custom resource"},
+		{"a PersistentVolume", ofKind(liveObj(owned, helmLabel, revAt.Add(time.Second)), "v1", "PersistentVolume"), rendered, revAt, "PersistentVolume holds data"},
+		{"a StatefulSet whose claims go when it is deleted", withField(ofKind(liveObj(owned, helmLabel, revAt.Add(time.Second)), "apps/v1", "StatefulSet"), "Delete", "spec", "persistentVolumeClaimRetentionPolicy", "whenDeleted"), rendered, revAt, "persistentVolumeClaimRetentionPolicy.whenDeleted is Delete"},
+		{"a StatefulSet whose claims go when it is scaled down", withField(ofKind(liveObj(owned, helmLabel, revAt.Add(time.Second)), "apps/v1", "StatefulSet"), "Delete", "spec", "persistentVolumeClaimRetentionPolicy", "whenScaled"), rendered, revAt, "whenScaled is Delete"},
+		{"a StatefulSet that renders Delete, live Retain", withField(ofKind(liveObj(owned, helmLabel, revAt.Add(time.Second)), "apps/v1", "StatefulSet"), "Retain", "spec", "persistentVolumeClaimRetentionPolicy", "whenDeleted"),
+			withField(ofKind(rendered.DeepCopy(), "apps/v1", "StatefulSet"), "Delete", "spec", "persistentVolumeClaimRetentionPolicy", "whenDeleted"), revAt, "whenDeleted is Delete"},
+		{"a StatefulSet that retains its claims", withField(ofKind(liveObj(owned, helmLabel, revAt.Add(time.Second)), "apps/v1", "StatefulSet"), "Retain", "spec", "persistentVolumeClaimRetentionPolicy", "whenDeleted"), rendered, revAt, ""},
+		{"a LoadBalancer Service", withField(ofKind(liveObj(owned, helmLabel, revAt.Add(time.Second)), "v1", "Service"), "LoadBalancer", "spec", "type"), rendered, revAt, "external address"},
+		{"a ClusterIP Service", withField(ofKind(liveObj(owned, helmLabel, revAt.Add(time.Second)), "v1", "Service"), "ClusterIP", "spec", "type"), rendered, revAt, ""},
 		{"a kind named like one, another group", ofKind(liveObj(owned, helmLabel, revAt.Add(time.Second)), "example.com/v1", "Namespace"), rendered, revAt, ""},
 	}
 	for _, c := range cases {
@@ -96,6 +104,14 @@ func TestKeepReason(t *testing.T) {
 			t.Errorf("with deleteData, %s: reason %q, want %q", c.name, got, c.want)
 		}
 	}
+}
+
+// withField sets a string field of o.
+func withField(o *unstructured.Unstructured, value string, path ...string) *unstructured.Unstructured {
+	if err := unstructured.SetNestedField(o.Object, value, path...); err != nil {
+		panic(err)
+	}
+	return o
 }
 
 // managedBy gives o a managedFields entry for each manager.

@@ -118,7 +118,7 @@ func (r ConvergeReport) Summary() string {
 		parts = append(parts, "nothing to undo")
 	}
 	if r.Deferred != nil {
-		parts = append(parts, "the deferred objects are removed once helm's operation has written its revision, unless it renders them again")
+		parts = append(parts, "the objects left in place are removed once the next upgrade or install has written its revision, unless it renders them again")
 	}
 	return fmt.Sprintf("%s: undid what abandoned revision %d applied, back to deployed revision %d (%s apply): %s",
 		subject, r.Abandoned, r.Base, methodName(r.Method), strings.Join(parts, "; "))

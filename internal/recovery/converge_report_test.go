@@ -50,7 +50,7 @@ func TestConvergeReportSummaryDeferred(t *testing.T) {
 		Objects:  []ObjectResult{{Object: cm("web-extra"), Action: ActionDeferred, Reason: "later"}},
 		Deferred: &Deferred{Objects: nil, Refs: []ObjectRef{cm("web-extra")}},
 	}
-	if got := before.Summary(); !strings.Contains(got, "deferred ConfigMap shop/web-extra;") || !strings.Contains(got, "once helm's operation has written its revision") || before.Changed() || !before.Notable() {
+	if got := before.Summary(); !strings.Contains(got, "deferred ConfigMap shop/web-extra;") || !strings.Contains(got, "once the next upgrade or install has written its revision") || before.Changed() || !before.Notable() {
 		t.Errorf("summary before the operation: %s", got)
 	}
 	after := ConvergeReport{

@@ -180,6 +180,15 @@ func (c *converger) remove(ctx context.Context, ab resolved) error {
 			c.record(ref, ActionKept, why)
 			return nil
 		}
+		if !c.opts.DeleteData {
+			if c.cascade == nil {
+				c.cascade = &cascadeGuard{kc: c.kc}
+			}
+			if why := c.cascade.reason(ctx, live); why != "" {
+				c.record(ref, ActionKept, why+"; recovery deletes it only with --recover-delete-data")
+				return nil
+			}
+		}
 		if err := c.fence(); err != nil {
 			return err
 		}

@@ -54,13 +54,17 @@
 //     fall in the same second, no field manager but helm's wrote it (status
 //     writes aside). An object that existed before (adopted with
 //     --take-ownership, or kept from an older revision) is left alone,
-//     because its earlier state is unknown. Before an upgrade or install
-//     (ConvergeOptions.DeferRemovals) it is not deleted yet: RemoveDeferred
-//     deletes it by the same rules once that operation has written its
-//     revision, only if that revision does not render it again, so nothing
-//     is deleted and created again. PersistentVolumeClaims,
-//     CustomResourceDefinitions and Namespaces are never deleted unless
-//     ConvergeOptions.DeleteData.
+//     because its earlier state is unknown. Unless helm's rollback
+//     follows (ConvergeOptions.DeferRemovals) it is not deleted yet: it is
+//     recorded on the revision marked failed (MarkFailedLeaving, LoadLeft),
+//     and RemoveDeferred deletes it by the same rules once the next upgrade
+//     or install has written its revision, only if that revision does not
+//     render it again, so nothing is deleted and created again. Without
+//     ConvergeOptions.DeleteData, nothing whose deletion destroys data is
+//     deleted (dataHolder: claims, volumes, CRDs, Namespaces, StatefulSets
+//     whose claims go with them, LoadBalancer Services), nor any object
+//     whose deletion would make the garbage collector delete one of those
+//     (cascadeGuard follows ownerReferences).
 //   - An object that is not owned by this release is never written, whether
 //     it is in one manifest or both.
 //   - An object only in the last deployed revision (the abandoned revision
