@@ -113,8 +113,8 @@ func (x *it) waitFor(timeout time.Duration, what string, cond func() (bool, stri
 // failed with a description that says it was abandoned and contains each
 // of want, no new revision was written, the Deployment has no nodeSelector
 // (the field the abandoned revision added), REL-config holds revision 1's
-// message, REL-extra (only the abandoned revision rendered it) is gone, and
-// the lock is free.
+// message, REL-extra (only the abandoned revision rendered it) is left in
+// place and recorded on revision 2, and the lock is free.
 func (x *it) wantConverged(rel string, want ...string) {
 	x.t.Helper()
 	ctx := context.Background()
@@ -140,8 +140,13 @@ func (x *it) wantConverged(rel string, want ...string) {
 	if cm, err := x.env.Client.CoreV1().ConfigMaps(x.ns).Get(ctx, rel+"-config", metav1.GetOptions{}); err != nil || cm.Data["message"] != "hello" {
 		x.t.Errorf("%s-config holds %v (err %v); want revision 1's message=hello", rel, cm.Data, err)
 	}
-	if cm, err := x.env.Client.CoreV1().ConfigMaps(x.ns).Get(ctx, rel+"-extra", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
-		x.t.Errorf("%s-extra, which only the abandoned revision rendered, survives (err %v): %v", rel, err, cm)
+	// With no new revision known, the object only the abandoned revision
+	// rendered stays, recorded on it for the next upgrade or install.
+	if _, err := x.env.Client.CoreV1().ConfigMaps(x.ns).Get(ctx, rel+"-extra", metav1.GetOptions{}); err != nil {
+		x.t.Errorf("%s-extra, which only the abandoned revision rendered, was deleted before a new revision was known: %v", rel, err)
+	}
+	if !strings.Contains(s.Left, rel+"-extra") {
+		x.t.Errorf("revision 2 records %q as left in place; want %s-extra", s.Left, rel)
 	}
 	if rows := x.lockRows(rel); len(rows) != 1 || rows[0].State != inspect.StateNone {
 		x.t.Errorf("the lock is not free after the recovery: %+v", rows)
@@ -152,7 +157,8 @@ func (x *it) wantConverged(rel string, want ...string) {
 // revision applied before it marks it failed, as the guarded upgrade does:
 // an upgrade that adds a nodeSelector and an object is SIGKILLed while it
 // waits; once its lock expired, `recover` leaves the revision failed, the
-// object gone and the field gone from the live Deployment. A long
+// object in place (recorded for the next upgrade) and the field gone from
+// the live Deployment. A long
 // --recover-legacy-after shows the expired lock, not the revision's age,
 // makes it recoverable.
 func TestIntegrationRecoverConverges(t *testing.T) {
@@ -163,9 +169,26 @@ func TestIntegrationRecoverConverges(t *testing.T) {
 			h := x.abandon(rel, m, deadLease)
 			x.waitState(rel, inspect.StateExpired, time.Minute)
 
+			// The dry run lists every object the real run then changes or
+			// leaves, in the same form (issue 35 item 2).
+			dry := x.run(0, "recover", rel, "--recover-legacy-after", "1h", "--dry-run")
 			res := x.run(0, "recover", rel, "--recover-legacy-after", "1h")
-			t.Logf("recover:\nstdout:\n%s\nstderr:\n%s", res.Stdout, res.Stderr)
+			t.Logf("recover --dry-run:\n%s\nrecover:\nstdout:\n%s\nstderr:\n%s", dry.Stdout, res.Stdout, res.Stderr)
 			wantContains(t, "recover's report", res.Stdout, "recovered.", h.session)
+			wouldDo, did := objectLines(dry.Stdout), objectLines(res.Stdout)
+			wantContains(t, "recover's report", strings.Join(did, "\n"),
+				"Deployment "+x.ns+"/"+rel+": reverted to revision 1",
+				"ConfigMap "+x.ns+"/"+rel+"-config: reverted to revision 1",
+				"ConfigMap "+x.ns+"/"+rel+"-extra: left in place")
+			if len(wouldDo) != len(did) {
+				t.Errorf("the dry run lists %d objects, the real run %d:\n%s\n---\n%s", len(wouldDo), len(did), strings.Join(wouldDo, "\n"), strings.Join(did, "\n"))
+			}
+			for i := range min(len(wouldDo), len(did)) {
+				obj, what, _ := strings.Cut(did[i], ": ")
+				if wouldDo[i] != obj+": would be "+what {
+					t.Errorf("dry run says %q where the real run says %q", wouldDo[i], did[i])
+				}
+			}
 			x.wantConverged(rel, h.session)
 		})
 	}
@@ -214,4 +237,20 @@ func TestIntegrationUnlockConverges(t *testing.T) {
 			x.wantConverged(rel, append([]string{h.session}, c.want...)...)
 		})
 	}
+}
+
+// objectLines are the lines of a recover report's object list.
+func objectLines(report string) []string {
+	_, list, ok := strings.Cut(report, "Objects of the abandoned revision:\n")
+	if !ok {
+		return nil
+	}
+	var out []string
+	for _, l := range strings.Split(list, "\n") {
+		if !strings.HasPrefix(l, "  - ") {
+			break
+		}
+		out = append(out, strings.TrimPrefix(l, "  - "))
+	}
+	return out
 }

@@ -331,7 +331,7 @@ func TestHelpSaysWhatItTouches(t *testing.T) {
 	}{
 		{newLocksCmd(c), []string{"API server's clock", "Reads helm's release Secrets", "--lock-backend=lease also the Leases", "Writes nothing.", "Exit codes"}},
 		{newUnlockCmd(c), []string{"Touches: the lock of the holder (on the release's newest stored record", "Refusals (nothing is written)", "exit 8", "exit 10"}},
-		{newRecoverCmd(c), []string{"Touches: the release's lock (on its newest stored record and its beat", "--dry-run reads the same and\nwrites nothing", "Exit codes"}},
+		{newRecoverCmd(c), []string{"Touches: the release's lock (on its newest stored record and its beat", "--dry-run reads the same, lists the same objects in the same\nform", "Exit codes"}},
 	} {
 		for _, w := range tc.want {
 			if !strings.Contains(tc.cmd.Long, w) {

@@ -37,12 +37,15 @@ upgrade, rollback and uninstall make before they run.
 
 Recovering takes the release's lock first (as the guarded commands do) and
 runs the same recovery they run: it undoes what the abandoned revision
-applied (fields it changed go back to the last deployed revision, objects
-only it created are removed, never those annotated
-helm.sh/resource-policy: keep, and never PersistentVolumeClaims,
-CustomResourceDefinitions or Namespaces unless --recover-delete-data), marks the pending revision (and any older
-stray pending revision) failed with a description of who abandoned what and
-when, and releases the lock. No revision is deleted; helm history keeps every
+applied (fields it changed go back to the last deployed revision; objects
+only it created are left in place and recorded on it, and the next upgrade
+or install removes those its own revision does not render, never those
+annotated helm.sh/resource-policy: keep, and never what holds data:
+PersistentVolumeClaims, CRDs, Namespaces, LoadBalancer Services,
+StatefulSets whose claims go with them, or any owner of those, unless
+--recover-delete-data), marks the pending revision (and any older stray
+pending revision) failed with a description of who abandoned what and when,
+and releases the lock. No revision is deleted; helm history keeps every
 one. With --recover-strategy=rollback it rolls back to the last deployed
 revision instead of undoing the changes itself.
 
@@ -52,8 +55,10 @@ the Lease helm-autorecover.v1.RELEASE under the lease backend, chosen by
 abandoned revision changed or created, the Secret of each pending revision
 (status and description only, a write conditional on the resourceVersion
 read), one Event (Recovered) regarding the release's latest Secret, and, with
---recover-strategy=rollback, a new revision. --dry-run reads the same and
-writes nothing.
+--recover-strategy=rollback, a new revision. The report lists every object
+of the abandoned revision it reverted, deleted, left in place or kept, with
+the reason. --dry-run reads the same, lists the same objects in the same
+form ("would be reverted"), and writes nothing.
 
 Exit codes (the same with --dry-run): 0 recovered, recoverable, or nothing to
 recover; 3 a live holder has the lock; 5 pending but not recoverable now (the
@@ -138,14 +143,17 @@ func (c *lockCmds) runRecover(ctx context.Context, o *recoverOptions, rel string
 	// dry run stops here, and a run that would not recover writes nothing,
 	// not even the lock.
 	observed := recovery.ObservedLock(st)
-	planned, err := cn.Recover(ctx, protocol.Procedure{Release: rel, Namespace: ns, Lock: observed, Policy: o.policy(), Next: lock.OpRecover})
+	planned, err := cn.Recover(ctx, protocol.Procedure{Release: rel, Namespace: ns, Lock: observed, Policy: o.policy(), Next: lock.OpRecover,
+		Preview: o.dryRun, DeleteData: o.opts.RecoverDeleteData})
 	if err != nil {
 		return err
 	}
 	dec := planned.Decision
 	live := observed.State == recovery.LockLive
 	if o.dryRun {
-		if err := inspect.WriteReport(c.out, planReport(dec, rel, ns, planned.At)); err != nil {
+		rep := planReport(dec, rel, ns, planned.At)
+		rep.Objects = planned.Converged.Lines()
+		if err := inspect.WriteReport(c.out, rep); err != nil {
 			return err
 		}
 		return verdictError(dec, live)
@@ -211,7 +219,7 @@ func (c *lockCmds) runRecover(ctx context.Context, o *recoverOptions, rel string
 		Log:        c.errOut,
 		DeleteData: o.opts.RecoverDeleteData,
 	})
-	rep := inspect.Report{Release: rel, Namespace: ns, Decision: out.Decision, RolledBack: out.RolledBack, Said: out.Said()}
+	rep := inspect.Report{Release: rel, Namespace: ns, Decision: out.Decision, RolledBack: out.RolledBack, Said: out.Said(), Objects: out.Converged.Lines()}
 	for _, m := range out.Marked {
 		rep.Writes = append(rep.Writes, inspect.Write{Revision: m.Release.Revision, RecordKind: m.Release.RecordKind, RecordName: m.Release.RecordName, From: m.Release.Status, Description: m.Description})
 	}

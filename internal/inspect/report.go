@@ -38,6 +38,10 @@ type Report struct {
 	// Said, when set, is what the recovery did (protocol.Outcome.Said),
 	// told instead of the decision's own words.
 	Said string
+	// Objects are the release's objects the recovery reverted, deleted,
+	// left in place or kept (or, in a dry run, would), one line each
+	// (recovery.ConvergeReport.Lines).
+	Objects []string
 }
 
 // Verdict says the decision's verdict in plain words.
@@ -95,6 +99,12 @@ func WriteReport(out io.Writer, r Report) error {
 		}
 		if r.Event != "" && len(r.Writes) > 0 {
 			fmt.Fprintf(&b, "  - Event %s regarding %s %s\n", r.Event, kindOr(r.Writes[0].RecordKind), r.Writes[0].RecordName)
+		}
+		if len(r.Objects) > 0 {
+			b.WriteString("Objects of the abandoned revision:\n")
+			for _, o := range r.Objects {
+				fmt.Fprintf(&b, "  - %s\n", o)
+			}
 		}
 	} else if r.DryRun {
 		b.WriteString("Dry run: nothing was written.\n")

@@ -58,6 +58,11 @@ type Procedure struct {
 	// CustomResourceDefinitions and Namespaces that only the abandoned
 	// revision created (--recover-delete-data); they are kept otherwise.
 	DeleteData bool
+	// Preview, with no Writer (a dry run), also reads what undoing the
+	// abandoned revision's changes would revert, delete or leave, and
+	// reports it in Outcome.Converged (recovery.ConvergeOptions.DryRun);
+	// without it a dry run reads only the history and the clock.
+	Preview bool
 }
 
 // Outcome is what a recovery found and did.
@@ -234,6 +239,9 @@ func (c *Conn) Recover(ctx context.Context, p Procedure) (Outcome, error) {
 			return out, nil
 		}
 		if p.Writer == nil {
+			if p.Preview && converges(p.Next) {
+				return out, c.converge(ctx, p, &out, dec.Target.Release)
+			}
 			return out, nil
 		}
 		// Undo what the abandoned revision applied before marking it failed,
@@ -377,15 +385,20 @@ func (c *Conn) converge(ctx context.Context, p Procedure, out *Outcome, abandone
 	// markAbandoned), unless helm's rollback follows: its target's
 	// manifest is the next revision's, and the rules apply against it now.
 	deferRemovals := defersRemovals(p.Next) || (p.Next == lock.OpRecover && out.Decision.Verdict != recovery.RecoverThenRollback)
-	rep, err := recovery.ConvergeAbandoned(ctx, c.clusterAccess, c.records, abandoned,
-		recovery.ConvergeOptions{BeforeWrite: p.Writer.Valid, DeferRemovals: deferRemovals, DeleteData: p.DeleteData})
+	opts := recovery.ConvergeOptions{DeferRemovals: deferRemovals, DeleteData: p.DeleteData, DryRun: p.Writer == nil}
+	if p.Writer != nil {
+		opts.BeforeWrite = p.Writer.Valid
+	}
+	rep, err := recovery.ConvergeAbandoned(ctx, c.clusterAccess, c.records, abandoned, opts)
 	out.Converged = rep
-	if (rep.Notable() || err != nil) && p.Log != nil {
+	if (rep.Notable() || err != nil) && p.Log != nil && !opts.DryRun {
 		fmt.Fprintf(p.Log, "helm-autorecover: %s\n", rep.Summary())
 	}
 	switch {
 	case err == nil:
 		return nil
+	case opts.DryRun:
+		return fmt.Errorf("release %q in namespace %q: what recovery would undo could not be read in full (nothing was written): %w", p.Release, p.Namespace, err)
 	case errors.Is(err, recovery.ErrFenced):
 		return fmt.Errorf("release %q in namespace %q: %w: %w", p.Release, p.Namespace, lock.ErrLost, err)
 	}

@@ -96,6 +96,11 @@ type ConvergeOptions struct {
 	// are always kept, as their deletion destroys a volume's data, every
 	// custom resource of the kind, or everything in the namespace.
 	DeleteData bool
+	// DryRun reads what a real run reads and decides as it would, but
+	// writes nothing: the report says what it would revert and delete
+	// (server-side apply asks the API server's own dry run). BeforeWrite
+	// is not called.
+	DryRun bool
 }
 
 // ConvergeAbandoned loads the abandoned revision and the last deployed one
@@ -206,7 +211,7 @@ func Converge(ctx context.Context, kc *Kube, in ConvergeInput, opts ConvergeOpti
 		return ConvergeReport{}, errors.New("converging: no abandoned revision given")
 	}
 	ab := in.Abandoned
-	rep := ConvergeReport{Release: ab.Name, Namespace: ab.Namespace, Abandoned: ab.Version, Method: ConvergeMethod(ab)}
+	rep := ConvergeReport{Release: ab.Name, Namespace: ab.Namespace, Abandoned: ab.Version, Method: ConvergeMethod(ab), DryRun: opts.DryRun}
 	subject := fmt.Sprintf("converging release %q in namespace %q", ab.Name, ab.Namespace)
 	if in.Base == nil {
 		rep.Skipped = "no revision is deployed, so helm's next upgrade diffs against the abandoned revision itself and removes what it applied"
@@ -264,6 +269,10 @@ func Converge(ctx context.Context, kc *Kube, in ConvergeInput, opts ConvergeOpti
 	return rep, nil
 }
 
+// errDryRun stops a write of a dry run (ConvergeOptions.DryRun) where it
+// would be sent; the caller records what it would have done.
+var errDryRun = errors.New("dry run")
+
 // ErrFenced wraps the error of ConvergeOptions.BeforeWrite when it stopped
 // Converge; the error returned wraps both.
 var ErrFenced = errors.New("stopped before writing")
@@ -293,6 +302,9 @@ func (c *converger) record(ref ObjectRef, a ConvergeAction, reason string) {
 }
 
 func (c *converger) fence() error {
+	if c.opts.DryRun {
+		return errDryRun
+	}
 	if c.opts.BeforeWrite == nil {
 		return nil
 	}

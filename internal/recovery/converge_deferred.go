@@ -65,7 +65,7 @@ func (c *converger) deferAll(objs []resolved, created time.Time) {
 			c.record(o.ref, ActionInSync, ReasonKindNotServed)
 			continue
 		}
-		c.record(o.ref, ActionDeferred, "left in place: removed once the next upgrade or install has written its revision, unless that revision renders it again")
+		c.record(o.ref, ActionDeferred, "removed once the next upgrade or install has written its revision, unless that revision renders it again")
 		d.Objects = append(d.Objects, o.obj)
 		d.Refs = append(d.Refs, o.ref)
 	}

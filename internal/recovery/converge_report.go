@@ -61,6 +61,43 @@ type ConvergeReport struct {
 	// After is set on RemoveDeferred's report: the revision whose manifest
 	// decided what was removed.
 	After int
+	// DryRun: nothing was written; reverted and deleted say what a real
+	// run would do (ConvergeOptions.DryRun).
+	DryRun bool
+}
+
+// Lines tell, one per object, what converge did (or, in a dry run, would
+// do) with every object it reverted, deleted, left in place, kept or
+// failed on, with the reason; objects already in sync are left out. The
+// recover command prints them for a dry run and a real run alike.
+func (r ConvergeReport) Lines() []string {
+	var out []string
+	for _, o := range r.Objects {
+		var what string
+		switch o.Action {
+		case ActionInSync:
+			continue
+		case ActionReverted:
+			what = fmt.Sprintf("reverted to revision %d", r.Base)
+			if r.After > 0 {
+				what = fmt.Sprintf("fields only revision %d set removed, as revision %d renders it", r.Abandoned, r.After)
+			}
+		case ActionDeleted:
+			what = fmt.Sprintf("deleted (only revision %d rendered it)", r.Abandoned)
+		case ActionDeferred:
+			what = fmt.Sprintf("left in place (only revision %d rendered it)", r.Abandoned)
+		case ActionKept, ActionFailed:
+			what = string(o.Action)
+		}
+		if r.DryRun {
+			what = "would be " + what
+		}
+		if o.Reason != "" {
+			what += ": " + o.Reason
+		}
+		out = append(out, o.Object.String()+": "+what)
+	}
+	return out
 }
 
 // Changed reports whether Converge wrote anything.

@@ -103,3 +103,39 @@ func TestHeldBack(t *testing.T) {
 		}
 	}
 }
+
+// TestConvergeReportLines: one line per object written, left or kept, with
+// its reason; in-sync objects are left out; a dry run says the same with
+// "would be" (issue 35 item 2: the dry run and the report list the same
+// objects in the same form).
+func TestConvergeReportLines(t *testing.T) {
+	ref := func(kind, name string) ObjectRef { return ObjectRef{Kind: kind, Namespace: "shop", Name: name} }
+	rep := ConvergeReport{
+		Release: "web", Namespace: "shop", Abandoned: 2, Base: 1,
+		Objects: []ObjectResult{
+			{Object: ref("Deployment", "web"), Action: ActionReverted},
+			{Object: ref("ConfigMap", "web-config"), Action: ActionInSync, Reason: "no field differs"},
+			{Object: ref("ConfigMap", "web-extra"), Action: ActionDeferred, Reason: "removed once the next upgrade or install has written its revision"},
+			{Object: ref("StatefulSet", "db"), Action: ActionKept, Reason: "a StatefulSet whose claims go with it"},
+			{Object: ref("ConfigMap", "web-gone"), Action: ActionDeleted},
+			{Object: ref("Role", "web"), Action: ActionFailed, Reason: "forbidden"},
+		},
+	}
+	want := []string{
+		"Deployment shop/web: reverted to revision 1",
+		"ConfigMap shop/web-extra: left in place (only revision 2 rendered it): removed once the next upgrade or install has written its revision",
+		"StatefulSet shop/db: kept: a StatefulSet whose claims go with it",
+		"ConfigMap shop/web-gone: deleted (only revision 2 rendered it)",
+		"Role shop/web: failed: forbidden",
+	}
+	if got := rep.Lines(); strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("lines:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	rep.DryRun = true
+	for i, l := range rep.Lines() {
+		obj, what, _ := strings.Cut(want[i], ": ")
+		if l != obj+": would be "+what {
+			t.Errorf("dry-run line %d: %q; want %q", i, l, obj+": would be "+what)
+		}
+	}
+}

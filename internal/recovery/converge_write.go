@@ -95,7 +95,10 @@ func (c *converger) revert(ctx context.Context, ab, base resolved) error {
 			c.record(ref, ActionFailed, err.Error())
 			return fmt.Errorf("%s: computing the revert: %w", ref, err)
 		}
-		if err := c.fence(); err != nil {
+		if err := c.fence(); errors.Is(err, errDryRun) {
+			c.record(ref, ActionReverted, "")
+			return nil
+		} else if err != nil {
 			return err
 		}
 		out, err := res.Patch(ctx, ref.Name, pt, body, opts)
@@ -189,7 +192,10 @@ func (c *converger) remove(ctx context.Context, ab resolved) error {
 				return nil
 			}
 		}
-		if err := c.fence(); err != nil {
+		if err := c.fence(); errors.Is(err, errDryRun) {
+			c.record(ref, ActionDeleted, "")
+			return nil
+		} else if err != nil {
 			return err
 		}
 		uid, rv := live.GetUID(), live.GetResourceVersion()
