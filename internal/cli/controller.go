@@ -11,6 +11,10 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	helmcli "helm.sh/helm/v4/pkg/cli"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 
 	"github.com/helm-autorecover/helm-autorecover/internal/controller"
@@ -72,11 +76,17 @@ func newControllerCmd(settings *helmcli.EnvSettings, errOut io.Writer) *cobra.Co
 		Long:  controllerLong,
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			nsFlag := cmd.Flag("namespace")
+			scope, err := controllerScope(o.namespaces, nsFlag != nil && nsFlag.Changed, settings.Namespace())
+			if err != nil {
+				return &exitcode.Error{Code: exitcode.Usage, Err: err}
+			}
+			o.namespaces = scope
 			return runController(cmd.Context(), o, settings, errOut)
 		},
 	}
 	f := cmd.Flags()
-	f.StringSliceVar(&o.namespaces, "namespaces", nil, "watch only these namespaces (comma-separated; default: all)")
+	f.StringSliceVar(&o.namespaces, "namespaces", nil, "watch only these namespaces (comma-separated; default: helm's -n/--namespace when given, else all)")
 	f.StringVar(&o.selector, "selector", "", "only releases whose records match this label selector (added to owner=helm and the pending statuses)")
 	f.StringVar(&o.metricsAddr, "metrics-bind-address", ":8080", "where to serve Prometheus metrics (/metrics); 0 disables")
 	f.StringVar(&o.probeAddr, "health-probe-bind-address", ":8081", "where to serve /healthz and /readyz; 0 disables")
@@ -138,6 +148,12 @@ func runController(ctx context.Context, o *controllerFlags, settings *helmcli.En
 	if ctx == nil {
 		ctx = context.Background()
 	}
+	if len(o.namespaces) == 0 {
+		slog.Info("serving every namespace (narrow with -n or --namespaces)")
+	} else {
+		slog.Info("serving only these namespaces", slog.Any("namespaces", o.namespaces))
+		warnMissingNamespaces(ctx, cfg, o.namespaces)
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	go func() {
@@ -192,4 +208,56 @@ func hostnameOr(def string) string {
 		return def
 	}
 	return h
+}
+
+// controllerScope is the namespaces the controller serves: --namespaces
+// when given, else helm's own -n/--namespace when the user gave it (a helm
+// user types -n), else none (every namespace). Both, naming different
+// namespaces, is refused: the controller runs in exactly the scope the user
+// named, or not at all.
+func controllerScope(namespaces []string, nsGiven bool, ns string) ([]string, error) {
+	var clean []string
+	for _, n := range namespaces {
+		if n = strings.TrimSpace(n); n != "" {
+			clean = append(clean, n)
+		}
+	}
+	if len(namespaces) > 0 && len(clean) == 0 {
+		return nil, fmt.Errorf("--namespaces names no namespace; leave it out to serve every namespace")
+	}
+	if !nsGiven {
+		return clean, nil
+	}
+	if len(clean) == 0 {
+		return []string{ns}, nil
+	}
+	if len(clean) == 1 && clean[0] == ns {
+		return clean, nil
+	}
+	return nil, fmt.Errorf("-n/--namespace %q and --namespaces %q name different scopes; give one of them (--namespaces a,b for several namespaces)", ns, strings.Join(clean, ","))
+}
+
+// warnMissingNamespaces logs a warning for each namespace of the scope that
+// does not exist (a typo serves nothing, silently otherwise); the
+// controller still serves it once it is created. A namespace it may not
+// read is not judged.
+func warnMissingNamespaces(ctx context.Context, cfg *rest.Config, namespaces []string) {
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return
+	}
+	for _, ns := range missingNamespaces(ctx, cs, namespaces) {
+		slog.Warn("namespace does not exist: nothing to serve there until it is created; check -n/--namespaces for a typo", slog.String("namespace", ns))
+	}
+}
+
+// missingNamespaces are those of namespaces the API server says do not exist.
+func missingNamespaces(ctx context.Context, cs kubernetes.Interface, namespaces []string) []string {
+	var out []string
+	for _, ns := range namespaces {
+		if _, err := cs.CoreV1().Namespaces().Get(ctx, ns, metav1.GetOptions{}); apierrors.IsNotFound(err) {
+			out = append(out, ns)
+		}
+	}
+	return out
 }

@@ -339,3 +339,41 @@ func TestControllerForbiddenRetriesWithBackoff(t *testing.T) {
 		t.Errorf("a controller without rights wrote the release: %s", describe(revs))
 	}
 }
+
+// TestControllerScopeFromNamespaceFlag is issue 35 item 1 with the real
+// binary: `controller -n NS` serves NS alone (it was accepted and ignored,
+// and the controller served every namespace); -n and --namespaces naming
+// different namespaces are refused (exit 2); a namespace that does not
+// exist gets a warning.
+func TestControllerScopeFromNamespaceFlag(t *testing.T) {
+	env := testenv.Get(t)
+	bin := env.Bin(t)
+	ns := env.Namespace(t)
+	c := startController(t, env, "", "-n", ns, "--leader-elect=false")
+	want := `"namespaces":["` + ns + `"]`
+	deadline := time.Now().Add(30 * time.Second)
+	for !strings.Contains(c.Stderr.String(), want) {
+		if time.Now().After(deadline) {
+			t.Fatalf("controller -n %s does not say it serves %s alone; stderr:\n%s", ns, want, c.Stderr.String())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	c.Kill(t)
+
+	res := env.Run(t, bin, "controller", "-n", ns, "--namespaces", "other", "--leader-elect=false")
+	if res.ExitCode != 2 || !strings.Contains(res.Stderr, "name different scopes") {
+		t.Errorf("-n and --namespaces naming different namespaces: exit %d, stderr:\n%s", res.ExitCode, res.Stderr)
+	}
+
+	c = startController(t, env, "", "--namespaces", ns+",nosuchns-"+ns[len(ns)-5:], "--leader-elect=false")
+	deadline = time.Now().Add(30 * time.Second)
+	for !strings.Contains(c.Stderr.String(), "namespace does not exist") {
+		if time.Now().After(deadline) {
+			t.Fatalf("no warning for a namespace that does not exist; stderr:\n%s", c.Stderr.String())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if strings.Contains(c.Stderr.String(), `"namespace does not exist: nothing to serve there until it is created; check -n/--namespaces for a typo","namespace":"`+ns+`"`) {
+		t.Errorf("a warning for %s, which exists:\n%s", ns, c.Stderr.String())
+	}
+}
