@@ -39,7 +39,11 @@ abandoned revision applied, marks it failed with a description naming the
 controller's session, and records an Event (Recovered).
 
 Opt out with the annotation helm-autorecover.io/ignore: "true" on a
-Namespace or on a release's newest record, or narrow with --selector.
+Namespace (all its releases), or the label helm-autorecover.io/ignore=true
+on a release's records (helm upgrade --labels helm-autorecover.io/ignore=true:
+helm copies it to every later revision; an annotation put by hand on one
+record covers that revision only), or narrow with -n, --namespaces or
+--selector.
 Replicas elect a leader on a Lease (--leader-elect); recoveries are safe
 under any number of replicas anyway, since each takes the release's lock.
 
@@ -99,6 +103,7 @@ func newControllerCmd(settings *helmcli.EnvSettings, errOut io.Writer) *cobra.Co
 	// The guard's own flags, defaults and environment variables.
 	guardFlags := pflag.NewFlagSet("guard", pflag.ContinueOnError)
 	_ = o.guard.AddFlags(guardFlags)
+	guard.UseWithoutOperation(guardFlags)
 	o.guardFlagNames = []string{"lock-backend", "recover-legacy-after", "recover-strategy", "recover-delete-data"}
 	for _, name := range o.guardFlagNames {
 		f.AddFlag(guardFlags.Lookup(name))

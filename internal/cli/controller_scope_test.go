@@ -1,7 +1,11 @@
 package cli
 
 import (
+	"io"
+	"os"
+
 	"context"
+	"github.com/spf13/cobra"
 	"slices"
 	"strings"
 	"testing"
@@ -50,5 +54,39 @@ func TestMissingNamespaces(t *testing.T) {
 	cs := fake.NewClientset(&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "shop"}})
 	if got := missingNamespaces(context.Background(), cs, []string{"shop", "nosuchns"}); !slices.Equal(got, []string{"nosuchns"}) {
 		t.Errorf("missing %q; want [nosuchns]", got)
+	}
+}
+
+// TestNoOperationUsage: recover, unlock and the controller run no helm
+// operation after a recovery, so their --recover-strategy help must not say
+// fail "just runs the operation" (issue 35 item 6); the guarded commands'
+// help still does.
+func TestNoOperationUsage(t *testing.T) {
+	c := &lockCmds{}
+	for _, cmd := range []*cobra.Command{newControllerCmd(nil, io.Discard), newRecoverCmd(c), newUnlockCmd(c)} {
+		f := cmd.Flags().Lookup("recover-strategy")
+		if f == nil {
+			continue
+		}
+		if strings.Contains(f.Usage, "just run the operation") || !strings.Contains(f.Usage, "last deployed state") {
+			t.Errorf("%s --recover-strategy: %q", cmd.Name(), f.Usage)
+		}
+	}
+}
+
+// TestOptOutHelp: the controller's help and the chart's NOTES name the
+// lasting opt-out for a release (a label, which helm copies to every
+// revision), not an annotation on the newest record, which covers one
+// revision (issue 35 item 6).
+func TestOptOutHelp(t *testing.T) {
+	notes, err := os.ReadFile("../../charts/helm-autorecover/templates/NOTES.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, text := range map[string]string{"controller --help": controllerLong, "NOTES.txt": string(notes)} {
+		flat := strings.Join(strings.Fields(text), " ")
+		if strings.Contains(flat, "release's newest record") || !strings.Contains(flat, "--labels helm-autorecover.io/ignore=true") {
+			t.Errorf("%s does not name the lasting opt-out:\n%s", name, text)
+		}
 	}
 }

@@ -92,6 +92,7 @@ func newRecoverCmd(c *lockCmds) *cobra.Command {
 	// ones that mean something here.
 	guardFlags := pflag.NewFlagSet("guard", pflag.ContinueOnError)
 	_ = o.opts.AddFlags(guardFlags)
+	guard.UseWithoutOperation(guardFlags)
 	for _, name := range recoverGuardFlags {
 		f.AddFlag(guardFlags.Lookup(name))
 	}

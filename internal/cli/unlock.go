@@ -92,6 +92,7 @@ func newUnlockCmd(c *lockCmds) *cobra.Command {
 	// The guard's own flag, default and environment variable.
 	guardFlags := pflag.NewFlagSet("guard", pflag.ContinueOnError)
 	_ = o.gopts.AddFlags(guardFlags)
+	guard.UseWithoutOperation(guardFlags)
 	f.AddFlag(guardFlags.Lookup("recover-delete-data"))
 	guard.LockBackendFlag(f, &c.backend)
 	_ = cmd.RegisterFlagCompletionFunc("session", c.completeSessions)
@@ -214,10 +215,7 @@ func (c *lockCmds) checkUnlock(st *lock.Status, hist []helmx.Summary, o *unlockO
 			return unknownRelease(ns, rel)
 		}
 		msg := fmt.Sprintf("release %q in namespace %q has no lock (no Lease %s): nothing to unlock", rel, ns, lock.LeaseName(rel))
-		if latest := hist[len(hist)-1]; recovery.IsPending(latest.Status) {
-			msg += fmt.Sprintf(". Its revision %d is %s with no lock record (stock helm may have written it): see helm-autorecover recover %s -n %s --dry-run", latest.Revision, latest.Status, rel, ns)
-		}
-		return exitError(exitcode.NotFound, "%s", msg)
+		return exitError(exitcode.NotFound, "%s%s", msg, legacyPointer(hist, rel, ns))
 	}
 	if len(hist) == 0 {
 		return exitError(exitcode.NotFound, "release %q in namespace %q has no stored revision (its Lease %s exists, holder %q): nothing to recover. If it is gone for good, delete the Lease: kubectl delete lease -n %s %s",
@@ -230,6 +228,9 @@ func (c *lockCmds) checkUnlock(st *lock.Status, hist []helmx.Summary, o *unlockO
 		if st.Record != nil && st.Record.Session == o.session {
 			return exitError(exitcode.NotFound, "release %q in namespace %q: the lock of session %s was already released at %s%s; nothing to unlock",
 				rel, ns, o.session, stamp(st.Record.ReleasedAt), releasedBy(st.Record))
+		}
+		if p := legacyPointer(hist, rel, ns); p != "" {
+			return exitError(exitcode.NotFound, "release %q in namespace %q: nobody holds its lock; nothing to unlock%s", rel, ns, p)
 		}
 		return exitError(exitcode.NotFound, "release %q in namespace %q: nobody holds its lock; nothing to unlock (see helm-autorecover locks %s -n %s)", rel, ns, rel, ns)
 	}
@@ -359,4 +360,22 @@ func stamp(t time.Time) string {
 		return "an unknown time"
 	}
 	return t.UTC().Format(time.RFC3339)
+}
+
+// legacyPointer is what unlock adds when nobody holds the release's lock
+// but its latest revision is pending all the same: no lock of ours covers
+// it (stock helm, or a client of ours that released before helm ended), so
+// unlock has nothing to release, and recover is the way out, once no helm
+// process is at work on it. "" when nothing is pending.
+func legacyPointer(hist []helmx.Summary, rel, ns string) string {
+	if len(hist) == 0 {
+		return ""
+	}
+	latest := hist[len(hist)-1]
+	if !recovery.IsPending(latest.Status) {
+		return ""
+	}
+	return fmt.Sprintf(". Its revision %d is %s with no lock record covering it (stock helm may have written it, and may still be running): "+
+		"helm-autorecover recover %s -n %s recovers it once it has been pending for --recover-legacy-after (see when with --dry-run; lower the flag only if you know no helm process is at work on it)",
+		latest.Revision, latest.Status, rel, ns)
 }

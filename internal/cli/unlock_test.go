@@ -75,7 +75,16 @@ func TestUnlockRefusals(t *testing.T) {
 		},
 		{
 			name: "no lock", args: []string{"legacy", "--session", sessWeb}, code: exitcode.NotFound,
-			want: `release "legacy" in namespace "prod" has no lock (no Lease helm-autorecover.v1.legacy): nothing to unlock. Its revision 2 is pending-rollback with no lock record (stock helm may have written it): see helm-autorecover recover legacy -n prod --dry-run`,
+			want: `release "legacy" in namespace "prod" has no lock (no Lease helm-autorecover.v1.legacy): nothing to unlock. Its revision 2 is pending-rollback with no lock record covering it (stock helm may have written it, and may still be running): helm-autorecover recover legacy -n prod recovers it once it has been pending for --recover-legacy-after (see when with --dry-run; lower the flag only if you know no helm process is at work on it)`,
+		},
+		{
+			// Issue 35 item 6: a released lock of ours, then stock helm
+			// left a revision pending; unlock pointed nowhere.
+			name: "nobody holds it, stock helm's revision pending", args: []string{"db", "--session", sessWeb}, code: exitcode.NotFound,
+			objs: func(t *testing.T) []runtime.Object {
+				return append(fixture(t), revision(t, "db", "prod", 2, common.StatusPendingUpgrade, at(-time.Minute)))
+			},
+			want: `release "db" in namespace "prod": nobody holds its lock; nothing to unlock. Its revision 2 is pending-upgrade with no lock record covering it (stock helm may have written it, and may still be running): helm-autorecover recover db -n prod recovers it once it has been pending for --recover-legacy-after (see when with --dry-run; lower the flag only if you know no helm process is at work on it)`,
 		},
 		{
 			name: "already released", args: []string{"db", "--session", sessDB}, code: exitcode.NotFound,

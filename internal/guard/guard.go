@@ -556,7 +556,7 @@ func (r *run) warnRelease(err error) {
 // release or its namespace: a server's 503, an unreachable cluster); a
 // second line names both and says what this tool leaves behind.
 func (r *run) failed(err error) error {
-	return &opFailure{err: err, note: fmt.Sprintf("helm-autorecover: the %s of release %q in namespace %q failed (above); this command gives the release's lock back as it ends, and the next operation recovers a revision it left pending; see where it stands with: helm-autorecover locks %s -n %s",
+	return &opFailure{err: err, note: fmt.Sprintf("helm-autorecover: the %s of release %q in namespace %q failed (above); this command gives the release's lock back as it ends; see where the release stands with: helm history %s -n %s",
 		r.t.Op, r.t.Release, r.t.Namespace, r.t.Release, r.t.Namespace)}
 }
 

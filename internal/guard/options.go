@@ -43,6 +43,10 @@ const (
 	EnvLockTimeout        = "HELM_AUTORECOVER_LOCK_TIMEOUT"
 	EnvLockMaxHold        = "HELM_AUTORECOVER_LOCK_MAX_HOLD"
 	EnvAutorecover        = "HELM_AUTORECOVER_AUTORECOVER"
+	// usageWithoutOperation annotates a flag with its usage for the
+	// commands that run no helm operation after recovery (recover, the
+	// controller): UseWithoutOperation puts it in place.
+	usageWithoutOperation = "helm-autorecover/usage-without-operation"
 	EnvRecoverLegacyAfter = "HELM_AUTORECOVER_RECOVER_LEGACY_AFTER"
 	EnvRecoverStrategy    = "HELM_AUTORECOVER_RECOVER_STRATEGY"
 	EnvRecoverDeleteData  = "HELM_AUTORECOVER_RECOVER_DELETE_DATA"
@@ -114,6 +118,9 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) error {
 		"recover a release left pending with no lock record (stock helm) once it has been pending this long in server time (0: never) ["+EnvRecoverLegacyAfter+"]")
 	fs.StringVar(&o.RecoverStrategy, "recover-strategy", str(EnvRecoverStrategy, string(recovery.StrategyFail)),
 		"after marking an abandoned revision failed: fail (just run the operation) or rollback (first roll back to the last deployed revision) ["+EnvRecoverStrategy+"]")
+	fs.Lookup("recover-strategy").Annotations = map[string][]string{usageWithoutOperation: {
+		"after marking an abandoned revision failed: fail (no more: the release stays at its last deployed state) or rollback (then roll back to the last deployed revision, a new revision) [" + EnvRecoverStrategy + "]",
+	}}
 	fs.BoolVar(&o.RecoverDeleteData, "recover-delete-data", deleteData,
 		"let recovery delete PersistentVolumeClaims, CustomResourceDefinitions and Namespaces that only an abandoned revision created and the revision written next does not render (deleting one destroys a volume's data, every custom resource of the kind, everything in the namespace); without it they are kept and reported ["+EnvRecoverDeleteData+"]")
 	return nil
@@ -230,4 +237,15 @@ func (o *Options) policy() recovery.Policy {
 		Strategy:    recovery.Strategy(o.RecoverStrategy),
 		Hints:       recovery.CLIHints,
 	}
+}
+
+// UseWithoutOperation gives fs's flags the usage they have on a command
+// that runs no helm operation after recovery (recover, the controller),
+// where one exists: "just run the operation" is untrue there.
+func UseWithoutOperation(fs *pflag.FlagSet) {
+	fs.VisitAll(func(f *pflag.Flag) {
+		if u := f.Annotations[usageWithoutOperation]; len(u) == 1 {
+			f.Usage = u[0]
+		}
+	})
 }
