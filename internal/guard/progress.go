@@ -41,7 +41,7 @@ func (p *progress) update(holder *lock.Record, left time.Duration) {
 	if holder != nil {
 		who = fmt.Sprintf("%s (%s, session %s)", holder.Who, holder.Operation, holder.Session)
 	}
-	line := fmt.Sprintf("waiting for the lock held by %s; it expires in %s unless renewed; giving up in %s",
+	line := fmt.Sprintf("waiting for the lock held by %s; taking it over in %s unless it is renewed; giving up in %s",
 		who, left.Round(time.Second), p.deadline.Sub(now).Round(time.Second))
 	if p.tty {
 		fmt.Fprintf(p.w, "\r\033[K%s", line)

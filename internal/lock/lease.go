@@ -659,12 +659,8 @@ func (b *Backend) lockedError(req *Request, v view, now servertime.Bounds, ahead
 	}
 	if c := v.claim; c != nil {
 		e.HolderIdentity, e.Holder, e.LockedTill = c.Session, c, c.LockedTill
-		e.Left = max(0, c.LockedTill.Add(b.margin()).Sub(now.Earliest))
-		e.confirmAt = v.confirmAt
-		if v.confirming {
-			e.Confirming = true
-			e.Left = max(0, v.confirmAt.Sub(b.clock.Now()))
-		}
+		e.confirmAt, e.Confirming = v.confirmAt, v.confirming
+		e.Left = b.takeoverIn(e.LockedTill, e.confirmAt, now)
 		return e
 	}
 	if v.recErr == nil && v.rec != nil && v.rec.Session == e.HolderIdentity {
@@ -676,14 +672,28 @@ func (b *Backend) lockedError(req *Request, v view, now servertime.Bounds, ahead
 	}
 	if till, ok := LockedTill(judged, &v.lease.Spec); ok {
 		e.LockedTill = till
-		e.Left = max(0, till.Add(b.margin()).Sub(now.Earliest))
 	}
-	e.confirmAt = v.confirmAt
-	if v.confirming {
-		e.Confirming = true
-		e.Left = max(0, v.confirmAt.Sub(b.clock.Now()))
-	}
+	e.confirmAt, e.Confirming = v.confirmAt, v.confirming
+	e.Left = b.takeoverIn(e.LockedTill, e.confirmAt, now)
 	return e
+}
+
+// takeoverIn is how long from now until this client takes over a lock
+// held until lockedTill unless its holder renews it: the moment this
+// process's own clock confirms it (confirmAt, Confirm: a lock seen
+// unchanged for a lease and the margin) when that is known, which is when
+// the take happens whatever the API server's clock says; otherwise when the
+// API server's clock certainly passes lockedTill and the margin. Every
+// message and countdown that announces a takeover says this one time, so
+// that none announces a moment the tool will not act at.
+func (b *Backend) takeoverIn(lockedTill, confirmAt time.Time, now servertime.Bounds) time.Duration {
+	switch {
+	case !confirmAt.IsZero() && b.clock != nil:
+		return max(0, confirmAt.Sub(b.clock.Now()))
+	case lockedTill.IsZero() || now.IsZero():
+		return 0
+	}
+	return max(0, lockedTill.Add(b.margin()).Sub(now.Earliest))
 }
 
 // stamp fills the time fields of a record written now. All of them come from

@@ -201,12 +201,9 @@ func (b *Backend) progress(lk *LockedError, f func(*Record, time.Duration)) {
 		return
 	}
 	left := time.Duration(0)
-	if lk.Confirming {
-		left = max(0, lk.confirmAt.Sub(b.clock.Now()))
-	} else if lk.State == Live && !lk.LockedTill.IsZero() {
-		if now, ok := b.time.Now(); ok {
-			left = max(0, lk.LockedTill.Add(b.margin()).Sub(now.Earliest))
-		}
+	if lk.State == Live {
+		now, _ := b.time.Now()
+		left = b.takeoverIn(lk.LockedTill, lk.confirmAt, now)
 	}
 	f(lk.Holder, left)
 }
