@@ -38,11 +38,11 @@ type Options struct {
 
 // Environment variables behind the flags.
 const (
-	EnvLockBackend        = "HELM_AUTORECOVER_LOCK_BACKEND"
-	EnvLeaseDuration      = "HELM_AUTORECOVER_LEASE_DURATION"
-	EnvLockTimeout        = "HELM_AUTORECOVER_LOCK_TIMEOUT"
-	EnvLockMaxHold        = "HELM_AUTORECOVER_LOCK_MAX_HOLD"
-	EnvAutorecover        = "HELM_AUTORECOVER_AUTORECOVER"
+	EnvLockBackend   = "HELM_AUTORECOVER_LOCK_BACKEND"
+	EnvLeaseDuration = "HELM_AUTORECOVER_LEASE_DURATION"
+	EnvLockTimeout   = "HELM_AUTORECOVER_LOCK_TIMEOUT"
+	EnvLockMaxHold   = "HELM_AUTORECOVER_LOCK_MAX_HOLD"
+	EnvAutorecover   = "HELM_AUTORECOVER_AUTORECOVER"
 	// usageWithoutOperation annotates a flag with its usage for the
 	// commands that run no helm operation after recovery (recover, the
 	// controller): UseWithoutOperation puts it in place.
