@@ -53,8 +53,9 @@ Touches: the release's lock (on its newest stored record and its beat, and
 the Lease helm-autorecover.v1.RELEASE under the lease backend, chosen by
 --lock-backend as for upgrade; taken, then released), the objects the
 abandoned revision changed or created, the Secret of each pending revision
-(status and description only, a write conditional on the resourceVersion
-read), one Event (Recovered) regarding the release's latest Secret, and, with
+(status and description, and on the abandoned one the objects left in
+place, under the release JSON key helm_autorecover_left; a write conditional
+on the resourceVersion read), one Event (Recovered) regarding the release's latest Secret, and, with
 --recover-strategy=rollback, a new revision. The report lists every object
 of the abandoned revision it reverted, deleted, left in place or kept, with
 the reason. --dry-run reads the same, lists the same objects in the same

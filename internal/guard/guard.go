@@ -486,7 +486,7 @@ func (r *run) removeDeferred(ctx context.Context) error {
 	if r.deferred.Empty() {
 		return nil
 	}
-	_, err := r.conn.RemoveDeferred(context.WithoutCancel(ctx), r.held, r.deferred, r.g.Options.RecoverDeleteData, r.g.Stderr)
+	_, err := r.conn.RemoveDeferred(context.WithoutCancel(ctx), r.held, r.deferred, r.g.Stderr)
 	switch {
 	case err == nil, errors.Is(err, recovery.ErrNoNewRevision):
 		// (the warning is written already)

@@ -176,7 +176,8 @@ func SetInfoFields(doc json.RawMessage, set map[string]any) (json.RawMessage, er
 // records, on a revision it marked failed, the objects only that revision
 // rendered that it left in place for the next operation to settle
 // (recovery.LoadLeft). Helm ignores keys it does not know when it reads a
-// release, and never rewrites a failed revision.
+// release, and drops them when it rewrites one (a rollback marks the failed
+// revision superseded): by then a newer revision supersedes the record.
 const KeyLeft = "helm_autorecover_left"
 
 // SetTopField returns doc with its top-level key set to value; every other

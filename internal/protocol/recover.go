@@ -353,7 +353,7 @@ func whyNotRolledBack(p Procedure, rollbackTo int, held []recovery.ObjectRef) st
 	case defersRemovals(p.Next):
 		return fmt.Sprintf("helm's rollback would delete or rewrite %s, which wait for helm's %s to say whether it renders them again; the release was set back to revision %d's state instead, and the %s follows", recovery.ObjectList(held), p.Next, rollbackTo, p.Next)
 	}
-	return fmt.Sprintf("helm's rollback would delete or rewrite %s, which recovery keeps; the release was set back to revision %d's state instead; once they are safe to lose, run helm rollback %s %d", recovery.ObjectList(held), rollbackTo, p.Release, rollbackTo)
+	return fmt.Sprintf("helm's rollback would delete or rewrite %s, which recovery keeps, or leaves for the next upgrade or install to settle; the release was set back to revision %d's state instead; once they are safe to lose, run helm rollback %s %d", recovery.ObjectList(held), rollbackTo, p.Release, rollbackTo)
 }
 
 // sleep waits d on the connection's clock, or until ctx ends.
@@ -380,12 +380,13 @@ func (c *Conn) sleep(ctx context.Context, d time.Duration) error {
 // deferred too, and the rollback is left out (HeldBack): deleting them
 // first would lose what the operation may render again.
 func (c *Conn) converge(ctx context.Context, p Procedure, out *Outcome, abandoned helmx.Summary) error {
-	// With no operation to follow, what only the abandoned revision
-	// rendered waits for the next one too (recorded on the revision by
-	// markAbandoned), unless helm's rollback follows: its target's
-	// manifest is the next revision's, and the rules apply against it now.
-	deferRemovals := defersRemovals(p.Next) || (p.Next == lock.OpRecover && out.Decision.Verdict != recovery.RecoverThenRollback)
-	opts := recovery.ConvergeOptions{DeferRemovals: deferRemovals, DeleteData: p.DeleteData, DryRun: p.Writer == nil}
+	// What only the abandoned revision rendered is never deleted before
+	// the next upgrade or install has written its revision (recorded on
+	// the abandoned one by markAbandoned): not with no operation to follow,
+	// and not before helm's rollback either, which then is held back
+	// (HeldBack): a Secret it generated may be what a database it started,
+	// and that recovery keeps, was initialised with.
+	opts := recovery.ConvergeOptions{DeferRemovals: true, DeleteData: p.DeleteData, DryRun: p.Writer == nil}
 	if p.Writer != nil {
 		opts.BeforeWrite = p.Writer.Valid
 	}
@@ -398,7 +399,11 @@ func (c *Conn) converge(ctx context.Context, p Procedure, out *Outcome, abandone
 	case err == nil:
 		return nil
 	case opts.DryRun:
-		return fmt.Errorf("release %q in namespace %q: what recovery would undo could not be read in full (nothing was written): %w", p.Release, p.Namespace, err)
+		// A preview that cannot read or dry-run everything (a reader
+		// without patch rights, a webhook with side effects) still shows
+		// the decision: what it could not preview is named in the report.
+		out.Converged.Unpreviewed = err.Error()
+		return nil
 	case errors.Is(err, recovery.ErrFenced):
 		return fmt.Errorf("release %q in namespace %q: %w: %w", p.Release, p.Namespace, lock.ErrLost, err)
 	}
@@ -431,11 +436,8 @@ func (c *Conn) takeLeft(ctx context.Context, p Procedure, out *Outcome, hist []h
 	}
 	newest := hist[len(hist)-1]
 	d, err := recovery.LoadLeft(ctx, c.records, newest)
-	if err != nil {
-		if p.Log != nil {
-			fmt.Fprintf(p.Log, "helm-autorecover: warning: %v; they stay in place\n", err)
-		}
-		return
+	if err != nil && p.Log != nil {
+		fmt.Fprintf(p.Log, "helm-autorecover: warning: %v\n", err)
 	}
 	if !d.Empty() {
 		out.Converged = recovery.ConvergeReport{Release: d.Release, Namespace: d.Namespace, Abandoned: d.Abandoned, Deferred: d}
@@ -445,25 +447,26 @@ func (c *Conn) takeLeft(ctx context.Context, p Procedure, out *Outcome, hist []h
 // RemoveDeferred removes, after the operation a recovery preceded has run
 // (successful or not), the objects only the abandoned revision rendered
 // that the revision it wrote does not render (recovery.RemoveDeferred),
-// under the lock w: every write is checked against w first. Call it only
+// under the lock w: every write is checked against w first; what holds
+// data goes only with the consent d records (Deferred.DeleteData). Call it only
 // when Outcome.Converged.Deferred is not empty (the happy path reads
 // nothing). Log receives the summary when something was removed, kept on
 // purpose or failed, and a warning naming the objects left when the
 // operation wrote no revision. Errors: lock.ErrLost (wrapped) when the lock
 // was lost before a write; recovery.ErrNoNewRevision; any read or write
 // failure. Every error names the release and the objects left.
-func (c *Conn) RemoveDeferred(ctx context.Context, w Writer, d *recovery.Deferred, deleteData bool, log io.Writer) (recovery.ConvergeReport, error) {
+func (c *Conn) RemoveDeferred(ctx context.Context, w Writer, d *recovery.Deferred, log io.Writer) (recovery.ConvergeReport, error) {
 	if d.Empty() {
 		return recovery.ConvergeReport{}, nil
 	}
 	rep, err := recovery.RemoveDeferred(ctx, c.clusterAccess, c.records, d,
-		recovery.ConvergeOptions{BeforeWrite: w.Valid, DeleteData: deleteData})
+		recovery.ConvergeOptions{BeforeWrite: w.Valid})
 	switch {
 	case errors.Is(err, recovery.ErrFenced):
 		err = fmt.Errorf("release %q in namespace %q: %w: %w", d.Release, d.Namespace, lock.ErrLost, err)
 	case errors.Is(err, recovery.ErrNoNewRevision):
 		if log != nil {
-			fmt.Fprintf(log, "helm-autorecover: warning: %v. Helm's operation wrote no revision, so whether it still wants them is unknown; delete them by hand if no later revision renders them\n", err)
+			fmt.Fprintf(log, "helm-autorecover: warning: %v. Helm's operation wrote no revision, so whether it still wants them is unknown; they stay recorded on revision %d, and the next upgrade or install settles them\n", err, d.Abandoned)
 		}
 		return rep, err
 	}

@@ -54,7 +54,7 @@ func TestDefersRemovals(t *testing.T) {
 	}
 	// Nothing deferred: nothing is read (the happy path costs no request).
 	var c Conn
-	if rep, err := c.RemoveDeferred(context.Background(), &writer{}, nil, false, nil); err != nil || rep.Notable() {
+	if rep, err := c.RemoveDeferred(context.Background(), &writer{}, nil, nil); err != nil || rep.Notable() {
 		t.Errorf("RemoveDeferred(nil) = %+v, %v", rep, err)
 	}
 }

@@ -48,10 +48,21 @@ type cascadeGuard struct {
 
 // protectedKinds are listed to find the roots of the walk: the kinds
 // dataHolder keeps whose deletion by the garbage collector loses data.
-var protectedKinds = []schema.GroupVersionResource{
-	{Version: "v1", Resource: "persistentvolumeclaims"},
-	{Group: "apps", Version: "v1", Resource: "statefulsets"},
-	{Version: "v1", Resource: "services"},
+// Namespaced ones are listed in the scope's namespace (every namespace for
+// a cluster-scoped object's scope); cluster-scoped ones only for a
+// cluster-scoped object, since the garbage collector lets no namespaced
+// object own a cluster-scoped one.
+var protectedKinds = []struct {
+	gvr           schema.GroupVersionResource
+	kind          string
+	clusterScoped bool
+}{
+	{schema.GroupVersionResource{Version: "v1", Resource: "persistentvolumeclaims"}, "PersistentVolumeClaim", false},
+	{schema.GroupVersionResource{Group: "apps", Version: "v1", Resource: "statefulsets"}, "StatefulSet", false},
+	{schema.GroupVersionResource{Version: "v1", Resource: "services"}, "Service", false},
+	{schema.GroupVersionResource{Version: "v1", Resource: "namespaces"}, "Namespace", true},
+	{schema.GroupVersionResource{Version: "v1", Resource: "persistentvolumes"}, "PersistentVolume", true},
+	{schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}, "CustomResourceDefinition", true},
 }
 
 // reason says why deleting live would take a protected object with it
@@ -79,22 +90,33 @@ func (g *cascadeGuard) scope(ctx context.Context, ns string) *protectedScope {
 	s := &protectedScope{owners: map[types.UID]string{}}
 	g.scopes[ns] = s
 	visited := map[types.UID]bool{}
-	for _, gvr := range protectedKinds {
-		list, err := g.kc.Dynamic.Resource(gvr).Namespace(ns).List(ctx, metav1.ListOptions{})
+	for _, pk := range protectedKinds {
+		if pk.clusterScoped && ns != "" {
+			continue
+		}
+		var list *unstructured.UnstructuredList
+		var err error
+		if pk.clusterScoped {
+			list, err = g.kc.Dynamic.Resource(pk.gvr).List(ctx, metav1.ListOptions{})
+		} else {
+			list, err = g.kc.Dynamic.Resource(pk.gvr).Namespace(ns).List(ctx, metav1.ListOptions{})
+		}
 		if err != nil {
 			where := "namespace " + ns
 			if ns == "" {
-				where = "every namespace"
+				where = "the cluster"
 			}
-			s.err = fmt.Errorf("listing %s in %s: %w", gvr.Resource, where, err)
+			s.err = fmt.Errorf("listing %s in %s: %w", pk.gvr.Resource, where, err)
 			return s
 		}
 		for i := range list.Items {
 			root := &list.Items[i]
-			if gvr.Resource != "persistentvolumeclaims" && dataHolder(root, nil) == "" {
+			root.SetAPIVersion(pk.gvr.GroupVersion().String())
+			root.SetKind(pk.kind)
+			if dataHolder(root, nil) == "" {
 				continue // a StatefulSet that retains its claims, a Service without an external address
 			}
-			what := ObjectRef{Kind: kindOf(gvr), Namespace: root.GetNamespace(), Name: root.GetName()}.String()
+			what := ObjectRef{Kind: pk.kind, Namespace: root.GetNamespace(), Name: root.GetName()}.String()
 			if err := g.walk(ctx, root, what, visited, s, 0); err != nil {
 				s.err = err
 				return s
@@ -138,7 +160,13 @@ func (g *cascadeGuard) owner(ctx context.Context, ns string, ref metav1.OwnerRef
 	if err != nil {
 		return nil, err
 	}
-	m, err := g.kc.Mapper.RESTMapping(gv.WithKind(ref.Kind).GroupKind(), gv.Version)
+	gk := gv.WithKind(ref.Kind).GroupKind()
+	m, err := g.kc.Mapper.RESTMapping(gk, gv.Version)
+	if meta.IsNoMatchError(err) {
+		// The version the reference was written with may no longer be
+		// served; the object is the same in any served version.
+		m, err = g.kc.Mapper.RESTMapping(gk)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -157,16 +185,4 @@ func (g *cascadeGuard) owner(ctx context.Context, ns string, ref metav1.OwnerRef
 		return nil, nil
 	}
 	return o, nil
-}
-
-func kindOf(gvr schema.GroupVersionResource) string {
-	switch gvr.Resource {
-	case "persistentvolumeclaims":
-		return "PersistentVolumeClaim"
-	case "statefulsets":
-		return "StatefulSet"
-	case "services":
-		return "Service"
-	}
-	return gvr.Resource
 }

@@ -31,6 +31,11 @@ type Deferred struct {
 	// are removed; Refs names them, in the same order.
 	Objects []*unstructured.Unstructured
 	Refs    []ObjectRef
+	// DeleteData is the consent to delete what holds data
+	// (--recover-delete-data) given by the recovery that left them, which
+	// judged the revision abandoned: it, not the flag of the operation that
+	// later removes them, decides (ConvergeOptions.DeleteData).
+	DeleteData bool
 }
 
 // Names lists the objects for people: "ConfigMap shop/a, Service shop/b".
@@ -58,7 +63,7 @@ var ErrNoNewRevision = errors.New("no revision was written after the abandoned o
 func (c *converger) deferAll(objs []resolved, created time.Time) {
 	d := &Deferred{
 		Release: c.release, Namespace: c.ns, RecordNamespace: c.ns,
-		Abandoned: c.rep.Abandoned, AbandonedCreated: created,
+		Abandoned: c.rep.Abandoned, AbandonedCreated: created, DeleteData: c.opts.DeleteData,
 	}
 	for _, o := range objs {
 		if o.mapping == nil {
@@ -110,8 +115,9 @@ func (c *converger) refresh(ctx context.Context, ab, next resolved) error {
 // after the abandoned one (by the operation recovery preceded, successful or
 // not) does not render, as helm removes what an upgrade drops: only objects
 // the abandoned revision created and this release owns, never one with
-// helm.sh/resource-policy: keep, and never a PersistentVolumeClaim,
-// CustomResourceDefinition or Namespace unless opts.DeleteData. An object
+// helm.sh/resource-policy: keep, and never what holds data unless
+// d.DeleteData (opts.DeleteData is not read: the recovery that left them
+// decided). An object
 // that revision renders again is helm's: it adopted it, and it stays.
 //
 // It reads the release's newest record once. When that is not newer than
@@ -168,6 +174,7 @@ func RemoveDeferred(ctx context.Context, kube func() (*Kube, error), records hel
 	if opts.FieldManager == "" {
 		opts.FieldManager = HelmFieldManager
 	}
+	opts.DeleteData = d.DeleteData
 	c := &converger{kc: kc, in: ConvergeInput{AbandonedCreated: d.AbandonedCreated}, opts: opts, rep: &rep, release: d.Release, ns: d.Namespace}
 	rendered, errs := c.resolveAll(objs)
 	if len(errs) > 0 {

@@ -193,9 +193,16 @@ func TestIntegrationDeferredRemovals(t *testing.T) {
 
 	// --recover-delete-data: the claim goes too (its deletion is at least
 	// under way: the pvc-protection finalizer may hold it a moment).
+	// The consent is the recovery's that left them (Deferred.DeleteData),
+	// not the flag of the operation that removes them.
 	withData := count
 	withData.DeleteData = true
-	rr, err = RemoveDeferred(ctx, kube, records, rep.Deferred, withData)
+	if rr, err := RemoveDeferred(ctx, kube, records, rep.Deferred, withData); err != nil || rr.Changed() {
+		t.Fatalf("RemoveDeferred with the operation's DeleteData only: %v\n%s", err, rr.Summary())
+	}
+	consented := *rep.Deferred
+	consented.DeleteData = true
+	rr, err = RemoveDeferred(ctx, kube, records, &consented, count)
 	if err != nil {
 		t.Fatalf("RemoveDeferred --recover-delete-data: %v", err)
 	}

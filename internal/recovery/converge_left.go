@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -30,6 +31,9 @@ const leftSchema = 1
 type leftRecord struct {
 	Schema  int          `json:"schema"`
 	Objects []leftObject `json:"objects"`
+	// DeleteData is Deferred.DeleteData: --recover-delete-data as the
+	// recovery that left them was given it.
+	DeleteData bool `json:"deleteData,omitempty"`
 }
 
 type leftObject struct {
@@ -41,7 +45,7 @@ type leftObject struct {
 
 // recordLeft returns doc with d's objects recorded under helmx.KeyLeft.
 func recordLeft(doc json.RawMessage, d *Deferred) (json.RawMessage, error) {
-	rec := leftRecord{Schema: leftSchema}
+	rec := leftRecord{Schema: leftSchema, DeleteData: d.DeleteData}
 	for _, r := range d.Refs {
 		rec.Objects = append(rec.Objects, leftObject{APIVersion: r.APIVersion, Kind: r.Kind, Namespace: r.Namespace, Name: r.Name})
 	}
@@ -51,6 +55,8 @@ func recordLeft(doc json.RawMessage, d *Deferred) (json.RawMessage, error) {
 // LoadLeft reads what recovery left in place when it marked revision s
 // failed (s.Left), with the renderings of s's own manifest, as a Deferred
 // for RemoveDeferred; nil when s records nothing. The record is read once.
+// An object the manifest does not hold is left as it is: the error names
+// it, and the Deferred returned with it holds the others.
 func LoadLeft(ctx context.Context, records helmx.Records, s helmx.Summary) (*Deferred, error) {
 	if len(s.Left) == 0 {
 		return nil, nil
@@ -84,15 +90,21 @@ func LoadLeft(ctx context.Context, records helmx.Records, s helmx.Summary) (*Def
 	}
 	d := &Deferred{
 		Release: s.Name, Namespace: s.Namespace, RecordNamespace: ns,
-		Abandoned: s.Revision, AbandonedCreated: r.Meta.CreationTimestamp.Time,
+		Abandoned: s.Revision, AbandonedCreated: r.Meta.CreationTimestamp.Time, DeleteData: rec.DeleteData,
 	}
+	var missing []string
 	for _, want := range rec.Objects {
 		o := findRendered(objs, want, s.Namespace)
 		if o == nil {
-			return nil, fmt.Errorf("%s: %s %s/%s is not in the revision's manifest", subject, want.Kind, want.Namespace, want.Name)
+			// Kept: nothing of it can be judged. The others still are.
+			missing = append(missing, ObjectRef{Kind: want.Kind, Namespace: want.Namespace, Name: want.Name}.String())
+			continue
 		}
 		d.Objects = append(d.Objects, o)
 		d.Refs = append(d.Refs, ObjectRef{APIVersion: want.APIVersion, Kind: want.Kind, Namespace: want.Namespace, Name: want.Name})
+	}
+	if len(missing) > 0 {
+		return d, fmt.Errorf("%s: %s not found in the revision's manifest; left as they are", subject, strings.Join(missing, ", "))
 	}
 	return d, nil
 }
@@ -109,8 +121,10 @@ func findRendered(objs []*unstructured.Unstructured, want leftObject, releaseNS 
 		if o.GetName() != want.Name || o.GetKind() != want.Kind || o.GroupVersionKind().Group != wgv.Group {
 			continue
 		}
+		// A cluster-scoped object was recorded without a namespace, though
+		// its rendering may name one (helm ignores it).
 		ns := o.GetNamespace()
-		if ns == want.Namespace || (ns == "" && (want.Namespace == releaseNS || want.Namespace == "")) {
+		if want.Namespace == "" || ns == want.Namespace || (ns == "" && want.Namespace == releaseNS) {
 			return o
 		}
 	}

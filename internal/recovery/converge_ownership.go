@@ -1,6 +1,7 @@
 package recovery
 
 import (
+	"cmp"
 	"fmt"
 	"strings"
 	"time"
@@ -160,4 +161,43 @@ func claimRetention(sts *unstructured.Unstructured) string {
 		}
 	}
 	return ""
+}
+
+// revertLoses says why setting live back to the rendering target destroys
+// data, or "" when it does not: a revert is a write too, and some writes
+// delete. A StatefulSet whose persistentVolumeClaimRetentionPolicy.whenScaled
+// is Delete loses the claims of every replica a lower replica count
+// removes; a Service of type LoadBalancer moved to another type loses its
+// external address.
+func revertLoses(live, target *unstructured.Unstructured) string {
+	gk := live.GroupVersionKind().GroupKind()
+	switch {
+	case gk.Group == "apps" && gk.Kind == "StatefulSet":
+		if v, _, _ := unstructured.NestedString(live.Object, "spec", "persistentVolumeClaimRetentionPolicy", "whenScaled"); v != "Delete" {
+			return ""
+		}
+		have, want := replicas(live), replicas(target)
+		if want < have {
+			return fmt.Sprintf("reverting it would scale it from %d to %d replicas, and its persistentVolumeClaimRetentionPolicy.whenScaled: Delete would delete the claims, and their data, of the replicas removed", have, want)
+		}
+	case gk.Group == "" && gk.Kind == "Service":
+		have, _, _ := unstructured.NestedString(live.Object, "spec", "type")
+		want, _, _ := unstructured.NestedString(target.Object, "spec", "type")
+		if have == "LoadBalancer" && want != "LoadBalancer" {
+			return "reverting it would turn a Service of type LoadBalancer into " + cmp.Or(want, "ClusterIP") + ", and its external address would be gone for good"
+		}
+	}
+	return ""
+}
+
+// replicas is a workload's spec.replicas, 1 when unset (the API server's
+// default).
+func replicas(o *unstructured.Unstructured) int64 {
+	if n, ok, _ := unstructured.NestedInt64(o.Object, "spec", "replicas"); ok {
+		return n
+	}
+	if f, ok, _ := unstructured.NestedFloat64(o.Object, "spec", "replicas"); ok {
+		return int64(f)
+	}
+	return 1
 }

@@ -129,3 +129,46 @@ func withStatusWriter(o *unstructured.Unstructured, manager string) *unstructure
 	o.SetManagedFields(append(o.GetManagedFields(), metav1.ManagedFieldsEntry{Manager: manager, Operation: metav1.ManagedFieldsOperationUpdate, Subresource: "status"}))
 	return o
 }
+
+// TestRevertLoses: a revert is a write too, and some writes delete: fewer
+// replicas of a StatefulSet whose claims go when it scales down, a
+// LoadBalancer Service turned into another type (issue 31 item 1, found
+// by the adversarial review).
+func TestRevertLoses(t *testing.T) {
+	sts := func(replicas any, whenScaled string) *unstructured.Unstructured {
+		o := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": map[string]any{"name": "db"}, "spec": map[string]any{}}}
+		if replicas != nil {
+			_ = unstructured.SetNestedField(o.Object, replicas, "spec", "replicas")
+		}
+		if whenScaled != "" {
+			_ = unstructured.SetNestedField(o.Object, whenScaled, "spec", "persistentVolumeClaimRetentionPolicy", "whenScaled")
+		}
+		return o
+	}
+	svc := func(typ string) *unstructured.Unstructured {
+		o := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "v1", "kind": "Service", "metadata": map[string]any{"name": "web"}}}
+		if typ != "" {
+			_ = unstructured.SetNestedField(o.Object, typ, "spec", "type")
+		}
+		return o
+	}
+	for _, c := range []struct {
+		name         string
+		live, target *unstructured.Unstructured
+		want         string
+	}{
+		{"scaled down, claims deleted", sts(int64(2), "Delete"), sts(float64(1), ""), "from 2 to 1 replicas"},
+		{"scaled down to the default", sts(int64(3), "Delete"), sts(nil, ""), "from 3 to 1 replicas"},
+		{"scaled down, claims retained", sts(int64(2), "Retain"), sts(float64(1), ""), ""},
+		{"scaled up", sts(int64(1), "Delete"), sts(float64(2), ""), ""},
+		{"LoadBalancer to ClusterIP", svc("LoadBalancer"), svc(""), "into ClusterIP"},
+		{"LoadBalancer to NodePort", svc("LoadBalancer"), svc("NodePort"), "into NodePort"},
+		{"LoadBalancer stays", svc("LoadBalancer"), svc("LoadBalancer"), ""},
+		{"ClusterIP to LoadBalancer", svc("ClusterIP"), svc("LoadBalancer"), ""},
+	} {
+		got := revertLoses(c.live, c.target)
+		if (c.want == "") != (got == "") || !strings.Contains(got, c.want) {
+			t.Errorf("%s: %q; want %q", c.name, got, c.want)
+		}
+	}
+}

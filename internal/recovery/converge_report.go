@@ -64,6 +64,9 @@ type ConvergeReport struct {
 	// DryRun: nothing was written; reverted and deleted say what a real
 	// run would do (ConvergeOptions.DryRun).
 	DryRun bool
+	// Unpreviewed, in a dry run, says what could not be previewed (the
+	// error), for Lines; empty when everything was.
+	Unpreviewed string
 }
 
 // Lines tell, one per object, what converge did (or, in a dry run, would
@@ -86,16 +89,24 @@ func (r ConvergeReport) Lines() []string {
 			what = fmt.Sprintf("deleted (only revision %d rendered it)", r.Abandoned)
 		case ActionDeferred:
 			what = fmt.Sprintf("left in place (only revision %d rendered it)", r.Abandoned)
-		case ActionKept, ActionFailed:
+		case ActionKept:
 			what = string(o.Action)
+		case ActionFailed:
+			what = "failed"
+			if r.DryRun {
+				what = "not previewed"
+			}
 		}
-		if r.DryRun {
+		if r.DryRun && o.Action != ActionFailed {
 			what = "would be " + what
 		}
 		if o.Reason != "" {
 			what += ": " + o.Reason
 		}
 		out = append(out, o.Object.String()+": "+what)
+	}
+	if r.Unpreviewed != "" {
+		out = append(out, "(not previewed in full: "+r.Unpreviewed+")")
 	}
 	return out
 }

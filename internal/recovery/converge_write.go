@@ -53,6 +53,10 @@ func (c *converger) revert(ctx context.Context, ab, base resolved) error {
 			c.record(ref, ActionKept, why)
 			return nil
 		}
+		if why := revertLoses(live, base.obj); why != "" && !c.opts.DeleteData {
+			c.record(ref, ActionKept, why+"; recovery reverts it only with --recover-delete-data")
+			return nil
+		}
 		var pt types.PatchType
 		var body []byte
 		var opts metav1.PatchOptions

@@ -238,31 +238,30 @@ func (l *Lock) recover(ctx context.Context, p Policy, rollback func(string, int)
 	if err != nil {
 		return out, fmt.Errorf("autorecover: %w", err)
 	}
-	l.after.set(out.Converged.Deferred, p.DeleteData)
+	l.after.set(out.Converged.Deferred)
 	return out, nil
 }
 
 // afterRecovery holds the objects a recovery left for after the operation
 // it precedes (protocol.Outcome.Converged.Deferred).
 type afterRecovery struct {
-	mu         sync.Mutex
-	deferred   *recovery.Deferred
-	deleteData bool
+	mu       sync.Mutex
+	deferred *recovery.Deferred
 }
 
-func (a *afterRecovery) set(d *recovery.Deferred, deleteData bool) {
+func (a *afterRecovery) set(d *recovery.Deferred) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	a.deferred, a.deleteData = d, deleteData
+	a.deferred = d
 }
 
 // take returns what is left to do, once.
-func (a *afterRecovery) take() (*recovery.Deferred, bool) {
+func (a *afterRecovery) take() *recovery.Deferred {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	d := a.deferred
 	a.deferred = nil
-	return d, a.deleteData
+	return d
 }
 
 // finishRecovery removes the objects Recover left for after the operation
@@ -272,12 +271,12 @@ func (a *afterRecovery) take() (*recovery.Deferred, bool) {
 // revision written after the abandoned one, is logged with log/slog (the
 // operation and its revision stand).
 func (l *Lock) finishRecovery(ctx context.Context) error {
-	d, deleteData := l.after.take()
+	d := l.after.take()
 	if d.Empty() {
 		return nil
 	}
 	var log strings.Builder
-	_, err := l.c.conn.RemoveDeferred(ctx, l.held, d, deleteData, &log)
+	_, err := l.c.conn.RemoveDeferred(ctx, l.held, d, &log)
 	switch {
 	case err == nil:
 		if log.Len() > 0 {
