@@ -167,7 +167,12 @@ func (g *cascadeGuard) owner(ctx context.Context, ns string, ref metav1.OwnerRef
 		// served; the object is the same in any served version.
 		m, err = g.kc.Mapper.RESTMapping(gk)
 	}
-	if err != nil {
+	switch {
+	case meta.IsNoMatchError(err):
+		// No version of the kind is served (its CRD is gone; the mapper
+		// read discovery again before saying so): no such owner exists.
+		return nil, nil
+	case err != nil:
 		return nil, err
 	}
 	var o *unstructured.Unstructured

@@ -17,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/helm-autorecover/helm-autorecover/internal/helmx"
@@ -78,23 +79,22 @@ metadata:
 `
 )
 
-// cascCRD installs a namespaced CRD of group <ns>.example.com, kind
-// PGCluster (what a database operator's CRD looks like), and returns its
-// group; it is removed when the test ends.
-func cascCRD(t *testing.T, env *testenv.Env, ns string) string {
+// installCRD installs a CRD of kind in group (plural its resource name),
+// with the scope and owners given, removed when the test ends, and waits
+// until it is established.
+func installCRD(t *testing.T, env *testenv.Env, group, plural, kind string, scope apiextv1.ResourceScope, owners []metav1.OwnerReference) *apiextv1.CustomResourceDefinition {
 	t.Helper()
 	ctx := context.Background()
-	group := ns + ".example.com"
 	ax, err := apiextclient.NewForConfig(env.Config)
 	if err != nil {
 		t.Fatal(err)
 	}
 	crd := &apiextv1.CustomResourceDefinition{
-		ObjectMeta: metav1.ObjectMeta{Name: "pgclusters." + group},
+		ObjectMeta: metav1.ObjectMeta{Name: plural + "." + group, OwnerReferences: owners},
 		Spec: apiextv1.CustomResourceDefinitionSpec{
 			Group: group,
-			Names: apiextv1.CustomResourceDefinitionNames{Plural: "pgclusters", Singular: "pgcluster", Kind: "PGCluster", ListKind: "PGClusterList"},
-			Scope: apiextv1.NamespaceScoped,
+			Names: apiextv1.CustomResourceDefinitionNames{Plural: plural, Kind: kind, ListKind: kind + "List"},
+			Scope: scope,
 			Versions: []apiextv1.CustomResourceDefinitionVersion{{
 				Name: "v1", Served: true, Storage: true,
 				Schema: &apiextv1.CustomResourceValidation{OpenAPIV3Schema: &apiextv1.JSONSchemaProps{
@@ -103,7 +103,8 @@ func cascCRD(t *testing.T, env *testenv.Env, ns string) string {
 			}},
 		},
 	}
-	if _, err := ax.ApiextensionsV1().CustomResourceDefinitions().Create(ctx, crd, metav1.CreateOptions{}); err != nil {
+	out, err := ax.ApiextensionsV1().CustomResourceDefinitions().Create(ctx, crd, metav1.CreateOptions{FieldManager: "operator"})
+	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
@@ -121,7 +122,7 @@ func cascCRD(t *testing.T, env *testenv.Env, ns string) string {
 		}
 		return false, fmt.Sprintf("conditions %v", c.Status.Conditions)
 	})
-	return group
+	return out
 }
 
 // TestIntegrationCascadeKept is issue 31 item 1 on the real API server, its
@@ -143,7 +144,8 @@ func TestIntegrationCascadeKept(t *testing.T) {
 	env := testenv.Get(t)
 	ctx := context.Background()
 	ns := env.Namespace(t)
-	group := cascCRD(t, env, ns)
+	group := ns + ".example.com"
+	installCRD(t, env, group, "pgclusters", "PGCluster", apiextv1.NamespaceScoped, nil)
 	cr := fmt.Sprintf(`---
 apiVersion: %s/v1
 kind: PGCluster
@@ -359,4 +361,171 @@ func checkClaims(t *testing.T, env *testenv.Env, ns string, claims map[string]ty
 			t.Errorf("claim %s was deleted (UID %s, was %s; deletionTimestamp %v)", name, c.UID, uid, c.DeletionTimestamp)
 		}
 	}
+}
+
+// putRevision stores revision rev of release rel in ns with helm's own
+// driver, with status st and manifest.
+func putRevision(t *testing.T, env *testenv.Env, ns, rel string, rev int, st common.Status, manifest string) {
+	t.Helper()
+	r := helmRelease(rel, ns, rev, st)
+	r.Manifest, r.ApplyMethod = manifest, "csa"
+	if err := driver.NewSecrets(env.Client.CoreV1().Secrets(ns)).Create(helmx.ReleaseSecretName(rel, rev), r); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestIntegrationCascadeClusterScopedOwner: a cluster-scoped custom
+// resource (a tenant) that owns a Namespace, with a claim in it, and a CRD
+// is kept: the garbage collector would take both with it. Found by the
+// adversarial review: the walk started from claims, StatefulSets and
+// Services only, and the tenant was deleted.
+func TestIntegrationCascadeClusterScopedOwner(t *testing.T) {
+	env := testenv.Get(t)
+	ctx := context.Background()
+	ns := env.Namespace(t)
+	group := ns + ".example.com"
+	installCRD(t, env, group, "tenants", "Tenant", apiextv1.ClusterScoped, nil)
+	const rel = "tn"
+	base := "---\napiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: tn-base\n"
+	tenant := fmt.Sprintf("---\napiVersion: %s/v1\nkind: Tenant\nmetadata:\n  name: %s-t1\n", group, ns)
+	putRevision(t, env, ns, rel, 1, common.StatusDeployed, base)
+	putRevision(t, env, ns, rel, 2, common.StatusPendingUpgrade, base+tenant)
+	kc, err := NewKube(env.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	objs, err := parseManifest(tenant)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tenants := kc.Dynamic.Resource(schema.GroupVersionResource{Group: group, Version: "v1", Resource: "tenants"})
+	liveT, err := tenants.Create(ctx, withOwnership(objs[0], rel, ns), metav1.CreateOptions{FieldManager: HelmFieldManager})
+	if err != nil {
+		t.Fatal(err)
+	}
+	owner := []metav1.OwnerReference{{APIVersion: group + "/v1", Kind: "Tenant", Name: liveT.GetName(), UID: liveT.GetUID()}}
+	// The tenant's operator: a Namespace it owns, a claim in it, and a CRD
+	// it owns (as Crossplane's ProviderRevision owns its CRDs).
+	tns, err := env.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns + "-tenant", OwnerReferences: owner}}, metav1.CreateOptions{FieldManager: "operator"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = env.Client.CoreV1().Namespaces().Delete(context.Background(), tns.Name, metav1.DeleteOptions{})
+	})
+	claim, err := env.Client.CoreV1().PersistentVolumeClaims(tns.Name).Create(ctx, &corev1.PersistentVolumeClaim{
+		ObjectMeta: metav1.ObjectMeta{Name: "data"},
+		Spec: corev1.PersistentVolumeClaimSpec{
+			AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+			Resources:   corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")}},
+		},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	installCRD(t, env, "w"+group, "widgets", "Widget", apiextv1.ClusterScoped, owner)
+
+	records := helmx.SecretRecords(env.Client)
+	kube := func() (*Kube, error) { return kc, nil }
+	abandoned := revisionSummaryOf(t, env, ns, rel, 2)
+	rep, err := ConvergeAbandoned(ctx, kube, records, abandoned, ConvergeOptions{DeferRemovals: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	putRevision(t, env, ns, rel, 3, common.StatusDeployed, base)
+	rr, err := RemoveDeferred(ctx, kube, records, rep.Deferred, ConvergeOptions{})
+	if err != nil {
+		t.Fatalf("RemoveDeferred: %v\n%s", err, rr.Summary())
+	}
+	t.Log(rr.Summary())
+	if len(rr.Objects) != 1 || rr.Objects[0].Action != ActionKept || !strings.Contains(rr.Objects[0].Reason, "Namespace "+tns.Name) && !strings.Contains(rr.Objects[0].Reason, "CustomResourceDefinition") {
+		t.Errorf("the tenant: %+v; want kept, naming the Namespace or the CRD it owns", rr.Objects)
+	}
+	// The owner stands, so the garbage collector takes nothing.
+	if l, err := tenants.Get(ctx, liveT.GetName(), metav1.GetOptions{}); err != nil || l.GetDeletionTimestamp() != nil || l.GetUID() != liveT.GetUID() {
+		t.Errorf("the tenant was deleted (%v)", err)
+	}
+	checkClaims(t, env, tns.Name, map[string]types.UID{claim.Name: claim.UID})
+}
+
+// TestIntegrationRevertKeepsScaledClaims: reverting a StatefulSet's
+// replicas from 2 to 1 would make its controller delete the claim of
+// replica 1 (whenScaled: Delete), before the upgrade that may scale it to
+// 2 again: the revert is not made (found by the adversarial review).
+func TestIntegrationRevertKeepsScaledClaims(t *testing.T) {
+	env := testenv.Get(t)
+	ctx := context.Background()
+	ns := env.Namespace(t)
+	const rel = "rs"
+	sts := func(replicas int) string {
+		return fmt.Sprintf(`---
+apiVersion: apps/v1
+kind: StatefulSet
+metadata:
+  name: rs-db
+spec:
+  serviceName: rs-db
+  podManagementPolicy: Parallel
+  replicas: %d
+  persistentVolumeClaimRetentionPolicy:
+    whenDeleted: Retain
+    whenScaled: Delete
+  selector:
+    matchLabels: {app: rs-db}
+  template:
+    metadata:
+      labels: {app: rs-db}
+    spec:
+      containers:
+      - name: db
+        image: registry.example/db:1.0
+  volumeClaimTemplates:
+  - metadata:
+      name: data
+    spec:
+      accessModes: [ReadWriteOnce]
+      resources:
+        requests:
+          storage: 1Gi
+`, replicas)
+	}
+	putRevision(t, env, ns, rel, 1, common.StatusDeployed, sts(1))
+	putRevision(t, env, ns, rel, 2, common.StatusPendingUpgrade, sts(2))
+	kc, err := NewKube(env.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	objs, err := parseManifest(sts(2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := env.Client.AppsV1().StatefulSets(ns).Get(ctx, "rs-db", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Fatalf("rs-db exists already: %v", err)
+	}
+	res := kc.Dynamic.Resource(schema.GroupVersionResource{Group: "apps", Version: "v1", Resource: "statefulsets"}).Namespace(ns)
+	if _, err := res.Create(ctx, withOwnership(objs[0], rel, ns), metav1.CreateOptions{FieldManager: HelmFieldManager}); err != nil {
+		t.Fatal(err)
+	}
+	var claim *corev1.PersistentVolumeClaim
+	waitFor(t, 2*time.Minute, "the claim of replica 1", func() (bool, string) {
+		c, err := env.Client.CoreV1().PersistentVolumeClaims(ns).Get(ctx, "data-rs-db-1", metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		claim = c
+		return true, ""
+	})
+	kube := func() (*Kube, error) { return kc, nil }
+	rep, err := ConvergeAbandoned(ctx, kube, helmx.SecretRecords(env.Client), revisionSummaryOf(t, env, ns, rel, 2), ConvergeOptions{DeferRemovals: true})
+	if err != nil {
+		t.Fatalf("Converge: %v\n%s", err, rep.Summary())
+	}
+	t.Log(rep.Summary())
+	if len(rep.Objects) != 1 || rep.Objects[0].Action != ActionKept || !strings.Contains(rep.Objects[0].Reason, "from 2 to 1 replicas") {
+		t.Errorf("the StatefulSet: %+v; want kept, not scaled down", rep.Objects)
+	}
+	if s, err := env.Client.AppsV1().StatefulSets(ns).Get(ctx, "rs-db", metav1.GetOptions{}); err != nil || s.Spec.Replicas == nil || *s.Spec.Replicas != 2 {
+		t.Errorf("the StatefulSet was scaled down (%v)", err)
+	}
+	checkClaims(t, env, ns, map[string]types.UID{claim.Name: claim.UID})
 }
