@@ -23,9 +23,10 @@ build:
 build-chaos:
 	$(GO) build -tags chaos -ldflags "$(LDFLAGS)" -o bin/helm-autorecover-chaos ./cmd/helm-autorecover
 
-## dist: archives for linux, darwin and windows on amd64 and arm64, with
-## checksums, in dist/ (hack/dist.sh): what the plugin's install hook takes
-## on a machine without Go.
+## dist: archives for linux and darwin (.tar.gz) and windows (.zip) on
+## amd64 and arm64, with checksums, in dist/ (hack/dist.sh): what
+## `helm plugin install URL` and the plugin's install hook take on a
+## machine without Go.
 dist:
 	LDFLAGS="$(LDFLAGS)" hack/dist.sh
 
