@@ -3,11 +3,11 @@
 SHELL := /usr/bin/env bash
 GO ?= go
 BIN := bin/helm-autorecover
-VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo v0.1.0-dev)
-COMMIT ?= $(shell git rev-parse --short HEAD 2>/dev/null)
+# The project's version is internal/version.Version, in the source (plugin.yaml
+# and the chart repeat it); the build stamps only the commit beside it.
+COMMIT ?= $(shell git describe --always --dirty --exclude '*' 2>/dev/null)
 HELM_VERSION := $(shell $(GO) list -m -f '{{.Version}}' helm.sh/helm/v4)
-LDFLAGS := -X github.com/helm-autorecover/helm-autorecover/internal/version.Version=$(VERSION) \
-	-X github.com/helm-autorecover/helm-autorecover/internal/version.GitCommit=$(COMMIT) \
+LDFLAGS := -X github.com/helm-autorecover/helm-autorecover/internal/version.GitCommit=$(COMMIT) \
 	-X helm.sh/helm/v4/internal/version.version=$(HELM_VERSION)
 GOLANGCI_LINT := $(shell $(GO) env GOPATH)/bin/golangci-lint
 # Integration tests start processes and wait on them: generous, not infinite.
@@ -23,9 +23,10 @@ build:
 build-chaos:
 	$(GO) build -tags chaos -ldflags "$(LDFLAGS)" -o bin/helm-autorecover-chaos ./cmd/helm-autorecover
 
-## dist: archives for linux, darwin and windows on amd64 and arm64, with
-## checksums, in dist/ (hack/dist.sh): what the plugin's install hook takes
-## on a machine without Go.
+## dist: archives for linux and darwin (.tar.gz) and windows (.zip) on
+## amd64 and arm64, with checksums, in dist/ (hack/dist.sh): what
+## `helm plugin install URL` and the plugin's install hook take on a
+## machine without Go.
 dist:
 	LDFLAGS="$(LDFLAGS)" hack/dist.sh
 

@@ -4,13 +4,17 @@ package version
 
 import "runtime/debug"
 
-// These are set at link time with -ldflags -X (see the Makefile).
-var (
-	// Version is this project's release version.
-	Version = "v0.1.0-dev"
-	// GitCommit is the commit the binary was built from.
-	GitCommit = ""
-)
+// Version is this project's version: the one string the binary reports
+// (`helm-autorecover version`), writes into lock records (toolVersion) and
+// sends as its user agent, and that plugin.yaml's version and the chart's
+// version and appVersion repeat word for word (TestOneVersionEverywhere).
+// It is set here, in the source, and nowhere else: no build stamps it, so
+// `go build`, `go install` and `make build` report the same.
+var Version = "0.1.0-dev"
+
+// GitCommit is the commit the binary was built from, reported beside the
+// version; `make build` sets it at link time (-ldflags -X).
+var GitCommit = ""
 
 // HelmModule is the Helm SDK module embedded in this binary.
 const HelmModule = "helm.sh/helm/v4"

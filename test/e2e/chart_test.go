@@ -48,7 +48,8 @@ const (
 func chartDir(root string) string { return filepath.Join(root, "charts", "helm-autorecover") }
 
 // TestChartVersionMatchesProject: Chart.yaml is apiVersion v2 and its
-// version and appVersion are the project version of internal/version.
+// version and appVersion are the project version of internal/version, word
+// for word (TestOneVersionEverywhere checks it against the other three).
 func TestChartVersionMatchesProject(t *testing.T) {
 	raw, err := os.ReadFile(filepath.Join(chartDir(testenv.RepoRoot()), "Chart.yaml"))
 	if err != nil {
@@ -66,8 +67,8 @@ func TestChartVersionMatchesProject(t *testing.T) {
 	if c.APIVersion != "v2" || c.Name != "helm-autorecover" {
 		t.Errorf("Chart.yaml apiVersion %q name %q; want v2, helm-autorecover", c.APIVersion, c.Name)
 	}
-	if want := strings.TrimPrefix(version.Version, "v"); c.Version != want {
-		t.Errorf("Chart.yaml version %q; want %q (internal/version.Version %s)", c.Version, want, version.Version)
+	if c.Version != version.Version {
+		t.Errorf("Chart.yaml version %q; want %q (internal/version.Version)", c.Version, version.Version)
 	}
 	if c.AppVersion != version.Version {
 		t.Errorf("Chart.yaml appVersion %q; want %q (internal/version.Version)", c.AppVersion, version.Version)

@@ -27,7 +27,7 @@ func TestPluginHelm3AndHelm4(t *testing.T) {
 			home := installPlugin(t, env, helm, pluginDir)
 			// helm plugin list names the project's version.
 			res := env.RunEnv(t, home, helm, "plugin", "list")
-			if want := strings.TrimPrefix(version.Version, "v"); res.ExitCode != 0 || !strings.Contains(res.Stdout, want) {
+			if want := version.Version; res.ExitCode != 0 || !strings.Contains(res.Stdout, want) {
 				t.Errorf("helm plugin list: exit %d, stdout %q; want version %s", res.ExitCode, res.Stdout, want)
 			}
 			ns := env.Namespace(t)
