@@ -135,6 +135,15 @@ type OwnRecordReporter interface {
 	OwnRecordWrite(rev int, settled bool)
 }
 
+// RevisionNoter is implemented by a HelmLock whose record names the newest
+// revision its holder wrote: the fence tells it of each create of a
+// revision record of the guarded release that may have committed (not
+// refused), inside Carry, before any later write of the lock. helm's
+// upgrade --rollback-on-failure creates a second revision under one lock.
+type RevisionNoter interface {
+	Wrote(rev int)
+}
+
 // GuardedWrites describes one guarded operation for the transport.
 type GuardedWrites struct {
 	Namespace string
@@ -630,6 +639,12 @@ func (f *fenceRT) create(req *http.Request, g *GuardedWrites) (*http.Response, e
 		// must not find the lock's last copy where it was before this
 		// create.
 		f.noteWrite(g, resp, err)
+		if n, ok := g.Lock.(RevisionNoter); ok && (err != nil || resp.StatusCode < 400 || resp.StatusCode >= 500) {
+			// It may have committed: whoever finds the lock expired
+			// must find it naming this revision (Carry holds the record
+			// lock's renewals off until it does).
+			n.Wrote(rev)
+		}
 		return err
 	})
 	if !sent {
