@@ -94,6 +94,35 @@ func TestKilledRollbackOnFailureRecovers(t *testing.T) {
 	}
 }
 
+// TestControllerRecoversKilledRollbackOnFailure is
+// TestKilledRollbackOnFailureRecovers with the controller as the recoverer,
+// with --recover-legacy-after 0: it recovers the rollback's revision once
+// the killed holder's lock has expired. Before, it took it for stock helm's
+// and never recovered it.
+func TestControllerRecoversKilledRollbackOnFailure(t *testing.T) {
+	env := testenv.Get(t)
+	ha := env.Bin(t)
+	chart := env.Chart("app")
+	ns := env.Namespace(t)
+	const rel = "rofctl"
+	mustRun(t, env, ha, args([]string{"install", rel, chart, "-n", ns}, unschedulable)...)
+	p := env.Start(t, ha, withRelease(args([]string{"upgrade", "REL", chart, "--rollback-on-failure", "--wait", "--timeout", "5m", "--lease-duration", killLease.String()}, unschedulable, failingUpgrade), rel, ns)...)
+	env.WaitForStatus(t, ns, rel, 3, "pending-rollback", 60*time.Second)
+	holder, _ := recordLock(t, env, ns, rel)
+	if holder == "" {
+		t.Fatalf("no live lock while revision 3 is pending-rollback\nstderr:\n%s", p.Stderr.String())
+	}
+	waitBeatRenewed(t, env, ns, rel, 30*time.Second)
+	startController(t, env, "", "--namespaces", ns, "--leader-elect=false", "--recover-legacy-after", "0")
+	killAt := time.Now()
+	p.Kill(t)
+	got := waitRecovered(t, env, ns, rel, 3, 60*time.Second)
+	figure(t, "controller: killed rollback-on-failure (lease %s) recovered %s after the kill", killLease, secs(time.Since(killAt)))
+	if !strings.Contains(got.Description, holder) || !strings.Contains(got.Description, "Abandoned pending-rollback") {
+		t.Errorf("revision 3's description %q does not name the abandoned pending-rollback of session %s", got.Description, holder)
+	}
+}
+
 // waitBeatRenewed waits until the lock's beat of rel (the object the
 // holder renews, with either backend) is written again from now on.
 func waitBeatRenewed(t *testing.T, env *testenv.Env, ns, rel string, timeout time.Duration) {
