@@ -38,7 +38,17 @@ func (r *run) onLost(err error) {
 
 // abandonOwn marks the revision this operation was writing failed, if it is
 // still pending, so a cancelled or aborted operation never leaves it pending.
+//
+// helm's operation may still be running (helm does not cancel a rollback
+// or an uninstall on a signal, nor the rollback of an upgrade's
+// --rollback-on-failure), so the fence is closed first: nothing of helm's
+// is written after the mark, and the lock, still renewed meanwhile, is
+// given back only once no write of helm's already sent can land
+// (helmx.WriteFence.Drain).
 func (r *run) abandonOwn(why string) {
+	if r.g.Fence != nil {
+		r.g.Fence.Drain()
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Second)
 	defer cancel()
 	if r.held.Valid() != nil {

@@ -121,7 +121,7 @@ func (g *Guard) Run(ctx context.Context, t Target, op func() error) error {
 		return err
 	}
 	chaos.Point("after-lock")
-	r := &run{g: g, t: t, conn: conn, held: held, opDone: make(chan struct{})}
+	r := &run{g: g, t: t, conn: conn, held: held, opDone: make(chan struct{}), ended: make(chan struct{})}
 	err = r.do(ctx, op)
 	var coded *exitcode.Error
 	if err != nil && errors.Is(err, lock.ErrLost) && !errors.As(err, &coded) {
@@ -283,6 +283,13 @@ type run struct {
 	// exitOnce makes sure only one path ends the process.
 	exitOnce sync.Once
 	opDone   chan struct{}
+	// endMu orders the end of helm's operation (opDone) with the start of
+	// the first signal's clean-up (ending): once that has started, it ends
+	// the process, and do waits for it (ended) rather than end the
+	// process itself with helm's own error.
+	endMu  sync.Mutex
+	ending bool
+	ended  chan struct{}
 	// interrupted is set once a first SIGINT or SIGTERM arrived.
 	interrupted atomic.Bool
 	// background counts writes that run beside helm's operation (the
@@ -343,7 +350,21 @@ func (r *run) do(ctx context.Context, op func() error) (err error) {
 	defer stopSignals()
 
 	err = op()
+	r.endMu.Lock()
 	close(r.opDone)
+	ending := r.ending
+	r.endMu.Unlock()
+	if ending {
+		// The first signal's clean-up is under way: it marks the
+		// revision failed, gives the lock back and ends the process. helm
+		// may have returned sooner than it because the clean-up closed
+		// the write fence under it.
+		<-r.ended
+		if err == nil {
+			err = fmt.Errorf("release %q in namespace %q: interrupted as the operation ended", r.t.Release, r.t.Namespace)
+		}
+		return &exitcode.Error{Code: exitcode.Interrupted, Err: err}
+	}
 	if err != nil && r.g.Fence != nil && r.g.Fence.CreateConflict() {
 		// Another client created the revision this operation was about to
 		// write: it holds the release (a first install raced with ours).

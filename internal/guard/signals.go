@@ -65,21 +65,28 @@ func (r *run) handleSignals() (stop func()) {
 		if !waitFor(r.g.Clock.NewTimer(grace).C()) {
 			return
 		}
+		r.endMu.Lock()
 		select {
 		case <-r.opDone:
+			r.endMu.Unlock()
 			return // helm handled it and the operation has ended
 		default:
 		}
+		r.ending = true
+		r.endMu.Unlock()
 		// Marking the release failed and releasing the lock can take up to
 		// their timeouts when the API server is slow; they run aside so that
 		// a second signal still ends the process at once.
-		go r.exitOnce.Do(func() {
-			r.abandonOwn("interrupted by " + sig.String())
-			r.release(false)
-			fmt.Fprintf(r.g.Stderr, "Error: release %q in namespace %q: interrupted by %s; the release is marked failed and its lock released\n",
-				r.t.Release, r.t.Namespace, sig)
-			r.g.Exit(exitcode.Interrupted)
-		})
+		go func() {
+			defer close(r.ended)
+			r.exitOnce.Do(func() {
+				r.abandonOwn("interrupted by " + sig.String())
+				r.release(false)
+				fmt.Fprintf(r.g.Stderr, "Error: release %q in namespace %q: interrupted by %s; the release is marked failed and its lock released\n",
+					r.t.Release, r.t.Namespace, sig)
+				r.g.Exit(exitcode.Interrupted)
+			})
+		}()
 		waitFor(nil)
 	}()
 	return func() {

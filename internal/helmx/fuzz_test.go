@@ -470,6 +470,7 @@ func decodeNumbers(b []byte, v any) error {
 // content hash ignores annotations.
 func FuzzSummarizeMeta(f *testing.F) {
 	f.Add("4", "pending-upgrade", "web", `{"schema":1,"session":"s-1","abandoned":{"schema":1,"session":"s-0"}}`, int64(0), byte(1), int64(90000), byte(0), int64(-1))
+	f.Add("4", "pending-rollback", "web", `{"schema":1,"session":"s-1","revision":4}`, int64(0), byte(0), int64(0), byte(0), int64(-1))
 	f.Add("", "deployed", "web", "", int64(0), byte(0), int64(0), byte(1), int64(5000))
 	f.Add("x", "", "", `{"schema":2,"session":"s-9"}`, int64(-1), byte(2), int64(1), byte(2), int64(2))
 	f.Add("+7", "unknown", "my.release-1", "nope", int64(100), byte(0), int64(-1000), byte(0), int64(-1))
@@ -524,14 +525,15 @@ func FuzzSummarizeMeta(f *testing.F) {
 		}
 
 		var holder, abandoned string
+		var lockRev int
 		if rec, _ := lock.DecodeRecord(lockAnn); rec != nil && lockAnn != "" {
-			holder = rec.Session
+			holder, lockRev = rec.Session, rec.Revision
 			if rec.Abandoned != nil {
 				abandoned = rec.Abandoned.Session
 			}
 		}
-		if s.LockSession != holder || s.LockAbandoned != abandoned {
-			t.Fatalf("lock annotation %q names %q and %q, read as %q and %q", lockAnn, holder, abandoned, s.LockSession, s.LockAbandoned)
+		if s.LockSession != holder || s.LockAbandoned != abandoned || s.LockRevision != lockRev {
+			t.Fatalf("lock annotation %q names %q and %q at revision %d, read as %q and %q at %d", lockAnn, holder, abandoned, lockRev, s.LockSession, s.LockAbandoned, s.LockRevision)
 		}
 		for _, session := range []string{"", holder, abandoned, "s-other"} {
 			want := session != "" && (session == holder || session == abandoned)

@@ -262,6 +262,15 @@ type Summary struct {
 	// none: the objects recovery left in place when it marked this
 	// revision failed (recovery.LoadLeft reads it).
 	Left string
+
+	// LockRevision is the revision the record's own lock annotation names
+	// for its holder (LockSession), 0 when none. The write fence's create
+	// and rewrite of a revision's record name that very revision there, so
+	// a record whose lock names its own revision was written by that
+	// holder, whatever revision the holder's lock named elsewhere (an
+	// upgrade's --rollback-on-failure writes a second revision under one
+	// lock; see recovery.Decide, rule 4).
+	LockRevision int
 }
 
 // CarriesLockOf reports whether the record's own lock annotation names
@@ -359,7 +368,7 @@ func summarizeMeta(r Record) Summary {
 		ResourceVersion:   r.Meta.ResourceVersion,
 		Revision:          records.RevisionOf(r.Meta.Labels),
 	}
-	s.LockSession, s.LockAbandoned = lockSessions(r.Meta.Annotations[lock.AnnotationRecord])
+	s.LockSession, s.LockAbandoned, s.LockRevision = lockSessions(r.Meta.Annotations[lock.AnnotationRecord])
 	for _, mf := range r.Meta.ManagedFields {
 		if mf.Manager == lock.FieldManager {
 			continue // a lock write, not a change of the release
@@ -383,22 +392,22 @@ func SummarizeMeta(r Record) (s Summary, ok bool) {
 }
 
 // lockSessions reads the sessions a record's lock annotation names (its
-// holder, and the holder it names abandoned); an absent or unreadable
-// annotation names none.
-func lockSessions(annotation string) (holder, abandoned string) {
+// holder, and the holder it names abandoned) and the revision it names for
+// its holder; an absent or unreadable annotation names none.
+func lockSessions(annotation string) (holder, abandoned string, revision int) {
 	if annotation == "" {
-		return "", ""
+		return "", "", 0
 	}
 	// A record of a newer schema still names its sessions (see
 	// lock.DecodeRecord); only expiry may not be judged from it.
 	rec, _ := lock.DecodeRecord(annotation)
 	if rec == nil {
-		return "", ""
+		return "", "", 0
 	}
 	if rec.Abandoned != nil {
 		abandoned = rec.Abandoned.Session
 	}
-	return rec.Session, abandoned
+	return rec.Session, abandoned, rec.Revision
 }
 
 // contentHash digests what makes a record a release revision: its payload

@@ -135,6 +135,15 @@ type OwnRecordReporter interface {
 	OwnRecordWrite(rev int, settled bool)
 }
 
+// RevisionNoter is implemented by a HelmLock whose record names the newest
+// revision its holder wrote: the fence tells it of each create of a
+// revision record of the guarded release that may have committed (not
+// refused), inside Carry, before any later write of the lock. helm's
+// upgrade --rollback-on-failure creates a second revision under one lock.
+type RevisionNoter interface {
+	Wrote(rev int)
+}
+
 // GuardedWrites describes one guarded operation for the transport.
 type GuardedWrites struct {
 	Namespace string
@@ -189,17 +198,37 @@ type WriteFence struct {
 	// failures it sends again; draining is closed by Drain, after which
 	// none is sent again.
 	updates  int
-	ended    *sync.Cond // on mu, broadcast when updates drops to 0
+	ended    *sync.Cond // on mu, broadcast when a write in the fence ends
 	draining chan struct{}
+	// inflight counts helm's writes in the fence (past its refusal of a
+	// closed fence, not yet ended); closed is set by Drain, after which
+	// every write of helm's is refused. unanswered is the latest deadline
+	// of a write that left and ended with no answer (cut off, its
+	// connection lost): the API server may still commit it until then.
+	inflight   int
+	closed     bool
+	unanswered time.Time
 }
 
-// Drain stops the fence from sending any of helm's record updates again
-// after a failure, and waits for those in the fence to end: call it before
-// the lock is released, so that no update sent again lands after the
-// release (helm 4 leaves the write that marks the previous revision
-// superseded running when it is interrupted). Guard undoes it.
+// errClosed refuses helm's writes once the fence is drained.
+var errClosed = errors.New("the operation is ending and its lock is being given back: nothing more of it is written")
+
+// Drain closes the fence: from now on it refuses every write of helm's,
+// stops sending any record update again after a failure, and it returns
+// only once no write of helm's it let through can still land: each has
+// ended (by its deadline at the latest, the lock's renew deadline when it
+// left), and the deadline of each that ended with no answer from the API
+// server (which may still be committing it; the write's timeout parameter
+// is that deadline) has passed. Call it before the lock is released and
+// before the holder marks its own revision failed: helm does not cancel
+// its rollback or uninstall on a signal (nor the rollback an upgrade's
+// --rollback-on-failure runs), and helm 4 leaves the write that marks the
+// previous revision superseded running when it is interrupted; none of
+// their writes may land once the lock is free. On the happy path nothing
+// is in flight and it returns at once. Guard opens the fence again.
 func (w *WriteFence) Drain() {
 	w.mu.Lock()
+	w.closed = true
 	if w.draining != nil {
 		select {
 		case <-w.draining:
@@ -207,10 +236,41 @@ func (w *WriteFence) Drain() {
 			close(w.draining)
 		}
 	}
-	for w.updates > 0 {
+	for w.updates > 0 || w.inflight > 0 {
 		w.endedCond().Wait()
 	}
+	until := w.unanswered
 	w.mu.Unlock()
+	if d := time.Until(until); d > 0 {
+		time.Sleep(d)
+	}
+}
+
+// writeStarted counts one of helm's writes into the fence, unless Drain
+// closed it, and returns the function that counts it out.
+func (w *WriteFence) writeStarted() (ended func(), err error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.closed {
+		return nil, errClosed
+	}
+	w.inflight++
+	return func() {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		w.inflight--
+		w.endedCond().Broadcast()
+	}, nil
+}
+
+// unansweredUntil notes a write that left and ended with no answer: it may
+// land until its deadline (see Drain).
+func (w *WriteFence) unansweredUntil(deadline time.Time) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if deadline.After(w.unanswered) {
+		w.unanswered = deadline
+	}
 }
 
 // endedCond is w.ended, made on first use; w.mu is held.
@@ -230,9 +290,8 @@ func (w *WriteFence) updateStarted() (<-chan struct{}, func()) {
 	return w.draining, func() {
 		w.mu.Lock()
 		defer w.mu.Unlock()
-		if w.updates--; w.updates == 0 {
-			w.endedCond().Broadcast()
-		}
+		w.updates--
+		w.endedCond().Broadcast()
 	}
 }
 
@@ -246,6 +305,7 @@ func (w *WriteFence) Guard(g GuardedWrites) (stop func()) {
 	w.mu.Lock()
 	w.created = map[int]bool{}
 	w.draining = make(chan struct{})
+	w.closed, w.unanswered = false, time.Time{}
 	w.mu.Unlock()
 	w.cur.Store(&g)
 	return func() { w.cur.CompareAndSwap(&g, nil) }
@@ -334,6 +394,12 @@ func (f *fenceRT) roundTrip(req *http.Request) (*http.Response, error) {
 	if g == nil || !isWrite(req.Method) {
 		return f.next.RoundTrip(req)
 	}
+	ended, err := f.w.writeStarted()
+	if err != nil {
+		closeBody(req)
+		return nil, fmt.Errorf("helm-autorecover: refused helm's %s %s for release %q in namespace %q: %w", req.Method, req.URL.Path, g.Release, g.Namespace, err)
+	}
+	defer ended()
 	if err := g.Lock.Valid(); err != nil {
 		closeBody(req)
 		return nil, fmt.Errorf("helm-autorecover: refused helm's %s %s for release %q in namespace %q: %w", req.Method, req.URL.Path, g.Release, g.Namespace, err)
@@ -441,7 +507,13 @@ func (f *fenceRT) send(req *http.Request) (*http.Response, error) {
 			req.URL = &u
 		}
 	}
-	return f.next.RoundTrip(req)
+	resp, err := f.next.RoundTrip(req)
+	if dl, ok := req.Context().Deadline(); ok && err != nil && isWrite(req.Method) {
+		// No answer: the API server may still commit it until its
+		// deadline, the timeout it was sent with (see Drain).
+		f.w.unansweredUntil(dl)
+	}
+	return resp, err
 }
 
 // report tells the lock how a write of revision rev's record ended, when
@@ -630,6 +702,12 @@ func (f *fenceRT) create(req *http.Request, g *GuardedWrites) (*http.Response, e
 		// must not find the lock's last copy where it was before this
 		// create.
 		f.noteWrite(g, resp, err)
+		if n, ok := g.Lock.(RevisionNoter); ok && (err != nil || resp.StatusCode < 400 || resp.StatusCode >= 500) {
+			// It may have committed: whoever finds the lock expired
+			// must find it naming this revision (Carry holds the record
+			// lock's renewals off until it does).
+			n.Wrote(rev)
+		}
 		return err
 	})
 	if !sent {

@@ -70,6 +70,10 @@ type Held struct {
 	// where the lock is. carryNoted is set by GateWritten during a Carry.
 	gateUnsure bool
 	carryNoted bool
+
+	// wrote is the newest revision this holder's session wrote under the
+	// lock (Wrote): every record written from then on names it at least.
+	wrote int
 }
 
 // GateUnsure tells a lock on the release store that a write made under it
@@ -219,6 +223,23 @@ func (h *Held) Carry(write func(Record) error) error {
 	}
 	h.mu.Unlock()
 	return err
+}
+
+// Wrote tells the lock that its holder's session wrote revision rev under
+// it (the write fence's create of that revision's record, which may have
+// committed). From then on the record names rev, when newer than the
+// revision it named: every copy of the lock written later (a renewal of the
+// beat or the Lease, a release, a taker's copy of it as the abandoned
+// holder) names the newest revision the session wrote. Without it an
+// upgrade's --rollback-on-failure, which writes a second revision under the
+// lock taken for the first, would leave the lock naming the first, and the
+// second would be taken for stock helm's once a renewal carried that on.
+// Nothing is written now; the next write of the lock carries it.
+func (h *Held) Wrote(rev int) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.wrote = max(h.wrote, rev)
+	h.rec.Revision = max(h.rec.Revision, rev)
 }
 
 // Session is the holder's session ID.
@@ -583,7 +604,7 @@ func (h *Held) writeLocked(ctx context.Context, release bool, mutate func(*Recor
 		} else if err = h.validLocked(); err == nil && h.maxHoldPassedLocked() {
 			err = h.maxHoldErr()
 		}
-		rec := h.rec
+		rec, wrote := h.rec, h.wrote
 		h.mu.Unlock()
 		if err != nil {
 			return err
@@ -594,6 +615,7 @@ func (h *Held) writeLocked(ctx context.Context, release bool, mutate func(*Recor
 			return fmt.Errorf("lock on release %q in namespace %q: %w", h.req.Release, h.req.Namespace, err)
 		}
 		mutate(&rec)
+		rec.Revision = max(rec.Revision, wrote) // see Wrote
 		if release {
 			rec.ReleasedAt = later(ceilMilli(now.Latest), rec.RenewedAt)
 		} else {
@@ -618,6 +640,9 @@ func (h *Held) writeLocked(ctx context.Context, release bool, mutate func(*Recor
 			h.mu.Lock()
 			defer h.mu.Unlock()
 			h.lease, h.rec = updated, rec
+			// A revision written while this write was in flight (Wrote,
+			// on a part no Carry serialises with it) is named by the next.
+			h.rec.Revision = max(h.rec.Revision, h.wrote)
 			if release {
 				if !h.released && h.lost == nil {
 					h.released = true

@@ -312,6 +312,14 @@ func (j *Joint) SetRevision(ctx context.Context, rev int) error {
 	return nil
 }
 
+// Wrote tells every part that the session wrote revision rev under the
+// lock (Held.Wrote).
+func (j *Joint) Wrote(rev int) {
+	for _, h := range j.parts {
+		h.Wrote(rev)
+	}
+}
+
 // Release gives every part back, the last taken first.
 func (j *Joint) Release(ctx context.Context) error {
 	return j.releaseNaming(ctx, func(*Held) *Record { return nil })

@@ -68,7 +68,11 @@ type Record struct {
 	Release   string `json:"release"`
 	Namespace string `json:"namespace"`
 	// The release revision the holder is writing, once known (the latest
-	// + 1; the latest for uninstall).
+	// + 1; the latest for uninstall), then the newest one it created under
+	// the lock (an upgrade's --rollback-on-failure creates the rollback's
+	// after its own). On a copy of the lock on a release record written
+	// with that record (helm's create or rewrite of it through the write
+	// fence), that record's own revision.
 	Revision int `json:"revision,omitempty"`
 	// user@host, process ID and helm-autorecover version of the holder.
 	Who         string `json:"who,omitempty"`

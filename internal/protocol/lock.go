@@ -187,6 +187,11 @@ func (l *Lock) OwnRecordWrite(rev int, settled bool) {
 	l.unsettled[rev] = true
 }
 
+// Wrote is how the write fence (helmx.RevisionNoter) tells the lock that
+// the holder wrote revision rev: its record names the newest revision the
+// session wrote (lock.Held.Wrote).
+func (l *Lock) Wrote(rev int) { l.joint.Wrote(rev) }
+
 // Previous maps what the lock was taken from onto recovery's input.
 func (l *Lock) Previous() recovery.LockInfo { return recovery.PreviousLock(l.joint.Previous()) }
 

@@ -271,7 +271,9 @@ func IsPending(status common.Status) bool {
 //     holder is alive and may still finish it.
 //  4. The latest revision was written under the previous lock record, which
 //     has expired (the caller took it over), when the record names that
-//     revision, or names no revision (0) and an operation that writes this
+//     revision (or the revision's own record names itself under that
+//     holder's lock: helmx.Summary.LockRevision), or names no revision (0)
+//     and an operation that writes this
 //     pending status (install: pending-install; upgrade: pending-upgrade, or
 //     pending-install for upgrade --install; rollback: pending-rollback;
 //     uninstall: uninstalling), and the revision's own record carries that
@@ -473,7 +475,14 @@ func writtenUnder(s helmx.Summary, lock LockInfo) bool {
 	if lock.State != LockExpired || lock.LockedTill.IsZero() {
 		return false
 	}
-	named := lock.Revision > 0 && lock.Revision == s.Revision
+	// Named: the lock names this revision, or the revision's own record
+	// names itself under the holder's lock. The fence writes the revision
+	// into the copy of the lock it puts on the record it creates or
+	// rewrites, so the latter is the holder's own write of this revision
+	// even when the lock named another: an upgrade's --rollback-on-failure
+	// writes a second revision under the lock taken for the first.
+	named := (lock.Revision > 0 && lock.Revision == s.Revision) ||
+		(s.Revision > 0 && s.LockSession == lock.Session && s.LockRevision == s.Revision)
 	if !named && (lock.Revision != 0 || !operationWrites(lock.Operation, s.Status)) {
 		return false
 	}

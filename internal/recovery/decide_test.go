@@ -246,6 +246,107 @@ func TestDecide(t *testing.T) {
 			reasonHas:  []string{"with no lock record covering it"},
 		},
 
+		// An upgrade's --rollback-on-failure writes a second revision under
+		// the lock taken for the first, which the lock may still name
+		// (every copy the holder renewed before it learnt of the second):
+		// the revision's own record names itself under the holder's lock.
+		{
+			name: "rollback-on-failure: the rollback's record names itself under the holder's lock",
+			in: Input{
+				History: history(rev(1, superseded, t0), names(rev(2, failed, t0.Add(-2*time.Minute))), names(rev(3, pRollback, t0.Add(-time.Minute)))),
+				Lock:    expired(2, OpUpgrade), Now: at(t0.Add(time.Second)), Policy: on,
+			},
+			verdict:   Recover,
+			target:    3,
+			ours:      true,
+			reasonHas: []string{`revision 3 is pending-rollback, written by alice@ci-7 (session s-old, operation upgrade) whose lock expired at`},
+		},
+		{
+			name: "rollback-on-failure with legacy recovery off",
+			in: Input{
+				History: history(rev(1, superseded, t0), names(rev(2, failed, t0.Add(-2*time.Minute))), names(rev(3, pRollback, t0.Add(-time.Minute)))),
+				Lock:    expired(2, OpUpgrade), Now: at(t0.Add(time.Second)), Policy: Policy{Autorecover: true, Hints: CLIHints},
+			},
+			verdict: Recover,
+			target:  3,
+			ours:    true,
+		},
+		{
+			name: "rollback-on-failure: the upgrade's revision still pending, the lock naming the rollback's",
+			in: Input{
+				History: history(rev(1, deployed, t0), names(rev(2, pUpgrade, t0.Add(-2*time.Minute)))),
+				Lock:    expired(3, OpUpgrade), Now: at(t0.Add(time.Second)), Policy: on,
+			},
+			verdict: Recover,
+			target:  2,
+			ours:    true,
+		},
+		{
+			// Named by itself: like a revision the lock names, its write
+			// time is not compared with the holder's stamps.
+			name: "a record naming itself under the holder's lock, written after its LockedTill, is ours",
+			in: Input{
+				History: history(rev(1, deployed, t0), names(rev(2, failed, t0)), names(rev(3, pRollback, t0.Add(10*time.Minute)))),
+				Lock:    expired(2, OpUpgrade), Now: at(t0.Add(11 * time.Minute)), Policy: on,
+			},
+			verdict: Recover,
+			target:  3,
+			ours:    true,
+		},
+		{
+			name: "a record naming itself under another session's lock is not the expired holder's",
+			in: Input{
+				History: history(rev(1, deployed, t0), names(rev(2, failed, t0)), names(heldBy(rev(3, pRollback, t0.Add(-time.Minute)), "s-new"))),
+				Lock:    expired(2, OpUpgrade), Now: at(t0.Add(time.Second)), Policy: on,
+			},
+			verdict:    Blocked,
+			target:     3,
+			retryAfter: 14 * time.Minute,
+		},
+		{
+			// The taker's own lock (s-new) names the revision it wrote: the
+			// holder it names abandoned did not write it.
+			name: "a record naming itself under its taker's lock is not the abandoned holder's",
+			in: Input{
+				History: history(rev(1, deployed, t0), names(rev(2, failed, t0)), names(takenOver(rev(3, pRollback, t0.Add(-time.Minute)), "s-new"))),
+				Lock:    expired(2, OpUpgrade), Now: at(t0.Add(time.Second)), Policy: on,
+			},
+			verdict:    Blocked,
+			target:     3,
+			retryAfter: 14 * time.Minute,
+		},
+		{
+			name: "a record naming another revision under the holder's lock is not named by itself",
+			in: Input{
+				History: history(rev(1, deployed, t0), names(rev(2, failed, t0)), withLockRevision(rev(3, pRollback, t0.Add(-time.Minute)), 2)),
+				Lock:    expired(2, OpUpgrade), Now: at(t0.Add(time.Second)), Policy: on,
+			},
+			verdict:    Blocked,
+			target:     3,
+			retryAfter: 14 * time.Minute,
+		},
+		{
+			name: "stock helm's rollback after the holder's revision is legacy",
+			in: Input{
+				History: history(rev(1, deployed, t0), names(rev(2, failed, t0)), stock(rev(3, pRollback, t0.Add(-time.Minute)))),
+				Lock:    expired(2, OpUpgrade), Now: at(t0.Add(time.Second)), Policy: on,
+			},
+			verdict:    Blocked,
+			target:     3,
+			retryAfter: 14 * time.Minute,
+			reasonHas:  []string{"with no lock record covering it (stock helm may have written it)"},
+		},
+		{
+			name: "a released lock attributes nothing, even a record naming itself under it",
+			in: Input{
+				History: history(rev(1, deployed, t0), names(rev(2, pUpgrade, t0.Add(-time.Minute)))),
+				Lock:    LockInfo{State: LockReleased, Session: "s-old", Operation: OpUpgrade, Revision: 1, LockedTill: t0}, Now: at(t0), Policy: on,
+			},
+			verdict:    Blocked,
+			target:     2,
+			retryAfter: 14*time.Minute + time.Second,
+		},
+
 		// Rule 4 does not hold: legacy.
 		{
 			name:       "pending revision newer than the expired lock's revision is legacy",
@@ -517,6 +618,16 @@ func TestDecide(t *testing.T) {
 			}
 		})
 	}
+}
+
+// names is s whose record's lock names s's own revision, as the write
+// fence's create or rewrite of it writes it.
+func names(s helmx.Summary) helmx.Summary { return withLockRevision(s, s.Revision) }
+
+// withLockRevision is s whose record's lock names revision n.
+func withLockRevision(s helmx.Summary, n int) helmx.Summary {
+	s.LockRevision = n
+	return s
 }
 
 func withWrite(s helmx.Summary, t time.Time) helmx.Summary {

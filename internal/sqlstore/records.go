@@ -204,8 +204,11 @@ func (r rows) query(ctx context.Context, where []string, args []any) ([]helmx.Re
 		}
 		if w.session != "" {
 			// The session that wrote the row last, as a lock record names
-			// it: recovery attributes the revision to that holder.
-			enc, err := (&lock.Record{Schema: lock.SchemaVersion, Session: w.session, Release: w.name, Namespace: w.ns}).Encode()
+			// it, naming the row's own revision as the write fence's copy
+			// on a record does: recovery attributes the revision to that
+			// holder, whichever revision its lock row names (an upgrade's
+			// --rollback-on-failure writes a second under one lock).
+			enc, err := (&lock.Record{Schema: lock.SchemaVersion, Session: w.session, Release: w.name, Namespace: w.ns, Revision: w.version}).Encode()
 			if err != nil {
 				return nil, err
 			}

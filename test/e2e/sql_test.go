@@ -213,3 +213,29 @@ func (c sqlCase) holder(t *testing.T, rel string) string {
 	}
 	return h
 }
+
+// TestSQLKilledRollbackOnFailureRecovers is TestKilledRollbackOnFailureRecovers
+// with HELM_DRIVER=sql: the rollback's row, written by the killed holder's
+// session under the lock row that names the upgrade's revision, is that
+// holder's, and the next upgrade recovers it with --recover-legacy-after 0.
+func TestSQLKilledRollbackOnFailureRecovers(t *testing.T) {
+	c := newSQLCase(t)
+	const rel = "sqlrof"
+	flag := []string{"-n", c.ns, "--lock-backend", "release", "--lease-duration", killLease.String()}
+	// Revision 1's pods never schedule: the rollback to it waits for ever.
+	if res := c.run(t, c.ha, args([]string{"install", rel, c.chart}, flag, unschedulable)...); res.ExitCode != 0 {
+		t.Fatalf("install: exit %d: %s", res.ExitCode, res.Stderr)
+	}
+	p := c.env.StartEnv(t, c.extra, c.ha, args([]string{"upgrade", rel, c.chart, "--rollback-on-failure", "--wait", "--timeout", "5m"}, flag, unschedulable, failingUpgrade)...)
+	testenv.WaitForLatest(t, c.ns+"/"+rel, c.history(t, rel), 3, "pending-rollback", 60*time.Second)
+	time.Sleep(killLease / 2) // it renews at least once, as in real life
+	killAt := time.Now()
+	p.Kill(t)
+
+	res := c.run(t, c.ha, append([]string{"upgrade", rel, c.chart, "--lock-timeout", "30s", "--set", "message=v3", "--recover-legacy-after", "0"}, flag...)...)
+	if res.ExitCode != 0 {
+		t.Fatalf("upgrade after the kill: exit %d\nstderr:\n%s\nhistory: %v", res.ExitCode, res.Stderr, c.history(t, rel)())
+	}
+	figure(t, "kill-to-success sql rollback-on-failure: %s (lease %s)", secs(time.Since(killAt)), killLease)
+	c.wantHistory(t, rel, "1:superseded 2:failed 3:failed 4:deployed")
+}
