@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"helm.sh/helm/v4/pkg/release/common"
+	rspb "helm.sh/helm/v4/pkg/release/v1"
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/helm-autorecover/helm-autorecover/internal/lock"
@@ -235,19 +236,19 @@ func (s Summary) CarriesLockOf(session string) bool {
 	return session != "" && (s.LockSession == session || s.LockAbandoned == session)
 }
 
-// releaseHeader holds the few release fields Summarize reads. Times are kept
-// as text because Helm has written empty strings for unset times.
+// releaseHeader holds the few release fields Summarize reads. Its info is
+// helm's own type, decoded by helm's own code: helm reads info through a
+// map (to accept the empty strings it once wrote for unset times) and so
+// in sorted key order, not in document order, and an object holding keys
+// equal but for case ("status" and "STATUS") gives the value of the key
+// that sorts last. Any other reading could see another status than helm's
+// operations see (TestSummarizeReadsFoldedKeysAsHelm, FuzzDecodeReleasePayload).
 type releaseHeader struct {
-	Name      string `json:"name"`
-	Namespace string `json:"namespace"`
-	Version   int    `json:"version"`
-	Info      *struct {
-		FirstDeployed string        `json:"first_deployed"`
-		LastDeployed  string        `json:"last_deployed"`
-		Description   string        `json:"description"`
-		Status        common.Status `json:"status"`
-	} `json:"info"`
-	Chart *struct {
+	Name      string     `json:"name"`
+	Namespace string     `json:"namespace"`
+	Version   int        `json:"version"`
+	Info      *rspb.Info `json:"info"`
+	Chart     *struct {
 		Metadata *struct {
 			Name    string `json:"name"`
 			Version string `json:"version"`
@@ -291,12 +292,7 @@ func SummarizeRecord(r Record) (Summary, error) {
 	if h.Info != nil {
 		s.Status = h.Info.Status
 		s.Description = h.Info.Description
-		if s.FirstDeployed, err = parseHelmTime(h.Info.FirstDeployed); err != nil {
-			return Summary{}, fmt.Errorf("reading %s: info.first_deployed: %w", where, err)
-		}
-		if s.LastDeployed, err = parseHelmTime(h.Info.LastDeployed); err != nil {
-			return Summary{}, fmt.Errorf("reading %s: info.last_deployed: %w", where, err)
-		}
+		s.FirstDeployed, s.LastDeployed = h.Info.FirstDeployed, h.Info.LastDeployed
 	}
 	if h.Chart != nil && h.Chart.Metadata != nil {
 		s.ChartName = h.Chart.Metadata.Name
@@ -372,13 +368,6 @@ func contentHash(r Record) string {
 		fmt.Fprintf(h, "\x00%s=%s", k, r.Meta.Labels[k])
 	}
 	return hex.EncodeToString(h.Sum(nil))
-}
-
-func parseHelmTime(v string) (time.Time, error) {
-	if v == "" {
-		return time.Time{}, nil
-	}
-	return time.Parse(time.RFC3339Nano, v)
 }
 
 // ReadHistory reads every stored revision of release in namespace ns straight
