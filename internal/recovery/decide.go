@@ -349,7 +349,7 @@ func Decide(in Input) Decision {
 	var reason string
 	if target.Lock != nil {
 		// Rule 4.
-		reason = fmt.Sprintf("%s, written by %s whose lock expired at %s", pendingAt, holder(*target.Lock), stamp(target.Lock.LockedTill))
+		reason = fmt.Sprintf("%s, written by %s %s", pendingAt, holder(*target.Lock), lockEnd(*target.Lock, in.Now.Latest))
 		// A holder stops writing before its LOCKED TILL, so only past it
 		// (plus the takeover margin, in server time) is the revision of a
 		// holder not known to have stopped (a person released its lock
@@ -562,6 +562,29 @@ func holder(l LockInfo) string {
 		return who
 	}
 	return who + " (" + strings.Join(parts, ", ") + ")"
+}
+
+// lockEnd tells how the holder's lock l ended, as seen at server time at
+// (the upper bound, which recovery's descriptions are dated with): expired
+// at its LOCKED TILL, or, when at lies before it, not expired at all. A
+// holder known to have stopped (its taker confirmed its expiry on its own
+// clock) is recovered before a LOCKED TILL its Date headers may have put
+// ahead: saying its lock expired then would date the recovery before the
+// expiry it names.
+func lockEnd(l LockInfo, at time.Time) string {
+	switch {
+	case !beforeLockedTill(l, at):
+		return "whose lock expired at " + stamp(l.LockedTill)
+	case l.Stopped:
+		return "which stopped renewing its lock (LOCKED TILL " + stamp(l.LockedTill) + ", not reached)"
+	}
+	return "whose lock lasts until " + stamp(l.LockedTill)
+}
+
+// beforeLockedTill reports whether server time at, when known, lies before
+// l's LOCKED TILL.
+func beforeLockedTill(l LockInfo, at time.Time) bool {
+	return !at.IsZero() && at.Before(l.LockedTill)
 }
 
 func stamp(t time.Time) string {
