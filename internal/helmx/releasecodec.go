@@ -22,6 +22,7 @@ import (
 	"helm.sh/helm/v4/pkg/release/common"
 	rspb "helm.sh/helm/v4/pkg/release/v1"
 	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/yaml"
 
 	"github.com/helm-autorecover/helm-autorecover/internal/lock"
 	"github.com/helm-autorecover/helm-autorecover/internal/records"
@@ -368,6 +369,53 @@ func contentHash(r Record) string {
 		fmt.Fprintf(h, "\x00%s=%s", k, r.Meta.Labels[k])
 	}
 	return hex.EncodeToString(h.Sum(nil))
+}
+
+// HookRef names an object one of a revision's hooks creates, as the
+// revision's record lists it.
+type HookRef struct {
+	Kind      string
+	Namespace string
+	Name      string
+}
+
+// ReleaseHooks reads the hooks of the revision stored in r: the kind and
+// name helm recorded for each, and the namespace its manifest names, or ns
+// (the release's) when it names none, as helm creates it. Hooks carry none
+// of the ownership annotations helm gives the release's other objects:
+// the revision's record is what ties them to it.
+func ReleaseHooks(r Record, ns string) ([]HookRef, error) {
+	doc, err := DecodeReleaseJSON(r.Payload)
+	if err != nil {
+		return nil, fmt.Errorf("reading the hooks of %s: %w", r.Describe(), err)
+	}
+	var rel struct {
+		Hooks []*rspb.Hook `json:"hooks"`
+	}
+	if err := json.Unmarshal(doc, &rel); err != nil {
+		return nil, fmt.Errorf("reading the hooks of %s: %w", r.Describe(), err)
+	}
+	var out []HookRef
+	for _, h := range rel.Hooks {
+		if h == nil {
+			continue
+		}
+		ref := HookRef{Kind: h.Kind, Namespace: ns, Name: h.Name}
+		var m struct {
+			Metadata struct {
+				Name      string `json:"name"`
+				Namespace string `json:"namespace"`
+			} `json:"metadata"`
+		}
+		// helm names the hook after its manifest's metadata.name; an
+		// unreadable manifest keeps the recorded name.
+		if yaml.Unmarshal([]byte(h.Manifest), &m) == nil {
+			ref.Name = cmp.Or(m.Metadata.Name, ref.Name)
+			ref.Namespace = cmp.Or(m.Metadata.Namespace, ns)
+		}
+		out = append(out, ref)
+	}
+	return out, nil
 }
 
 // ReadHistory reads every stored revision of release in namespace ns straight

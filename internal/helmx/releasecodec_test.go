@@ -345,3 +345,22 @@ func TestSummarizeReadsFoldedKeysAsHelm(t *testing.T) {
 		t.Run(info, func(t *testing.T) { checkSummary(t, sum, helmRel, sec) })
 	}
 }
+
+// TestReleaseHooks: the hooks of a revision helm stored, with the
+// namespace each is created in (its manifest's, or the release's).
+func TestReleaseHooks(t *testing.T) {
+	rel := sampleRelease()
+	rel.Hooks = []*rspb.Hook{
+		{Name: "web-migrate", Kind: "Job", Manifest: "apiVersion: batch/v1\nkind: Job\nmetadata:\n  name: web-migrate\n", Events: []rspb.HookEvent{rspb.HookPreUpgrade}},
+		{Name: "web-check", Kind: "Pod", Manifest: "apiVersion: v1\nkind: Pod\nmetadata:\n  name: web-check\n  namespace: tools\n", Events: []rspb.HookEvent{rspb.HookPostUpgrade}},
+		{Name: "web-odd", Kind: "Job", Manifest: "{not yaml", Events: []rspb.HookEvent{rspb.HookPostUpgrade}},
+	}
+	got, err := ReleaseHooks(SecretRecord(storeWithHelm(t, rel)), "shop")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []HookRef{{"Job", "shop", "web-migrate"}, {"Pod", "tools", "web-check"}, {"Job", "shop", "web-odd"}}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("hooks %+v; want %+v", got, want)
+	}
+}

@@ -28,8 +28,10 @@ const (
 
 // DefaultLegacyAfter is the helm-autorecover CLI's default age, in server
 // time, after which a pending revision that no lock covers (stock helm wrote
-// it) counts as abandoned.
-const DefaultLegacyAfter = 15 * time.Minute
+// it) counts as abandoned: an hour, twelve of helm's default --timeout,
+// since helm applies its timeout to each hook and each wait, not to the
+// operation (see docs/protocol.md).
+const DefaultLegacyAfter = time.Hour
 
 // Policy says how far recovery may go.
 type Policy struct {
