@@ -277,6 +277,11 @@ type Decision struct {
 	// old enough to be recovered but Input.Work was not looked at: look
 	// for its running hooks and decide again (rule 5).
 	LookForWork bool
+	// AtWork is set, under Blocked, when a legacy pending revision old
+	// enough to be recovered is held back by a running hook of it, or by
+	// hooks that could not be read: RetryAfter is then when to look again,
+	// not when it becomes recoverable.
+	AtWork bool
 	// HolderMayWrite is set, under Blocked, when the revision's holder may
 	// still be writing the release (its lock was released before its LOCKED
 	// TILL): nobody may write the release before RetryAfter, whatever the
@@ -515,7 +520,7 @@ func atWork(target Abandonment, work Work, reason string) (Decision, bool) {
 		d.Reason = reason + ", but whether a helm process is still at work on it (a hook Job or Pod still running) was not looked at"
 		return d, true
 	case work.Unknown != "":
-		d.RetryAfter = HookRecheck
+		d.RetryAfter, d.AtWork = HookRecheck, true
 		d.Reason = fmt.Sprintf("%s, but whether a helm process is still at work on it cannot be told: %s. Retry in %s",
 			reason, work.Unknown, HookRecheck)
 		return d, true
@@ -541,7 +546,7 @@ func atWork(target Abandonment, work Work, reason string) (Decision, bool) {
 	if len(running) > 1 {
 		more = fmt.Sprintf(" (and %d more)", len(running)-1)
 	}
-	d.RetryAfter = HookRecheck
+	d.RetryAfter, d.AtWork = HookRecheck, true
 	d.Reason = fmt.Sprintf("%s, but its hook %s %s/%s%s, created at %s, is still running: a helm process may still be at work on it. Retry in %s, or once the hook has finished; if no helm process is running, helm rollback ends it",
 		reason, h.Kind, h.Namespace, h.Name, more, stamp(h.Created), HookRecheck)
 	return d, true

@@ -768,6 +768,9 @@ func TestDecideHelmStillAtWork(t *testing.T) {
 			if !strings.Contains(d.Reason, c.reasonHas) {
 				t.Errorf("reason\n  %s\nlacks\n  %s", d.Reason, c.reasonHas)
 			}
+			if d.AtWork != (c.retry == HookRecheck) {
+				t.Errorf("at work %v with retry %s", d.AtWork, d.RetryAfter)
+			}
 			if d.LookForWork && d.Target.Release.Revision != 2 {
 				t.Errorf("look for work names revision %d, want 2", d.Target.Release.Revision)
 			}

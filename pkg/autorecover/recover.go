@@ -100,8 +100,9 @@ type Decision struct {
 	// VerdictRecoverThenRollback.
 	RollbackTo int
 	// RetryAfter is, under VerdictBlocked, the server-time wait until a
-	// legacy pending revision becomes recoverable; 0 when waiting will not
-	// help.
+	// legacy pending revision becomes recoverable, or, while a hook of it
+	// still runs (its helm may still be at work: see the Reason), until
+	// it is looked at again; 0 when waiting will not help.
 	RetryAfter time.Duration
 	// Marked lists the revisions this call marked failed; empty under
 	// DryRun.
