@@ -377,6 +377,10 @@ type HookRef struct {
 	Kind      string
 	Namespace string
 	Name      string
+	// GenerateName is the manifest's metadata.generateName, for a hook
+	// with no name of its own: the API server names each object it
+	// creates from it.
+	GenerateName string
 }
 
 // ReleaseHooks reads the hooks of the revision stored in r: the kind and
@@ -403,14 +407,16 @@ func ReleaseHooks(r Record, ns string) ([]HookRef, error) {
 		ref := HookRef{Kind: h.Kind, Namespace: ns, Name: h.Name}
 		var m struct {
 			Metadata struct {
-				Name      string `json:"name"`
-				Namespace string `json:"namespace"`
+				Name         string `json:"name"`
+				GenerateName string `json:"generateName"`
+				Namespace    string `json:"namespace"`
 			} `json:"metadata"`
 		}
 		// helm names the hook after its manifest's metadata.name; an
 		// unreadable manifest keeps the recorded name.
 		if yaml.Unmarshal([]byte(h.Manifest), &m) == nil {
 			ref.Name = cmp.Or(m.Metadata.Name, ref.Name)
+			ref.GenerateName = m.Metadata.GenerateName
 			ref.Namespace = cmp.Or(m.Metadata.Namespace, ns)
 		}
 		out = append(out, ref)

@@ -354,12 +354,18 @@ func TestReleaseHooks(t *testing.T) {
 		{Name: "web-migrate", Kind: "Job", Manifest: "apiVersion: batch/v1\nkind: Job\nmetadata:\n  name: web-migrate\n", Events: []rspb.HookEvent{rspb.HookPreUpgrade}},
 		{Name: "web-check", Kind: "Pod", Manifest: "apiVersion: v1\nkind: Pod\nmetadata:\n  name: web-check\n  namespace: tools\n", Events: []rspb.HookEvent{rspb.HookPostUpgrade}},
 		{Name: "web-odd", Kind: "Job", Manifest: "{not yaml", Events: []rspb.HookEvent{rspb.HookPostUpgrade}},
+		{Kind: "Job", Manifest: "apiVersion: batch/v1\nkind: Job\nmetadata:\n  generateName: web-seed-\n", Events: []rspb.HookEvent{rspb.HookPostUpgrade}},
 	}
 	got, err := ReleaseHooks(SecretRecord(storeWithHelm(t, rel)), "shop")
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []HookRef{{"Job", "shop", "web-migrate"}, {"Pod", "tools", "web-check"}, {"Job", "shop", "web-odd"}}
+	want := []HookRef{
+		{Kind: "Job", Namespace: "shop", Name: "web-migrate"},
+		{Kind: "Pod", Namespace: "tools", Name: "web-check"},
+		{Kind: "Job", Namespace: "shop", Name: "web-odd"},
+		{Kind: "Job", Namespace: "shop", GenerateName: "web-seed-"},
+	}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("hooks %+v; want %+v", got, want)
 	}

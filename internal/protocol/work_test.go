@@ -173,3 +173,43 @@ func TestRecoverLooksForHelmAtWorkOnlyWhenAboutToRecover(t *testing.T) {
 		})
 	}
 }
+
+// TestRecoverLooksForGeneratedHooks: a hook named by generateName is found
+// among the namespace's Jobs by the prefix the server named it from.
+func TestRecoverLooksForGeneratedHooks(t *testing.T) {
+	ctx := context.Background()
+	created := t0.Add(-time.Hour)
+	r2 := revision(t, 2, common.StatusPendingUpgrade, created)
+	doc, err := helmx.DecodeReleaseJSON(r2.Data[helmx.ReleaseDataKey])
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc = []byte(strings.TrimSuffix(string(doc), "}") + `,"hooks":[{"kind":"Job","manifest":"apiVersion: batch/v1\nkind: Job\nmetadata:\n  generateName: web-seed-\n","events":["post-upgrade"]}]}`)
+	if r2.Data[helmx.ReleaseDataKey], err = helmx.EncodeReleaseJSON(doc); err != nil {
+		t.Fatal(err)
+	}
+	job := func(name string, done batchv1.JobConditionType) *batchv1.Job {
+		j := hookJob(created.Add(time.Second), done)
+		j.Name = name
+		return j
+	}
+	for _, c := range []struct {
+		name string
+		jobs []runtime.Object
+		want recovery.Verdict
+	}{
+		{"a generated Job runs", []runtime.Object{job("web-seed-x7k2p", ""), job("other", batchv1.JobComplete)}, recovery.Blocked},
+		{"the generated Jobs finished; another Job runs", []runtime.Object{job("web-seed-x7k2p", batchv1.JobComplete), job("web-other", "")}, recovery.Recover},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			conn, _ := fakeConn(t, append([]runtime.Object{revision(t, 1, common.StatusFailed, created.Add(-time.Hour)), r2.DeepCopy()}, c.jobs...)...)
+			out, err := conn.Recover(ctx, Procedure{Release: "web", Namespace: "shop", Policy: recovery.Policy{Autorecover: true, LegacyAfter: 15 * time.Minute}, Next: lock.OpRecover})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d := out.Decision; d.Verdict != c.want || (c.want == recovery.Blocked && !strings.Contains(d.Reason, "hook Job shop/web-seed-x7k2p")) {
+				t.Errorf("%s: %s; want %s", d.Verdict, d.Reason, c.want)
+			}
+		})
+	}
+}

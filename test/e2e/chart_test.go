@@ -247,8 +247,8 @@ var (
 		"get,list,watch,create,update,delete secrets",
 		"create events.events.k8s.io",
 		// a legacy revision's hooks, read before it is recovered
-		"get pods",
-		"get jobs.batch",
+		"get,list pods",
+		"get,list jobs.batch",
 	}
 	chartLeaseRights    = chartAccess("get,list,watch,create,update,delete leases.coordination.k8s.io")
 	chartRecoveryRights = []chartAccess{
@@ -277,7 +277,7 @@ var (
 		"create services",
 		"delete namespaces",
 		"delete customresourcedefinitions.apiextensions.k8s.io",
-		"list,delete pods",
+		"watch,delete pods",
 		"escalate,bind roles.rbac.authorization.k8s.io",
 	}
 	chartClusterRights = []chartAccess{
