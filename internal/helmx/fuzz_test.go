@@ -331,6 +331,7 @@ func FuzzSetInfoFields(f *testing.F) {
 	f.Add(`{"info":null}`, "status", "")
 	f.Add(`{"info":"deployed"}`, "status", "failed")
 	f.Add(`{"info":{"Status":"deployed"},"info":{"status":"pending-install"}}`, "Status", "x")
+	f.Add(`{"info":{"STATUS":"pending-upgrade","status":"pending-upgrade","ſtatus":"pending-upgrade","Description":"d"}}`, "description", "recovered")
 	f.Add(`null`, "status", "failed")
 	f.Add(`[{"info":{}}]`, "status", "failed")
 	f.Fuzz(func(t *testing.T, doc, key, value string) {
@@ -339,7 +340,8 @@ func FuzzSetInfoFields(f *testing.F) {
 		out, err := SetInfoFields(json.RawMessage(doc), set)
 
 		var before map[string]any
-		wantErr := decodeNumbers([]byte(doc), &before) != nil || before == nil
+		wantErr := decodeNumbers([]byte(doc), &before) != nil || before == nil ||
+			(key != "status" && strings.EqualFold(key, "status")) // one field to helm
 		var infoBefore map[string]any
 		if !wantErr {
 			switch v := before["info"].(type) {
@@ -371,10 +373,22 @@ func FuzzSetInfoFields(f *testing.F) {
 				t.Fatal(err)
 			}
 			wantInfo[k] = dv
+			// Keys equal but for case are one field to helm: set too.
+			for other := range infoBefore {
+				if strings.EqualFold(other, k) {
+					wantInfo[other] = dv
+				}
+			}
 		}
 		before["info"] = wantInfo
 		if !reflect.DeepEqual(after, before) {
 			t.Fatalf("SetInfoFields(%q, %v):\n got %v\nwant %v", doc, set, after, before)
+		}
+		var read struct {
+			Info *rspb.Info `json:"info"`
+		}
+		if json.Unmarshal(out, &read) == nil && read.Info != nil && read.Info.Status != common.StatusFailed {
+			t.Fatalf("helm reads status %q from the edit %s", read.Info.Status, out)
 		}
 		again, err := SetInfoFields(out, set)
 		if err != nil || !bytes.Equal(again, out) {

@@ -16,6 +16,7 @@ import (
 	"maps"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -140,8 +141,19 @@ func EncodeReleaseJSON(doc json.RawMessage) ([]byte, error) {
 // SetInfoFields returns doc with the given keys of its "info" object set to
 // the given values. Every other value, at any depth, is carried over as it
 // was, including fields unknown to Helm's Go types: stock Helm drops those
-// when it rewrites a release, and we must not.
+// when it rewrites a release, and we must not. A key equal but for case
+// to one set ("STATUS" beside "status") is set too: helm matches keys
+// without regard to case and takes the one that sorts last (see
+// releaseHeader), so every reader reads the value set. Two keys of set
+// equal but for case are an error.
 func SetInfoFields(doc json.RawMessage, set map[string]any) (json.RawMessage, error) {
+	for k := range set {
+		for k2 := range set {
+			if k < k2 && strings.EqualFold(k, k2) {
+				return nil, fmt.Errorf("editing the release: info.%s and info.%s are one field to helm", k, k2)
+			}
+		}
+	}
 	var top map[string]json.RawMessage
 	if err := json.Unmarshal(doc, &top); err != nil {
 		return nil, fmt.Errorf("editing the release: not a JSON object: %w", err)
@@ -161,6 +173,11 @@ func SetInfoFields(doc json.RawMessage, set map[string]any) (json.RawMessage, er
 			return nil, fmt.Errorf("editing the release: info.%s: %w", k, err)
 		}
 		info[k] = b
+		for other := range info {
+			if other != k && strings.EqualFold(other, k) {
+				info[other] = b
+			}
+		}
 	}
 	b, err := json.Marshal(info)
 	if err != nil {
