@@ -72,8 +72,8 @@ const (
 	VerdictRecoverThenRollback Verdict = "recover-then-rollback"
 	// VerdictBlocked: the latest revision is pending and may not be
 	// recovered now: a live lock protects it, or it is a legacy revision
-	// younger than Policy.LegacyAfter (see RetryAfter), or legacy recovery is
-	// off. Do not write the release.
+	// younger than Policy.LegacyAfter (see RetryAfter) or whose hook Job or
+	// Pod still runs, or legacy recovery is off. Do not write the release.
 	VerdictBlocked Verdict = "blocked"
 )
 
