@@ -270,7 +270,7 @@ func (s *suite) dateshiftReport(cases []shiftCase) string {
 			}
 		}
 		if pendingAfter > 0 {
-			fmt.Fprintf(&b, "\nIn %d of these cases the challenger, having taken the lock, then refused the release with exit 5: the holder's revision was pending under a lock record whose times (in the holder's lagging estimate) do not cover it, so it was judged stock helm's and left pending until `--recover-legacy-after` (15 min by default), while its holder had been stopped.\n", pendingAfter)
+			fmt.Fprintf(&b, "\nIn %d of these cases the challenger, having taken the lock, then refused the release with exit 5: the holder's revision was pending under a lock record whose times (in the holder's lagging estimate) do not cover it, so it was judged stock helm's and left pending until `--recover-legacy-after` (an hour by default), while its holder had been stopped.\n", pendingAfter)
 		}
 		b.WriteString("\nNot measured: a client whose server runs *behind* waits for a dead holder's lock that much longer (S4's \"no extra wait\" holds only when both clients read one truthful clock).\n")
 	}

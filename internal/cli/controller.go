@@ -33,8 +33,8 @@ owner=helm and a pending status) and judges each pending release exactly as
 "helm-autorecover recover" does, in the API server's time: a release whose
 lock expired (its holder stopped renewing) is recovered when LOCKED TILL has
 passed; a pending revision no lock covers (stock helm wrote it) once it is
---recover-legacy-after old; a live holder, and a young lock-less revision,
-are never touched. Recovery takes the release's own lock, undoes what the
+--recover-legacy-after old and none of its hook Jobs or Pods is running; a
+live holder, and a young lock-less revision, are never touched. Recovery takes the release's own lock, undoes what the
 abandoned revision applied, marks it failed with a description naming the
 controller's session, and records an Event (Recovered).
 

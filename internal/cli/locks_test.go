@@ -102,7 +102,7 @@ func TestLocksUnlabelledLease(t *testing.T) {
 
 func TestLocksAllNamespaces(t *testing.T) {
 	objs := append(fixture(t), []runtime.Object{
-		revision(t, "other", "staging", 1, common.StatusPendingInstall, at(-time.Hour)),
+		revision(t, "other", "staging", 1, common.StatusPendingInstall, at(-2*time.Hour)),
 	}...)
 	e := newFakeEnv(t, objs...)
 	if code, err := e.run(t, newLocksCmd(e.c), "-A"); code != 0 {

@@ -31,8 +31,9 @@ verdict in plain words, why, and what is (or would be) written.
 A release is recoverable when its latest revision is pending and either its
 holder's lock expired (it died), or no lock covers it and it has been pending
 for at least --recover-legacy-after in API-server time (stock helm left it;
-lower the flag if you know no helm process is running). A pending revision
-under a live lock is never recovered. This is the same decision install,
+lower the flag if you know no helm process is running) and no hook Job or
+Pod of it is still running (its helm may still be at work). A pending
+revision under a live lock is never recovered. This is the same decision install,
 upgrade, rollback and uninstall make before they run.
 
 Recovering takes the release's lock first (as the guarded commands do) and

@@ -54,8 +54,13 @@ const (
 
 // Defaults.
 const (
-	DefaultLockBackend        = protocol.BackendAuto
-	DefaultRecoverLegacyAfter = 15 * time.Minute
+	DefaultLockBackend = protocol.BackendAuto
+	// DefaultRecoverLegacyAfter is an hour: helm applies --timeout to each
+	// hook and each wait, so one stock helm operation can last several
+	// timeouts (docs/protocol.md, "Why an hour"); an hour is twelve of
+	// helm's default 5m, and more than twice this tool's own default
+	// maximum hold (26m).
+	DefaultRecoverLegacyAfter = time.Hour
 	// maxHoldFactor and maxHoldSlack give the default --lock-max-hold:
 	// 5 x --timeout + 1m. Helm applies --timeout per hook and per wait, so an
 	// upgrade with pre- and post-hooks and --wait can legitimately last about

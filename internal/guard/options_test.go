@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/spf13/pflag"
+
+	"github.com/helm-autorecover/helm-autorecover/pkg/autorecover"
 )
 
 func validOptions() Options {
@@ -107,5 +109,21 @@ func TestBadEnvironmentFailsOnlyWhereUsed(t *testing.T) {
 	}
 	if err := o.Validate(); err != nil {
 		t.Errorf("Validate with both flags given: %v", err)
+	}
+}
+
+// TestDefaultRecoverLegacyAfter: a revision stock helm left pending is not
+// presumed abandoned sooner than this tool's own holder, with helm's
+// default --timeout of 5m, would give up on its own (--lock-max-hold:
+// 26m), nor sooner than twelve such timeouts (issue 31: helm applies its
+// timeout to each hook and each wait). The library's default is the CLI's.
+func TestDefaultRecoverLegacyAfter(t *testing.T) {
+	const helmTimeout = 5 * time.Minute
+	maxHold := maxHoldFactor*helmTimeout + maxHoldSlack
+	if DefaultRecoverLegacyAfter < 2*maxHold || DefaultRecoverLegacyAfter < 12*helmTimeout {
+		t.Errorf("--recover-legacy-after defaults to %s; want at least twice the default maximum hold (%s) and twelve helm timeouts", DefaultRecoverLegacyAfter, maxHold)
+	}
+	if autorecover.DefaultLegacyAfter != DefaultRecoverLegacyAfter {
+		t.Errorf("pkg/autorecover's DefaultLegacyAfter %s differs from the CLI's %s", autorecover.DefaultLegacyAfter, DefaultRecoverLegacyAfter)
 	}
 }

@@ -11,7 +11,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-	"unicode"
 
 	chart "helm.sh/helm/v4/pkg/chart/v2"
 	"helm.sh/helm/v4/pkg/release/common"
@@ -126,6 +125,10 @@ func FuzzDecodeReleasePayload(f *testing.F) {
 	b64 := func(s string) []byte { return []byte(base64.StdEncoding.EncodeToString([]byte(s))) }
 	f.Add(b64(`{"name":"web","version":1,"info":{"status":"deployed","first_deployed":"","last_deployed":""}}`))
 	f.Add(b64(`null`))
+	// Keys equal but for case: helm reads info in sorted key order, not in
+	// document order (issue 31).
+	f.Add(b64(`{"name":"web","version":1,"info":{"status":"deployed","STATUS":"pending-upgrade"}}`))
+	f.Add(b64(`{"name":"web","version":1,"info":{"ſtatus":"deployed","status":"pending-upgrade","Description":"b","description":"a"}}`))
 	f.Add(b64("\x1f\x8b\x08"))
 	f.Add([]byte("%%%"))
 	f.Add([]byte(""))
@@ -160,14 +163,6 @@ func FuzzDecodeReleasePayload(f *testing.F) {
 			}
 			t.Fatalf("helm reads the payload as release %q v%d, DecodeReleaseJSON fails: %v", helmRel.Name, helmRel.Version, err)
 		}
-		if foldedKeys(doc) {
-			// Keys equal but for case in one object ("status" and
-			// "STATUS"): helm reads info through a map, in sorted key
-			// order, and Summarize in document order, so they may read
-			// different values. Suspected bug, reported with issue 14;
-			// helm never writes such keys.
-			return
-		}
 		var ours rspb.Release
 		if err := json.Unmarshal(doc, &ours); err != nil {
 			t.Fatalf("helm reads the payload, not the document DecodeReleaseJSON returned: %v", err)
@@ -182,61 +177,6 @@ func FuzzDecodeReleasePayload(f *testing.F) {
 		}
 		checkSummary(t, sum, helmRel, sec)
 	})
-}
-
-// foldedKeys reports whether an object anywhere in the JSON document doc
-// has two keys that differ only in case (as encoding/json matches them).
-func foldedKeys(doc []byte) bool {
-	dec := json.NewDecoder(bytes.NewReader(doc))
-	var walk func() bool
-	walk = func() bool {
-		tok, err := dec.Token()
-		if err != nil {
-			return false
-		}
-		switch tok {
-		case json.Delim('{'):
-			seen := map[string]string{}
-			found := false
-			for dec.More() {
-				k, err := dec.Token()
-				if err != nil {
-					return found
-				}
-				key, _ := k.(string)
-				if prev, ok := seen[foldKey(key)]; ok && prev != key {
-					found = true
-				}
-				seen[foldKey(key)] = key
-				found = walk() || found
-			}
-			_, _ = dec.Token()
-			return found
-		case json.Delim('['):
-			found := false
-			for dec.More() {
-				found = walk() || found
-			}
-			_, _ = dec.Token()
-			return found
-		}
-		return false
-	}
-	return walk()
-}
-
-// foldKey maps every rune of s onto the least of its case-folding orbit,
-// so that keys strings.EqualFold takes for equal map onto one.
-func foldKey(s string) string {
-	var b strings.Builder
-	for _, r := range s {
-		least := r
-		for f := unicode.SimpleFold(r); f != r; f = unicode.SimpleFold(f) {
-			least = min(least, f)
-		}
-		b.WriteRune(least)
-	}
-	return b.String()
 }
 
 // checkSummary compares a Summary with the release helm read from s.
@@ -391,6 +331,7 @@ func FuzzSetInfoFields(f *testing.F) {
 	f.Add(`{"info":null}`, "status", "")
 	f.Add(`{"info":"deployed"}`, "status", "failed")
 	f.Add(`{"info":{"Status":"deployed"},"info":{"status":"pending-install"}}`, "Status", "x")
+	f.Add(`{"info":{"STATUS":"pending-upgrade","status":"pending-upgrade","ſtatus":"pending-upgrade","Description":"d"}}`, "description", "recovered")
 	f.Add(`null`, "status", "failed")
 	f.Add(`[{"info":{}}]`, "status", "failed")
 	f.Fuzz(func(t *testing.T, doc, key, value string) {
@@ -399,7 +340,8 @@ func FuzzSetInfoFields(f *testing.F) {
 		out, err := SetInfoFields(json.RawMessage(doc), set)
 
 		var before map[string]any
-		wantErr := decodeNumbers([]byte(doc), &before) != nil || before == nil
+		wantErr := decodeNumbers([]byte(doc), &before) != nil || before == nil ||
+			(key != "status" && strings.EqualFold(key, "status")) // one field to helm
 		var infoBefore map[string]any
 		if !wantErr {
 			switch v := before["info"].(type) {
@@ -431,10 +373,22 @@ func FuzzSetInfoFields(f *testing.F) {
 				t.Fatal(err)
 			}
 			wantInfo[k] = dv
+			// Keys equal but for case are one field to helm: set too.
+			for other := range infoBefore {
+				if strings.EqualFold(other, k) {
+					wantInfo[other] = dv
+				}
+			}
 		}
 		before["info"] = wantInfo
 		if !reflect.DeepEqual(after, before) {
 			t.Fatalf("SetInfoFields(%q, %v):\n got %v\nwant %v", doc, set, after, before)
+		}
+		var read struct {
+			Info *rspb.Info `json:"info"`
+		}
+		if json.Unmarshal(out, &read) == nil && read.Info != nil && read.Info.Status != common.StatusFailed {
+			t.Fatalf("helm reads status %q from the edit %s", read.Info.Status, out)
 		}
 		again, err := SetInfoFields(out, set)
 		if err != nil || !bytes.Equal(again, out) {

@@ -16,11 +16,14 @@ import (
 	"maps"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
 	"helm.sh/helm/v4/pkg/release/common"
+	rspb "helm.sh/helm/v4/pkg/release/v1"
 	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/yaml"
 
 	"github.com/helm-autorecover/helm-autorecover/internal/lock"
 	"github.com/helm-autorecover/helm-autorecover/internal/records"
@@ -138,8 +141,19 @@ func EncodeReleaseJSON(doc json.RawMessage) ([]byte, error) {
 // SetInfoFields returns doc with the given keys of its "info" object set to
 // the given values. Every other value, at any depth, is carried over as it
 // was, including fields unknown to Helm's Go types: stock Helm drops those
-// when it rewrites a release, and we must not.
+// when it rewrites a release, and we must not. A key equal but for case
+// to one set ("STATUS" beside "status") is set too: helm matches keys
+// without regard to case and takes the one that sorts last (see
+// releaseHeader), so every reader reads the value set. Two keys of set
+// equal but for case are an error.
 func SetInfoFields(doc json.RawMessage, set map[string]any) (json.RawMessage, error) {
+	for k := range set {
+		for k2 := range set {
+			if k < k2 && strings.EqualFold(k, k2) {
+				return nil, fmt.Errorf("editing the release: info.%s and info.%s are one field to helm", k, k2)
+			}
+		}
+	}
 	var top map[string]json.RawMessage
 	if err := json.Unmarshal(doc, &top); err != nil {
 		return nil, fmt.Errorf("editing the release: not a JSON object: %w", err)
@@ -159,6 +173,11 @@ func SetInfoFields(doc json.RawMessage, set map[string]any) (json.RawMessage, er
 			return nil, fmt.Errorf("editing the release: info.%s: %w", k, err)
 		}
 		info[k] = b
+		for other := range info {
+			if other != k && strings.EqualFold(other, k) {
+				info[other] = b
+			}
+		}
 	}
 	b, err := json.Marshal(info)
 	if err != nil {
@@ -279,20 +298,20 @@ func (s Summary) CarriesLockOf(session string) bool {
 	return session != "" && (s.LockSession == session || s.LockAbandoned == session)
 }
 
-// releaseHeader holds the few release fields Summarize reads. Times are kept
-// as text because Helm has written empty strings for unset times.
+// releaseHeader holds the few release fields Summarize reads. Its info is
+// helm's own type, decoded by helm's own code: helm reads info through a
+// map (to accept the empty strings it once wrote for unset times) and so
+// in sorted key order, not in document order, and an object holding keys
+// equal but for case ("status" and "STATUS") gives the value of the key
+// that sorts last. Any other reading could see another status than helm's
+// operations see (TestSummarizeReadsFoldedKeysAsHelm, FuzzDecodeReleasePayload).
 type releaseHeader struct {
 	Left      json.RawMessage `json:"helm_autorecover_left"`
 	Name      string          `json:"name"`
 	Namespace string          `json:"namespace"`
 	Version   int             `json:"version"`
-	Info      *struct {
-		FirstDeployed string        `json:"first_deployed"`
-		LastDeployed  string        `json:"last_deployed"`
-		Description   string        `json:"description"`
-		Status        common.Status `json:"status"`
-	} `json:"info"`
-	Chart *struct {
+	Info      *rspb.Info      `json:"info"`
+	Chart     *struct {
 		Metadata *struct {
 			Name    string `json:"name"`
 			Version string `json:"version"`
@@ -339,12 +358,7 @@ func SummarizeRecord(r Record) (Summary, error) {
 	if h.Info != nil {
 		s.Status = h.Info.Status
 		s.Description = h.Info.Description
-		if s.FirstDeployed, err = parseHelmTime(h.Info.FirstDeployed); err != nil {
-			return Summary{}, fmt.Errorf("reading %s: info.first_deployed: %w", where, err)
-		}
-		if s.LastDeployed, err = parseHelmTime(h.Info.LastDeployed); err != nil {
-			return Summary{}, fmt.Errorf("reading %s: info.last_deployed: %w", where, err)
-		}
+		s.FirstDeployed, s.LastDeployed = h.Info.FirstDeployed, h.Info.LastDeployed
 	}
 	if h.Chart != nil && h.Chart.Metadata != nil {
 		s.ChartName = h.Chart.Metadata.Name
@@ -422,11 +436,57 @@ func contentHash(r Record) string {
 	return hex.EncodeToString(h.Sum(nil))
 }
 
-func parseHelmTime(v string) (time.Time, error) {
-	if v == "" {
-		return time.Time{}, nil
+// HookRef names an object one of a revision's hooks creates, as the
+// revision's record lists it.
+type HookRef struct {
+	Kind      string
+	Namespace string
+	Name      string
+	// GenerateName is the manifest's metadata.generateName, for a hook
+	// with no name of its own: the API server names each object it
+	// creates from it.
+	GenerateName string
+}
+
+// ReleaseHooks reads the hooks of the revision stored in r: the kind and
+// name helm recorded for each, and the namespace its manifest names, or ns
+// (the release's) when it names none, as helm creates it. Hooks carry none
+// of the ownership annotations helm gives the release's other objects:
+// the revision's record is what ties them to it.
+func ReleaseHooks(r Record, ns string) ([]HookRef, error) {
+	doc, err := DecodeReleaseJSON(r.Payload)
+	if err != nil {
+		return nil, fmt.Errorf("reading the hooks of %s: %w", r.Describe(), err)
 	}
-	return time.Parse(time.RFC3339Nano, v)
+	var rel struct {
+		Hooks []*rspb.Hook `json:"hooks"`
+	}
+	if err := json.Unmarshal(doc, &rel); err != nil {
+		return nil, fmt.Errorf("reading the hooks of %s: %w", r.Describe(), err)
+	}
+	var out []HookRef
+	for _, h := range rel.Hooks {
+		if h == nil {
+			continue
+		}
+		ref := HookRef{Kind: h.Kind, Namespace: ns, Name: h.Name}
+		var m struct {
+			Metadata struct {
+				Name         string `json:"name"`
+				GenerateName string `json:"generateName"`
+				Namespace    string `json:"namespace"`
+			} `json:"metadata"`
+		}
+		// helm names the hook after its manifest's metadata.name; an
+		// unreadable manifest keeps the recorded name.
+		if yaml.Unmarshal([]byte(h.Manifest), &m) == nil {
+			ref.Name = cmp.Or(m.Metadata.Name, ref.Name)
+			ref.GenerateName = m.Metadata.GenerateName
+			ref.Namespace = cmp.Or(m.Metadata.Namespace, ns)
+		}
+		out = append(out, ref)
+	}
+	return out, nil
 }
 
 // ReadHistory reads every stored revision of release in namespace ns straight

@@ -298,3 +298,75 @@ func TestSummarizeMeta(t *testing.T) {
 		}
 	}
 }
+
+// TestSummarizeReadsFoldedKeysAsHelm: an info object holding keys that are
+// equal but for case ("status" and "STATUS", or the long s of "ſtatus")
+// is read with the status, description and times helm's own decoder
+// (rspb.Release, through helm's Secret driver) reads, whatever their order
+// in the document.
+func TestSummarizeReadsFoldedKeysAsHelm(t *testing.T) {
+	h := newHelmStore()
+	for _, info := range []string{
+		`{"status":"deployed","STATUS":"pending-upgrade"}`,
+		`{"STATUS":"pending-upgrade","status":"deployed"}`,
+		`{"status":"pending-upgrade","Status":"deployed"}`,
+		`{"Status":"deployed","status":"pending-upgrade"}`,
+		`{"sTATUS":"pending-install","status":"failed","STATUS":"deployed"}`,
+		`{"ſtatus":"deployed","status":"pending-rollback"}`,
+		`{"status":"pending-rollback","ſtatus":"deployed"}`,
+		`{"status":"deployed","STATUS":null}`,
+		`{"STATUS":"pending-upgrade","status":null}`,
+		`{"status":"deployed","status":"uninstalling"}`,
+		`{"\u0053TATUS":"pending-upgrade","status":"deployed"}`,
+		`{"description":"one","DESCRIPTION":"two","status":"deployed"}`,
+		`{"DESCRIPTION":"two","description":"one","status":"deployed"}`,
+		`{"first_deployed":"2026-01-02T03:04:05Z","FIRST_DEPLOYED":"2027-01-02T03:04:05Z","status":"deployed"}`,
+		`{"LAST_DEPLOYED":"2027-01-02T03:04:05Z","last_deployed":"2026-01-02T03:04:05Z","status":"deployed"}`,
+		`{"Last_Deployed":"2027-01-02T03:04:05Z","last_deployed":"","status":"deployed"}`,
+	} {
+		doc := `{"name":"web","namespace":"shop","version":3,"info":` + info + `}`
+		sec := &corev1.Secret{
+			ObjectMeta: metav1.ObjectMeta{Name: ReleaseSecretName("web", 3), Namespace: fuzzNS, Labels: map[string]string{LabelName: "web", LabelOwner: OwnerHelm, LabelVersion: "3"}},
+			Type:       ReleaseSecretType,
+			Data:       map[string][]byte{ReleaseDataKey: []byte(base64.StdEncoding.EncodeToString([]byte(doc)))},
+		}
+		helmRel, helmErr := h.read(sec)
+		sum, err := Summarize(sec)
+		if helmErr != nil {
+			if err == nil {
+				t.Errorf("info %s: helm cannot read it (%v), Summarize reads %q", info, helmErr, sum.Status)
+			}
+			continue
+		}
+		if err != nil {
+			t.Errorf("info %s: helm reads %q, Summarize fails: %v", info, helmRel.Info.Status, err)
+			continue
+		}
+		t.Run(info, func(t *testing.T) { checkSummary(t, sum, helmRel, sec) })
+	}
+}
+
+// TestReleaseHooks: the hooks of a revision helm stored, with the
+// namespace each is created in (its manifest's, or the release's).
+func TestReleaseHooks(t *testing.T) {
+	rel := sampleRelease()
+	rel.Hooks = []*rspb.Hook{
+		{Name: "web-migrate", Kind: "Job", Manifest: "apiVersion: batch/v1\nkind: Job\nmetadata:\n  name: web-migrate\n", Events: []rspb.HookEvent{rspb.HookPreUpgrade}},
+		{Name: "web-check", Kind: "Pod", Manifest: "apiVersion: v1\nkind: Pod\nmetadata:\n  name: web-check\n  namespace: tools\n", Events: []rspb.HookEvent{rspb.HookPostUpgrade}},
+		{Name: "web-odd", Kind: "Job", Manifest: "{not yaml", Events: []rspb.HookEvent{rspb.HookPostUpgrade}},
+		{Kind: "Job", Manifest: "apiVersion: batch/v1\nkind: Job\nmetadata:\n  generateName: web-seed-\n", Events: []rspb.HookEvent{rspb.HookPostUpgrade}},
+	}
+	got, err := ReleaseHooks(SecretRecord(storeWithHelm(t, rel)), "shop")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []HookRef{
+		{Kind: "Job", Namespace: "shop", Name: "web-migrate"},
+		{Kind: "Pod", Namespace: "tools", Name: "web-check"},
+		{Kind: "Job", Namespace: "shop", Name: "web-odd"},
+		{Kind: "Job", Namespace: "shop", GenerateName: "web-seed-"},
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("hooks %+v; want %+v", got, want)
+	}
+}

@@ -62,6 +62,9 @@ func Verdict(dec recovery.Decision, dryRun bool) string {
 		}
 		return fmt.Sprintf("recovered and rolled back to revision %d", dec.RollbackTo)
 	case recovery.Blocked:
+		if dec.AtWork {
+			return "not recoverable now (its helm may still be at work; looked at again in " + roundDuration(dec.RetryAfter) + ")"
+		}
 		if dec.RetryAfter > 0 {
 			return "not recoverable now (recoverable in " + roundDuration(dec.RetryAfter) + ")"
 		}

@@ -232,7 +232,9 @@ func NewRow(in Input) Row {
 		}
 		if r.State == StateLegacyPending {
 			switch {
-			case dec.Verdict == recovery.Recover:
+			case dec.Verdict == recovery.Recover || dec.LookForWork:
+				// Old enough; a running hook of its helm, which this
+				// listing does not look for, would still hold it back.
 				r.RecoverableIn, r.RecoverableInSeconds = durations(0)
 			case dec.RetryAfter > 0:
 				r.RecoverableIn, r.RecoverableInSeconds = durations(dec.RetryAfter)

@@ -211,14 +211,21 @@ func (c *Conn) Recover(ctx context.Context, p Procedure) (Outcome, error) {
 			return out, fmt.Errorf("%s: %w", subject, err)
 		}
 		out.At, out.AtEarliest = now.Latest, now.Earliest
-		out.Decision = recovery.Decide(recovery.Input{
+		in := recovery.Input{
 			Release:   p.Release,
 			Namespace: p.Namespace,
 			History:   hist,
 			Lock:      p.Lock,
 			Now:       recovery.ServerTime{Earliest: now.Earliest, Latest: now.Latest},
 			Policy:    p.Policy,
-		})
+		}
+		out.Decision = recovery.Decide(in)
+		if out.Decision.LookForWork {
+			// A legacy revision old enough to recover: first look for
+			// signs that its helm is still at work (rule 5).
+			in.Work = c.lookForWork(ctx, p.Namespace, out.Decision.Target.Release)
+			out.Decision = recovery.Decide(in)
+		}
 		dec := out.Decision
 		if p.Writer != nil && dec.HolderMayWrite && dec.RetryAfter > 0 {
 			// The holder's lock was released before it ran out (a person's

@@ -29,10 +29,13 @@ const FieldManager = "helm-autorecover"
 
 // The descriptions written into an abandoned revision's info.description,
 // which helm history shows. Verbs fill in: the pending status; the previous
-// holder (who, session, operation) and when its lock expired, or when the
+// holder (who, session, operation) and when its lock expired (its LOCKED
+// TILL, not reached, when the holder is known to have stopped before it:
+// no description names an expiry later than the recovery), or when the
 // revision became pending and its age; then the recovering session and time.
 const (
 	DescriptionAbandonedByHolder = "Abandoned %s by %s; lock expired at %s; recovered by helm-autorecover session %s at %s"
+	DescriptionAbandonedStopped  = "Abandoned %s by %s, which stopped renewing its lock (LOCKED TILL %s, not reached); recovered by helm-autorecover session %s at %s"
 	DescriptionAbandonedLegacy   = "Abandoned %s with no lock record (stock helm); pending since %s, age %s; recovered by helm-autorecover session %s at %s"
 )
 
@@ -46,6 +49,11 @@ type Recoverer struct {
 // DescribeAbandoned is the description to write into an abandoned revision.
 func DescribeAbandoned(a Abandonment, by Recoverer) string {
 	if a.Lock != nil {
+		// Never an expiry later than the recovery (see lockEnd).
+		if beforeLockedTill(*a.Lock, by.At) {
+			return fmt.Sprintf(DescriptionAbandonedStopped,
+				a.Release.Status, holder(*a.Lock), stamp(a.Lock.LockedTill), by.Session, stamp(by.At))
+		}
 		return fmt.Sprintf(DescriptionAbandonedByHolder,
 			a.Release.Status, holder(*a.Lock), stamp(a.Lock.LockedTill), by.Session, stamp(by.At))
 	}

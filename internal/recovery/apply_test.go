@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -381,4 +382,51 @@ func newFake(objs ...runtime.Object) *fake.Clientset {
 		return false, nil, nil
 	})
 	return cs
+}
+
+// TestDescriptionsTellTimeInOrder: a revision's description never names an
+// expiry later than the recovery it reports, nor a decision an expiry
+// later than the server time it was made at. A holder known to have
+// stopped (its taker confirmed the expiry on its own clock) is recovered
+// before its LOCKED TILL, which its Date headers may have put ahead: the
+// description then says the holder stopped renewing, and names the LOCKED
+// TILL as such (issue 31: "lock expired at 14:43:14Z; recovered by ... at
+// 14:43:13Z").
+func TestDescriptionsTellTimeInOrder(t *testing.T) {
+	expiredAt := regexp.MustCompile(`expired at (\S+?)[;,]`)
+	recoveredAt := regexp.MustCompile(`recovered by helm-autorecover session \S+ at (\S+)$`)
+	parse := func(s string) time.Time {
+		v, err := time.Parse(time.RFC3339, s)
+		if err != nil {
+			t.Fatalf("%q: %v", s, err)
+		}
+		return v
+	}
+	for off := -3 * time.Second; off <= 3*time.Second; off += 100 * time.Millisecond {
+		l := expired(2, OpUpgrade) // LOCKED TILL t0
+		l.LockedTill = t0.Add(400 * time.Millisecond)
+		l.Stopped = true
+		now := ServerTime{Earliest: l.LockedTill.Add(off - 150*time.Millisecond), Latest: l.LockedTill.Add(off)}
+		d := Decide(Input{History: history(rev(1, deployed, t0.Add(-time.Hour)), rev(2, pUpgrade, t0.Add(-time.Minute))), Lock: l, Now: now, Policy: on})
+		if d.Verdict != Recover {
+			t.Fatalf("offset %s: %s (%s), want Recover", off, d.Verdict, d.Reason)
+		}
+		desc := DescribeAbandoned(d.Target, Recoverer{Session: "s-new", At: now.Latest})
+		m := recoveredAt.FindStringSubmatch(desc)
+		if m == nil {
+			t.Fatalf("offset %s: description names no recovery time: %s", off, desc)
+		}
+		rec := parse(m[1])
+		for what, text := range map[string]string{"description": desc, "decision": d.Reason, "decision done": d.Done} {
+			if e := expiredAt.FindStringSubmatch(text); e != nil && parse(e[1]).After(rec) {
+				t.Errorf("offset %s: the %s names an expiry at %s after the recovery at %s: %s", off, what, e[1], m[1], text)
+			}
+			if !strings.Contains(text, "2026-03-01T12:00:00Z") {
+				t.Errorf("offset %s: the %s does not name the holder's LOCKED TILL: %s", off, what, text)
+			}
+		}
+		if off < -400*time.Millisecond && !strings.Contains(desc, "stopped renewing its lock (LOCKED TILL 2026-03-01T12:00:00Z, not reached)") {
+			t.Errorf("offset %s: description does not say the holder stopped before its LOCKED TILL: %s", off, desc)
+		}
+	}
 }

@@ -196,7 +196,42 @@ type Input struct {
 	// Now is the API server's clock, never the local one.
 	Now    ServerTime
 	Policy Policy
+	// Work is what the caller found of signs that a helm process is still
+	// at work on the latest revision (rule 5). The caller looks only when
+	// a decision asks it to (Decision.LookForWork), and then decides again.
+	Work Work
 }
+
+// Work is what the caller found, in the cluster, of signs that a helm
+// process is still at work on a legacy pending revision: the hook Jobs and
+// Pods the revision's own record names (helm records each hook there
+// before it creates it, and waits for a Job or Pod hook to finish).
+type Work struct {
+	// Looked is set once the caller looked.
+	Looked bool
+	// Hooks are the revision's hook Jobs and Pods that exist.
+	Hooks []HookObject
+	// Unknown says why the caller could not tell (the record or a hook
+	// could not be read); empty when it could.
+	Unknown string
+}
+
+// HookObject is a hook Job or Pod of a pending revision as found in the
+// cluster.
+type HookObject struct {
+	Kind      string
+	Namespace string
+	Name      string
+	// Created is its server-set creationTimestamp.
+	Created time.Time
+	// Finished: a Job Complete or Failed, a Pod Succeeded or Failed.
+	Finished bool
+}
+
+// HookRecheck is how long a legacy pending revision held back by a running
+// hook (or by hooks that could not be read) waits before it is looked at
+// again (Decision.RetryAfter).
+const HookRecheck = 30 * time.Second
 
 // Abandonment describes one pending revision that recovery will mark failed,
 // and why it is judged abandoned.
@@ -238,6 +273,15 @@ type Decision struct {
 	// was released early has certainly stopped writing; 0 when waiting will
 	// not help.
 	RetryAfter time.Duration
+	// LookForWork is set, under Blocked, when a legacy pending revision is
+	// old enough to be recovered but Input.Work was not looked at: look
+	// for its running hooks and decide again (rule 5).
+	LookForWork bool
+	// AtWork is set, under Blocked, when a legacy pending revision old
+	// enough to be recovered is held back by a running hook of it, or by
+	// hooks that could not be read: RetryAfter is then when to look again,
+	// not when it becomes recoverable.
+	AtWork bool
 	// HolderMayWrite is set, under Blocked, when the revision's holder may
 	// still be writing the release (its lock was released before its LOCKED
 	// TILL): nobody may write the release before RetryAfter, whatever the
@@ -304,7 +348,14 @@ func IsPending(status common.Status) bool {
 //     plus TimestampResolution, up to the earliest possible server now.
 //     Before that: Blocked with RetryAfter. LegacyAfter 0 (never), an unknown
 //     write time or unknown server time: Blocked with no RetryAfter.
-//     Autorecover off: Blocked.
+//     Autorecover off: Blocked. Once old enough, it is still held back
+//     while its helm shows signs of being at work: a hook Job or Pod its
+//     own record names, created no earlier than the revision
+//     (creationTimestamp; for uninstalling, its last write; same second
+//     counts) and not finished. Until the caller has looked
+//     (Input.Work.Looked): Blocked with LookForWork, so that the lookup
+//     costs nothing on any other path. A running hook, or hooks that
+//     could not be read: Blocked with RetryAfter HookRecheck, naming them.
 //  6. With StrategyRollback, a recoverable revision gives
 //     RecoverThenRollback to the newest deployed revision older than it; when
 //     there is none, plain Recover (fail).
@@ -351,7 +402,7 @@ func Decide(in Input) Decision {
 	var reason string
 	if target.Lock != nil {
 		// Rule 4.
-		reason = fmt.Sprintf("%s, written by %s whose lock expired at %s", pendingAt, holder(*target.Lock), stamp(target.Lock.LockedTill))
+		reason = fmt.Sprintf("%s, written by %s %s", pendingAt, holder(*target.Lock), lockEnd(*target.Lock, in.Now.Latest))
 		// A holder stops writing before its LOCKED TILL, so only past it
 		// (plus the takeover margin, in server time) is the revision of a
 		// holder not known to have stopped (a person released its lock
@@ -417,8 +468,12 @@ func Decide(in Input) Decision {
 					reason, stamp(target.PendingSince), age(target.Age), stamp(notBefore), hints.LegacyAfter, in.Policy.LegacyAfter, roundUp(wait), hints.LegacyAfter),
 			}
 		}
-		reason = fmt.Sprintf("%s; pending since %s, age %s, at least %s %s; it is abandoned",
+		oldEnough := fmt.Sprintf("%s; pending since %s, age %s, at least %s %s",
 			reason, stamp(target.PendingSince), age(target.Age), hints.LegacyAfter, in.Policy.LegacyAfter)
+		if d, held := atWork(target, in.Work, oldEnough); held {
+			return d
+		}
+		reason = oldEnough + "; it is abandoned"
 	}
 
 	d := Decision{Verdict: Recover, Target: target}
@@ -453,6 +508,50 @@ func Decide(in Input) Decision {
 	}
 	d.Reason, d.Done = reason, done
 	return d
+}
+
+// atWork is rule 5's last test: a legacy revision old enough to recover is
+// held back while its helm shows signs of being at work (work, as the
+// caller found it), or until the caller has looked. reason says why the
+// revision is otherwise recoverable.
+func atWork(target Abandonment, work Work, reason string) (Decision, bool) {
+	d := Decision{Verdict: Blocked, Target: target}
+	switch {
+	case !work.Looked:
+		d.LookForWork = true
+		d.Reason = reason + ", but whether a helm process is still at work on it (a hook Job or Pod still running) was not looked at"
+		return d, true
+	case work.Unknown != "":
+		d.RetryAfter, d.AtWork = HookRecheck, true
+		d.Reason = fmt.Sprintf("%s, but whether a helm process is still at work on it cannot be told: %s. Retry in %s",
+			reason, work.Unknown, HookRecheck)
+		return d, true
+	}
+	// helm creates a revision's hooks after the revision (an uninstall
+	// after its write of the uninstalling status); an older object of the
+	// same name is an earlier operation's.
+	since := target.Release.CreationTimestamp
+	if target.Release.Status == common.StatusUninstalling || since.IsZero() {
+		since = target.PendingSince
+	}
+	var running []HookObject
+	for _, h := range work.Hooks {
+		if !h.Finished && (h.Created.IsZero() || !h.Created.Before(since)) {
+			running = append(running, h)
+		}
+	}
+	if len(running) == 0 {
+		return Decision{}, false
+	}
+	h := running[0]
+	more := ""
+	if len(running) > 1 {
+		more = fmt.Sprintf(" (and %d more)", len(running)-1)
+	}
+	d.RetryAfter, d.AtWork = HookRecheck, true
+	d.Reason = fmt.Sprintf("%s, but its hook %s %s/%s%s, created at %s, is still running: a helm process may still be at work on it. Retry in %s, or once the hook has finished; if no helm process is running, helm rollback ends it",
+		reason, h.Kind, h.Namespace, h.Name, more, stamp(h.Created), HookRecheck)
+	return d, true
 }
 
 // abandonment describes s as a candidate for recovery, attributing it to the
@@ -571,6 +670,29 @@ func holder(l LockInfo) string {
 		return who
 	}
 	return who + " (" + strings.Join(parts, ", ") + ")"
+}
+
+// lockEnd tells how the holder's lock l ended, as seen at server time at
+// (the upper bound, which recovery's descriptions are dated with): expired
+// at its LOCKED TILL, or, when at lies before it, not expired at all. A
+// holder known to have stopped (its taker confirmed its expiry on its own
+// clock) is recovered before a LOCKED TILL its Date headers may have put
+// ahead: saying its lock expired then would date the recovery before the
+// expiry it names.
+func lockEnd(l LockInfo, at time.Time) string {
+	switch {
+	case !beforeLockedTill(l, at):
+		return "whose lock expired at " + stamp(l.LockedTill)
+	case l.Stopped:
+		return "which stopped renewing its lock (LOCKED TILL " + stamp(l.LockedTill) + ", not reached)"
+	}
+	return "whose lock lasts until " + stamp(l.LockedTill)
+}
+
+// beforeLockedTill reports whether server time at, when known, lies before
+// l's LOCKED TILL.
+func beforeLockedTill(l LockInfo, at time.Time) bool {
+	return !at.IsZero() && at.Before(l.LockedTill)
 }
 
 func stamp(t time.Time) string {

@@ -69,6 +69,10 @@ func at(t time.Time) ServerTime {
 	return ServerTime{Earliest: t, Latest: t.Add(200 * time.Millisecond)}
 }
 
+// looked is the caller's lookup of a pending revision's hooks that found
+// none.
+var looked = Work{Looked: true}
+
 var (
 	on       = Policy{Autorecover: true, LegacyAfter: 15 * time.Minute, Hints: CLIHints}
 	rollback = Policy{Autorecover: true, LegacyAfter: 15 * time.Minute, Strategy: StrategyRollback, Hints: CLIHints}
@@ -357,7 +361,7 @@ func TestDecide(t *testing.T) {
 		},
 		{
 			name:    "pending revision older than the expired lock's revision is legacy",
-			in:      Input{History: history(rev(1, deployed, t0), rev(2, pUpgrade, t0.Add(-time.Hour))), Lock: expired(3, OpUpgrade), Now: at(t0.Add(time.Second)), Policy: on},
+			in:      Input{History: history(rev(1, deployed, t0), rev(2, pUpgrade, t0.Add(-time.Hour))), Lock: expired(3, OpUpgrade), Now: at(t0.Add(time.Second)), Policy: on, Work: looked},
 			verdict: Recover,
 			target:  2,
 		},
@@ -424,7 +428,7 @@ func TestDecide(t *testing.T) {
 		},
 		{
 			name:    "legacy, exactly old enough",
-			in:      Input{History: history(rev(1, deployed, t0), rev(2, pUpgrade, t0.Add(-time.Hour))), Now: at(legacyReady), Policy: on},
+			in:      Input{History: history(rev(1, deployed, t0), rev(2, pUpgrade, t0.Add(-time.Hour))), Now: at(legacyReady), Policy: on, Work: looked},
 			verdict: Recover,
 			target:  2,
 			reasonHas: []string{
@@ -476,7 +480,7 @@ func TestDecide(t *testing.T) {
 		},
 		{
 			name:    "legacy uninstalling, old enough",
-			in:      Input{History: history(withWrite(rev(3, uninstalng, t0.Add(-48*time.Hour)), t0.Add(-time.Hour))), Now: at(t0), Policy: on},
+			in:      Input{History: history(withWrite(rev(3, uninstalng, t0.Add(-48*time.Hour)), t0.Add(-time.Hour))), Now: at(t0), Policy: on, Work: looked},
 			verdict: Recover,
 			target:  3,
 		},
@@ -562,7 +566,7 @@ func TestDecide(t *testing.T) {
 		},
 		{
 			name:       "rollback for an old legacy pending revision",
-			in:         Input{History: history(rev(1, deployed, t0), rev(2, pRollback, t0.Add(-time.Hour))), Now: at(t0), Policy: rollback},
+			in:         Input{History: history(rev(1, deployed, t0), rev(2, pRollback, t0.Add(-time.Hour))), Now: at(t0), Policy: rollback, Work: looked},
 			verdict:    RecoverThenRollback,
 			target:     2,
 			rollbackTo: 1,
@@ -731,6 +735,7 @@ func TestDecideAgeAndPendingSince(t *testing.T) {
 		History: history(rev(1, deployed, t0), rev(2, pUpgrade, t0.Add(-20*time.Minute))),
 		Now:     at(t0),
 		Policy:  on,
+		Work:    looked,
 	})
 	if d.Verdict != Recover {
 		t.Fatalf("verdict %v: %s", d.Verdict, d.Reason)
@@ -765,5 +770,121 @@ func TestStrings(t *testing.T) {
 		if s.String() != want {
 			t.Errorf("%d: %q", int(s), s.String())
 		}
+	}
+}
+
+// TestDecideHelmStillAtWork: a legacy pending revision old enough to be
+// recovered is held back while a hook Job or Pod its record names, created
+// no earlier than the revision, has not finished: its helm may still be at
+// work on it (issue 31). Its hooks are looked at only then (LookForWork):
+// a young revision, or one written under an expired lock, asks nothing.
+func TestDecideHelmStillAtWork(t *testing.T) {
+	created := t0.Add(-time.Hour) // the pending revision's creationTimestamp
+	pending := history(rev(1, deployed, t0.Add(-48*time.Hour)), stock(rev(2, pUpgrade, created)))
+	job := func(name string, at time.Time, finished bool) HookObject {
+		return HookObject{Kind: "Job", Namespace: "shop", Name: name, Created: at, Finished: finished}
+	}
+	pod := func(name string, at time.Time, finished bool) HookObject {
+		return HookObject{Kind: "Pod", Namespace: "shop", Name: name, Created: at, Finished: finished}
+	}
+	uninstalling := history(withWrite(stock(rev(3, uninstalng, t0.Add(-48*time.Hour))), created))
+	cases := []struct {
+		name      string
+		in        Input
+		verdict   Verdict
+		look      bool
+		retry     time.Duration
+		reasonHas string
+	}{
+		{
+			name: "not looked yet: look, then decide again", in: Input{History: pending},
+			verdict: Blocked, look: true, reasonHas: "whether a helm process is still at work on it (a hook Job or Pod still running) was not looked at",
+		},
+		{name: "looked, no hook", in: Input{History: pending, Work: looked}, verdict: Recover},
+		{
+			name:    "a hook Job created after the revision still runs",
+			in:      Input{History: pending, Work: Work{Looked: true, Hooks: []HookObject{job("web-migrate", created.Add(2*time.Second), false)}}},
+			verdict: Blocked, retry: HookRecheck,
+			reasonHas: "at least --recover-legacy-after 15m0s, but its hook Job shop/web-migrate, created at 2026-03-01T11:00:02Z, is still running: a helm process may still be at work on it. Retry in 30s",
+		},
+		{
+			name:    "a hook Job created in the revision's own second counts",
+			in:      Input{History: pending, Work: Work{Looked: true, Hooks: []HookObject{job("web-migrate", created, false)}}},
+			verdict: Blocked, retry: HookRecheck, reasonHas: "hook Job shop/web-migrate",
+		},
+		{
+			name:    "a running hook Pod",
+			in:      Input{History: pending, Work: Work{Looked: true, Hooks: []HookObject{job("web-done", created.Add(time.Second), true), pod("web-check", created.Add(time.Minute), false), job("web-seed", created.Add(time.Minute), false)}}},
+			verdict: Blocked, retry: HookRecheck, reasonHas: "its hook Pod shop/web-check (and 1 more), created at 2026-03-01T11:01:00Z, is still running",
+		},
+		{
+			name:    "a hook whose creation time is unknown counts",
+			in:      Input{History: pending, Work: Work{Looked: true, Hooks: []HookObject{job("web-migrate", time.Time{}, false)}}},
+			verdict: Blocked, retry: HookRecheck,
+		},
+		{
+			name:    "a finished hook Job does not hold it back",
+			in:      Input{History: pending, Work: Work{Looked: true, Hooks: []HookObject{job("web-migrate", created.Add(time.Second), true)}}},
+			verdict: Recover,
+		},
+		{
+			name:    "a running Job of the same name from before the revision is an earlier operation's",
+			in:      Input{History: pending, Work: Work{Looked: true, Hooks: []HookObject{job("web-migrate", created.Add(-time.Second), false)}}},
+			verdict: Recover,
+		},
+		{
+			name:    "hooks that could not be read hold it back",
+			in:      Input{History: pending, Work: Work{Looked: true, Unknown: `reading Job shop/web-migrate: jobs.batch "web-migrate" is forbidden`}},
+			verdict: Blocked, retry: HookRecheck,
+			reasonHas: `but whether a helm process is still at work on it cannot be told: reading Job shop/web-migrate: jobs.batch "web-migrate" is forbidden. Retry in 30s`,
+		},
+		{
+			name:    "uninstalling: a hook created before the uninstall's write is an earlier operation's",
+			in:      Input{History: uninstalling, Work: Work{Looked: true, Hooks: []HookObject{job("web-cleanup", created.Add(-time.Second), false)}}},
+			verdict: Recover,
+		},
+		{
+			name:    "uninstalling: a pre-delete hook created after the uninstall's write",
+			in:      Input{History: uninstalling, Work: Work{Looked: true, Hooks: []HookObject{job("web-cleanup", created.Add(time.Second), false)}}},
+			verdict: Blocked, retry: HookRecheck, reasonHas: "hook Job shop/web-cleanup",
+		},
+		{
+			name:    "a young revision is not looked at: its age holds it back",
+			in:      Input{History: history(rev(1, deployed, t0.Add(-48*time.Hour)), stock(rev(2, pUpgrade, t0.Add(-time.Minute))))},
+			verdict: Blocked, retry: 14 * time.Minute,
+		},
+		{
+			name:    "a revision written under an expired lock is not looked at",
+			in:      Input{History: history(rev(1, deployed, t0.Add(-48*time.Hour)), rev(2, pUpgrade, t0.Add(-time.Minute))), Lock: expired(2, OpUpgrade)},
+			verdict: Recover,
+		},
+		{
+			name:    "autorecover off is not looked at",
+			in:      Input{History: pending, Policy: Policy{LegacyAfter: time.Minute}},
+			verdict: Blocked,
+		},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			in := c.in
+			in.Release, in.Namespace = "web", "shop"
+			in.Now = at(t0.Add(time.Second))
+			if in.Policy == (Policy{}) {
+				in.Policy = on
+			}
+			d := Decide(in)
+			if d.Verdict != c.verdict || d.LookForWork != c.look || d.RetryAfter != c.retry {
+				t.Errorf("%s, look for work %v, retry %s; want %s, %v, %s\nreason: %s", d.Verdict, d.LookForWork, d.RetryAfter, c.verdict, c.look, c.retry, d.Reason)
+			}
+			if !strings.Contains(d.Reason, c.reasonHas) {
+				t.Errorf("reason\n  %s\nlacks\n  %s", d.Reason, c.reasonHas)
+			}
+			if d.AtWork != (c.retry == HookRecheck) {
+				t.Errorf("at work %v with retry %s", d.AtWork, d.RetryAfter)
+			}
+			if d.LookForWork && d.Target.Release.Revision != 2 {
+				t.Errorf("look for work names revision %d, want 2", d.Target.Release.Revision)
+			}
+		})
 	}
 }

@@ -131,6 +131,16 @@ func FuzzDecide(f *testing.F) {
 		}
 		before := slices.Clone(in.History)
 		d := Decide(in)
+		if d.LookForWork {
+			// Only a legacy revision old enough to recover asks; the
+			// caller looks (here: no hook found) and decides again.
+			if d.Verdict != Blocked || d.Target.Lock != nil || d.RetryAfter != 0 || !in.Policy.Autorecover || !in.Now.known() ||
+				in.Now.Earliest.Before(d.Target.PendingSince.Add(TimestampResolution+in.Policy.LegacyAfter)) {
+				t.Fatalf("asked to look for work with %+v", d)
+			}
+			in.Work = Work{Looked: true}
+			d = Decide(in)
+		}
 
 		// Pure and deterministic, over a history in any order.
 		if !slices.Equal(before, in.History) {
@@ -225,6 +235,7 @@ func FuzzDecide(f *testing.F) {
 		}
 		shift := func(by time.Duration) Input {
 			out := in
+			out.Work = Work{Looked: true} // as the caller would, when asked
 			if in.Now.known() {
 				out.Now = ServerTime{Earliest: in.Now.Earliest.Add(by), Latest: in.Now.Latest.Add(by)}
 			}

@@ -47,7 +47,8 @@
 //     once (what it applied is undone, and it is marked failed with a
 //     description naming who abandoned it and when); a pending revision no
 //     lock covers (stock helm) only after Policy.LegacyAfter of server
-//     time.
+//     time, and while none of its hook Jobs or Pods still runs (its helm
+//     may still be at work; they are read only then).
 //  3. Lock.Keep runs beside the operation and renews the lock every third of
 //     its lease. When it cannot (the renew deadline passed, someone took the
 //     lock over, or LockRequest.MaxHold ran out) it calls onLost, and the

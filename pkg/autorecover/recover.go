@@ -28,8 +28,10 @@ const (
 
 // DefaultLegacyAfter is the helm-autorecover CLI's default age, in server
 // time, after which a pending revision that no lock covers (stock helm wrote
-// it) counts as abandoned.
-const DefaultLegacyAfter = 15 * time.Minute
+// it) counts as abandoned: an hour, twelve of helm's default --timeout,
+// since helm applies its timeout to each hook and each wait, not to the
+// operation (see docs/protocol.md).
+const DefaultLegacyAfter = time.Hour
 
 // Policy says how far recovery may go.
 type Policy struct {
@@ -70,8 +72,8 @@ const (
 	VerdictRecoverThenRollback Verdict = "recover-then-rollback"
 	// VerdictBlocked: the latest revision is pending and may not be
 	// recovered now: a live lock protects it, or it is a legacy revision
-	// younger than Policy.LegacyAfter (see RetryAfter), or legacy recovery is
-	// off. Do not write the release.
+	// younger than Policy.LegacyAfter (see RetryAfter) or whose hook Job or
+	// Pod still runs, or legacy recovery is off. Do not write the release.
 	VerdictBlocked Verdict = "blocked"
 )
 
@@ -98,8 +100,9 @@ type Decision struct {
 	// VerdictRecoverThenRollback.
 	RollbackTo int
 	// RetryAfter is, under VerdictBlocked, the server-time wait until a
-	// legacy pending revision becomes recoverable; 0 when waiting will not
-	// help.
+	// legacy pending revision becomes recoverable, or, while a hook of it
+	// still runs (its helm may still be at work: see the Reason), until
+	// it is looked at again; 0 when waiting will not help.
 	RetryAfter time.Duration
 	// Marked lists the revisions this call marked failed; empty under
 	// DryRun.

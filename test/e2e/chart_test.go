@@ -247,6 +247,9 @@ var (
 	chartRecordRights = []chartAccess{
 		"get,list,watch,create,update,delete secrets",
 		"create events.events.k8s.io",
+		// a legacy revision's hooks, read before it is recovered
+		"get,list pods",
+		"get,list jobs.batch",
 	}
 	chartLeaseRights    = chartAccess("get,list,watch,create,update,delete leases.coordination.k8s.io")
 	chartRecoveryRights = []chartAccess{
@@ -267,14 +270,15 @@ var (
 		"get,list,patch,update,delete horizontalpodautoscalers.autoscaling",
 	}
 	// Never granted by default: deleting data, creating what a recovery
-	// with strategy fail never creates, anything on pods or nodes.
+	// with strategy fail never creates, anything on pods but reading them
+	// (hooks), or on nodes.
 	chartRecoveryDenied = []chartAccess{
 		"delete persistentvolumeclaims",
 		"create deployments.apps",
 		"create services",
 		"delete namespaces",
 		"delete customresourcedefinitions.apiextensions.k8s.io",
-		"get pods",
+		"watch,delete pods",
 		"escalate,bind roles.rbac.authorization.k8s.io",
 	}
 	chartClusterRights = []chartAccess{
@@ -300,7 +304,7 @@ func chartArgs(over map[string]string, extra ...string) []string {
 		"lock-backend", "leader-elect", "leader-election-namespace", "leader-election-id", "metrics-bind-address", "health-probe-bind-address",
 	}
 	flags := map[string]string{
-		"helm-driver": "secret", "recover-legacy-after": "15m", "recover-strategy": "fail", "recover-delete-data": "false",
+		"helm-driver": "secret", "recover-legacy-after": "1h", "recover-strategy": "fail", "recover-delete-data": "false",
 		"lock-backend": "auto", "leader-elect": "true", "leader-election-namespace": chartNS,
 		"leader-election-id": "helm-autorecover-controller", "metrics-bind-address": ":8080", "health-probe-bind-address": ":8081",
 	}

@@ -91,6 +91,9 @@ ClusterRole, or in each listed namespace's Role):
   to take the lock and mark revisions failed, deleted as helm deletes them;
 - the per-release lock Leases, unless lockBackend=release;
 - Events about recoveries;
+- hook Jobs and Pods, read (get; list for a hook named by generateName)
+  before a revision stock helm left pending is recovered: one still
+  running means its helm may still be at work;
 - the recovery rules (rbac.recoveryRules), plus create for
   recoverStrategy=rollback and delete on persistentvolumeclaims for
   recoverDeleteData=true.
@@ -107,6 +110,12 @@ ClusterRole, or in each listed namespace's Role):
 - apiGroups: [events.k8s.io]
   resources: [events]
   verbs: [create]
+- apiGroups: [""]
+  resources: [pods]
+  verbs: [get, list]
+- apiGroups: [batch]
+  resources: [jobs]
+  verbs: [get, list]
 {{- $rollback := eq .Values.recoverStrategy "rollback" }}
 {{- range .Values.rbac.recoveryRules }}
 {{- $verbs := get . "verbs" }}
