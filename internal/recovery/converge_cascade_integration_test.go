@@ -12,7 +12,6 @@ import (
 	"helm.sh/helm/v4/pkg/storage/driver"
 	corev1 "k8s.io/api/core/v1"
 	apiextv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
-	apiextclient "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -79,52 +78,6 @@ metadata:
 `
 )
 
-// installCRD installs a CRD of kind in group (plural its resource name),
-// with the scope and owners given, removed when the test ends, and waits
-// until it is established.
-func installCRD(t *testing.T, env *testenv.Env, group, plural, kind string, scope apiextv1.ResourceScope, owners []metav1.OwnerReference) *apiextv1.CustomResourceDefinition {
-	t.Helper()
-	ctx := context.Background()
-	ax, err := apiextclient.NewForConfig(env.Config)
-	if err != nil {
-		t.Fatal(err)
-	}
-	crd := &apiextv1.CustomResourceDefinition{
-		ObjectMeta: metav1.ObjectMeta{Name: plural + "." + group, OwnerReferences: owners},
-		Spec: apiextv1.CustomResourceDefinitionSpec{
-			Group: group,
-			Names: apiextv1.CustomResourceDefinitionNames{Plural: plural, Kind: kind, ListKind: kind + "List"},
-			Scope: scope,
-			Versions: []apiextv1.CustomResourceDefinitionVersion{{
-				Name: "v1", Served: true, Storage: true,
-				Schema: &apiextv1.CustomResourceValidation{OpenAPIV3Schema: &apiextv1.JSONSchemaProps{
-					Type: "object", XPreserveUnknownFields: new(true),
-				}},
-			}},
-		},
-	}
-	out, err := ax.ApiextensionsV1().CustomResourceDefinitions().Create(ctx, crd, metav1.CreateOptions{FieldManager: "operator"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = ax.ApiextensionsV1().CustomResourceDefinitions().Delete(context.Background(), crd.Name, metav1.DeleteOptions{})
-	})
-	waitFor(t, time.Minute, "the CRD to be established", func() (bool, string) {
-		c, err := ax.ApiextensionsV1().CustomResourceDefinitions().Get(ctx, crd.Name, metav1.GetOptions{})
-		if err != nil {
-			return false, err.Error()
-		}
-		for _, cond := range c.Status.Conditions {
-			if cond.Type == apiextv1.Established && cond.Status == apiextv1.ConditionTrue {
-				return true, ""
-			}
-		}
-		return false, fmt.Sprintf("conditions %v", c.Status.Conditions)
-	})
-	return out
-}
-
 // TestIntegrationCascadeKept is issue 31 item 1 on the real API server, its
 // garbage collector and its StatefulSet controller: recovery never deletes
 // an object whose deletion would take a PersistentVolumeClaim with it, nor
@@ -145,7 +98,7 @@ func TestIntegrationCascadeKept(t *testing.T) {
 	ctx := context.Background()
 	ns := env.Namespace(t)
 	group := ns + ".example.com"
-	installCRD(t, env, group, "pgclusters", "PGCluster", apiextv1.NamespaceScoped, nil)
+	env.InstallCRD(t, group, "pgclusters", "PGCluster", apiextv1.NamespaceScoped, nil)
 	cr := fmt.Sprintf(`---
 apiVersion: %s/v1
 kind: PGCluster
@@ -384,7 +337,7 @@ func TestIntegrationCascadeClusterScopedOwner(t *testing.T) {
 	ctx := context.Background()
 	ns := env.Namespace(t)
 	group := ns + ".example.com"
-	installCRD(t, env, group, "tenants", "Tenant", apiextv1.ClusterScoped, nil)
+	env.InstallCRD(t, group, "tenants", "Tenant", apiextv1.ClusterScoped, nil)
 	const rel = "tn"
 	base := "---\napiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: tn-base\n"
 	tenant := fmt.Sprintf("---\napiVersion: %s/v1\nkind: Tenant\nmetadata:\n  name: %s-t1\n", group, ns)
@@ -423,7 +376,7 @@ func TestIntegrationCascadeClusterScopedOwner(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	installCRD(t, env, "w"+group, "widgets", "Widget", apiextv1.ClusterScoped, owner)
+	env.InstallCRD(t, "w"+group, "widgets", "Widget", apiextv1.ClusterScoped, owner)
 
 	records := helmx.SecretRecords(env.Client)
 	kube := func() (*Kube, error) { return kc, nil }

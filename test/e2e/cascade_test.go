@@ -2,16 +2,12 @@ package e2e
 
 import (
 	"context"
-	"fmt"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apiextv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
-	apiextclient "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -101,16 +97,7 @@ metadata:
 func TestRecoveryKeepsDataByCascade(t *testing.T) {
 	env := testenv.Get(t)
 	ha := env.Bin(t)
-	chart := t.TempDir()
-	for name, body := range cascadeChart {
-		p := filepath.Join(chart, name)
-		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
+	chart := testenv.WriteChart(t, cascadeChart)
 	for _, by := range []string{"recover", "controller", "upgrade"} {
 		t.Run(by, func(t *testing.T) { cascadeScenario(t, env, ha, chart, by) })
 	}
@@ -119,7 +106,8 @@ func TestRecoveryKeepsDataByCascade(t *testing.T) {
 func cascadeScenario(t *testing.T, env *testenv.Env, ha, chart, by string) {
 	ctx := context.Background()
 	ns := env.Namespace(t)
-	group := installPGClusterCRD(t, env, ns)
+	group := ns + ".example.com"
+	env.InstallCRD(t, group, "pgclusters", "PGCluster", apiextv1.NamespaceScoped, nil)
 	const rel = "cas"
 	core := env.Client.CoreV1()
 	mustRun(t, env, ha, "install", rel, chart, "-n", ns, "--set", "group="+group)
@@ -236,49 +224,4 @@ func cascadeScenario(t *testing.T, env *testenv.Env, ha, chart, by string) {
 	}
 	present("after the retried upgrade")
 	waitLockFree(t, env, ns, rel, 10*time.Second)
-}
-
-// installPGClusterCRD installs a namespaced CRD of kind PGCluster in a
-// group of ns's own, removed when the test ends, and returns the group.
-func installPGClusterCRD(t *testing.T, env *testenv.Env, ns string) string {
-	t.Helper()
-	ctx := context.Background()
-	group := ns + ".example.com"
-	ax, err := apiextclient.NewForConfig(env.Config)
-	if err != nil {
-		t.Fatal(err)
-	}
-	crd := &apiextv1.CustomResourceDefinition{
-		ObjectMeta: metav1.ObjectMeta{Name: "pgclusters." + group},
-		Spec: apiextv1.CustomResourceDefinitionSpec{
-			Group: group,
-			Names: apiextv1.CustomResourceDefinitionNames{Plural: "pgclusters", Singular: "pgcluster", Kind: "PGCluster", ListKind: "PGClusterList"},
-			Scope: apiextv1.NamespaceScoped,
-			Versions: []apiextv1.CustomResourceDefinitionVersion{{
-				Name: "v1", Served: true, Storage: true,
-				Schema: &apiextv1.CustomResourceValidation{OpenAPIV3Schema: &apiextv1.JSONSchemaProps{Type: "object", XPreserveUnknownFields: new(true)}},
-			}},
-		},
-	}
-	if _, err := ax.ApiextensionsV1().CustomResourceDefinitions().Create(ctx, crd, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = ax.ApiextensionsV1().CustomResourceDefinitions().Delete(context.Background(), crd.Name, metav1.DeleteOptions{})
-	})
-	deadline := time.Now().Add(time.Minute)
-	for {
-		c, err := ax.ApiextensionsV1().CustomResourceDefinitions().Get(ctx, crd.Name, metav1.GetOptions{})
-		if err == nil {
-			for _, cond := range c.Status.Conditions {
-				if cond.Type == apiextv1.Established && cond.Status == apiextv1.ConditionTrue {
-					return group
-				}
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("CRD %s not established: %v", crd.Name, fmt.Sprint(err))
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
 }

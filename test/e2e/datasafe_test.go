@@ -2,8 +2,6 @@ package e2e
 
 import (
 	"context"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -133,16 +131,7 @@ spec:
 func TestRecoveryKeepsData(t *testing.T) {
 	env := testenv.Get(t)
 	ha := env.Bin(t)
-	chart := t.TempDir()
-	for name, body := range dataChart {
-		p := filepath.Join(chart, name)
-		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
+	chart := testenv.WriteChart(t, dataChart)
 	for _, c := range []struct {
 		name        string
 		extra       []string
