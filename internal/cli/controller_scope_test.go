@@ -1,14 +1,14 @@
 package cli
 
 import (
+	"context"
 	"io"
 	"os"
-
-	"context"
-	"github.com/spf13/cobra"
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/spf13/cobra"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"

@@ -146,8 +146,10 @@ func (c *lockCmds) runRecover(ctx context.Context, o *recoverOptions, rel string
 	// dry run stops here, and a run that would not recover writes nothing,
 	// not even the lock.
 	observed := recovery.ObservedLock(st)
-	planned, err := cn.Recover(ctx, protocol.Procedure{Release: rel, Namespace: ns, Lock: observed, Policy: o.policy(), Next: lock.OpRecover,
-		Preview: o.dryRun, DeleteData: o.opts.RecoverDeleteData})
+	planned, err := cn.Recover(ctx, protocol.Procedure{
+		Release: rel, Namespace: ns, Lock: observed, Policy: o.policy(), Next: lock.OpRecover,
+		Preview: o.dryRun, DeleteData: o.opts.RecoverDeleteData,
+	})
 	if err != nil {
 		return err
 	}

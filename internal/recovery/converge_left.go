@@ -47,7 +47,7 @@ type leftObject struct {
 func recordLeft(doc json.RawMessage, d *Deferred) (json.RawMessage, error) {
 	rec := leftRecord{Schema: leftSchema, DeleteData: d.DeleteData}
 	for _, r := range d.Refs {
-		rec.Objects = append(rec.Objects, leftObject{APIVersion: r.APIVersion, Kind: r.Kind, Namespace: r.Namespace, Name: r.Name})
+		rec.Objects = append(rec.Objects, leftObject(r))
 	}
 	return helmx.SetTopField(doc, helmx.KeyLeft, rec)
 }
@@ -101,7 +101,7 @@ func LoadLeft(ctx context.Context, records helmx.Records, s helmx.Summary) (*Def
 			continue
 		}
 		d.Objects = append(d.Objects, o)
-		d.Refs = append(d.Refs, ObjectRef{APIVersion: want.APIVersion, Kind: want.Kind, Namespace: want.Namespace, Name: want.Name})
+		d.Refs = append(d.Refs, ObjectRef(want))
 	}
 	if len(missing) > 0 {
 		return d, fmt.Errorf("%s: %s not found in the revision's manifest; left as they are", subject, strings.Join(missing, ", "))

@@ -67,8 +67,10 @@ func TestKeepReason(t *testing.T) {
 		{"a PersistentVolume", ofKind(liveObj(owned, helmLabel, revAt.Add(time.Second)), "v1", "PersistentVolume"), rendered, revAt, "PersistentVolume holds data"},
 		{"a StatefulSet whose claims go when it is deleted", withField(ofKind(liveObj(owned, helmLabel, revAt.Add(time.Second)), "apps/v1", "StatefulSet"), "Delete", "spec", "persistentVolumeClaimRetentionPolicy", "whenDeleted"), rendered, revAt, "persistentVolumeClaimRetentionPolicy.whenDeleted is Delete"},
 		{"a StatefulSet whose claims go when it is scaled down", withField(ofKind(liveObj(owned, helmLabel, revAt.Add(time.Second)), "apps/v1", "StatefulSet"), "Delete", "spec", "persistentVolumeClaimRetentionPolicy", "whenScaled"), rendered, revAt, "whenScaled is Delete"},
-		{"a StatefulSet that renders Delete, live Retain", withField(ofKind(liveObj(owned, helmLabel, revAt.Add(time.Second)), "apps/v1", "StatefulSet"), "Retain", "spec", "persistentVolumeClaimRetentionPolicy", "whenDeleted"),
-			withField(ofKind(rendered.DeepCopy(), "apps/v1", "StatefulSet"), "Delete", "spec", "persistentVolumeClaimRetentionPolicy", "whenDeleted"), revAt, "whenDeleted is Delete"},
+		{
+			"a StatefulSet that renders Delete, live Retain", withField(ofKind(liveObj(owned, helmLabel, revAt.Add(time.Second)), "apps/v1", "StatefulSet"), "Retain", "spec", "persistentVolumeClaimRetentionPolicy", "whenDeleted"),
+			withField(ofKind(rendered.DeepCopy(), "apps/v1", "StatefulSet"), "Delete", "spec", "persistentVolumeClaimRetentionPolicy", "whenDeleted"), revAt, "whenDeleted is Delete",
+		},
 		{"a StatefulSet that retains its claims", withField(ofKind(liveObj(owned, helmLabel, revAt.Add(time.Second)), "apps/v1", "StatefulSet"), "Retain", "spec", "persistentVolumeClaimRetentionPolicy", "whenDeleted"), rendered, revAt, ""},
 		{"a LoadBalancer Service", withField(ofKind(liveObj(owned, helmLabel, revAt.Add(time.Second)), "v1", "Service"), "LoadBalancer", "spec", "type"), rendered, revAt, "external address"},
 		{"a ClusterIP Service", withField(ofKind(liveObj(owned, helmLabel, revAt.Add(time.Second)), "v1", "Service"), "ClusterIP", "spec", "type"), rendered, revAt, ""},

@@ -169,8 +169,10 @@ func TestSignalDuringRollbackOnFailure(t *testing.T) {
 
 	hp := &holdingProxy{env: env, ns: ns, rel: rel, hold: hold}
 	kubeconfig := hp.start(t)
-	p := env.Start(t, ha, withRelease(args([]string{"upgrade", "REL", chart, "--rollback-on-failure", "--wait", "--timeout", "5m", "--set", "message=v2",
-		"--lock-backend", "lease", "--lease-duration", "15s", "--kubeconfig", kubeconfig}, unschedulable), rel, ns)...)
+	p := env.Start(t, ha, withRelease(args([]string{
+		"upgrade", "REL", chart, "--rollback-on-failure", "--wait", "--timeout", "5m", "--set", "message=v2",
+		"--lock-backend", "lease", "--lease-duration", "15s", "--kubeconfig", kubeconfig,
+	}, unschedulable), rel, ns)...)
 	env.WaitForStatus(t, ns, rel, 2, "pending-upgrade", 60*time.Second)
 	holder := waitForWriter(t, env, ns, rel, 2, 10*time.Second)
 	hp.arm(holder.Session)
@@ -322,7 +324,7 @@ func (hp *holdingProxy) holds(session string) (bool, string, error) {
 	}
 	rec, err := lock.DecodeRecord(newest.Annotations[lock.AnnotationRecord])
 	if err != nil || rec == nil {
-		return false, "", fmt.Errorf("the lock on %s: %v", newest.Name, err)
+		return false, "", fmt.Errorf("the lock on %s: %w", newest.Name, err)
 	}
 	desc := fmt.Sprintf("Lease holder %q; %s: session %s, released at %v", leaseHolder, newest.Name, rec.Session, rec.ReleasedAt)
 	return leaseHolder == session && rec.Session == session && rec.ReleasedAt.IsZero(), desc, nil
