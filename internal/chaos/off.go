@@ -24,3 +24,6 @@ func ClockOffset() time.Duration { return 0 }
 
 // Suspended is zero outside chaos builds.
 func Suspended() time.Duration { return 0 }
+
+// Frozen is zero outside chaos builds.
+func Frozen() time.Duration { return 0 }

@@ -28,6 +28,7 @@ const (
 	EnvLog         = "HELM_AUTORECOVER_CHAOS_LOG"
 	EnvClockOffset = "HELM_AUTORECOVER_CHAOS_CLOCK_OFFSET"
 	EnvSuspendAt   = "HELM_AUTORECOVER_CHAOS_SUSPEND_AT"
+	EnvFreezeAt    = "HELM_AUTORECOVER_CHAOS_FREEZE_AT"
 )
 
 var (
@@ -84,7 +85,27 @@ func Point(name string) {
 		_ = syscall.Kill(os.Getpid(), syscall.SIGSTOP)
 		suspended.Add(int64(slept))
 	}
+	if matches(os.Getenv(EnvFreezeAt), name, n) {
+		// The virtual machine is stopped: the process stops (the runner
+		// holds it as long as the world should move on), and once
+		// continued its clocks read as if no time had passed meanwhile,
+		// monotonic and boot time alike. A millisecond is left to them,
+		// so that a reading another goroutine took between before and the
+		// stop is never later than the next one.
+		before := time.Now()
+		_ = syscall.Kill(os.Getpid(), syscall.SIGSTOP)
+		frozen.Add(int64(max(time.Since(before)-time.Millisecond, 0)))
+	}
 }
+
+// frozen is the time the simulated stops of EnvFreezeAt took from this
+// process's clocks.
+var frozen atomic.Int64
+
+// Frozen is the total time this process's clocks stood still in the
+// simulated stops of EnvFreezeAt so far: sleepclock.System takes it off
+// every reading.
+func Frozen() time.Duration { return time.Duration(frozen.Load()) }
 
 // suspended is the time the simulated system sleeps of EnvSuspendAt add to
 // the machine's (CLOCK_BOOTTIME less CLOCK_MONOTONIC).
