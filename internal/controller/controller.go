@@ -57,9 +57,11 @@ type Options struct {
 	// DeleteData is --recover-delete-data.
 	DeleteData bool
 	// Rollback rolls a release back with helm's own action for the
-	// rollback strategy, fenced by the caller; nil makes that strategy only
-	// mark the revision failed.
-	Rollback func(ctx context.Context, namespace, release string, revision int) error
+	// rollback strategy; nil makes that strategy only mark the revision
+	// failed. fence judges its writes by the release's own lock: every
+	// client of helm's it uses must be built through it (fence.Getter,
+	// fence.Wrap). Rollbacks of different releases may run at once.
+	Rollback func(ctx context.Context, fence *helmx.WriteFence, namespace, release string, revision int) error
 
 	LeaderElect             bool
 	LeaderElectionNamespace string
@@ -159,7 +161,10 @@ func Run(ctx context.Context, cfg *rest.Config, o Options) error {
 	}); err != nil {
 		return err
 	}
-	conn, err := protocol.Connect(cfg, clock.RealClock{}, o.HelmDriver)
+	// Recovery's writes (converge's, marking revisions failed) are judged
+	// by the fence of the lock they are made under, which each recovery
+	// carries in its context (Reconciler.recover).
+	conn, err := protocol.Connect(helmx.OwnWrites(cfg), clock.RealClock{}, o.HelmDriver)
 	if err != nil {
 		return err
 	}
