@@ -25,5 +25,5 @@ func ClockOffset() time.Duration { return 0 }
 // Suspended is zero outside chaos builds.
 func Suspended() time.Duration { return 0 }
 
-// Frozen is zero outside chaos builds.
-func Frozen() time.Duration { return 0 }
+// Now is time.Now() outside chaos builds.
+func Now() time.Time { return time.Now() }

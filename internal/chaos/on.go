@@ -86,26 +86,48 @@ func Point(name string) {
 		suspended.Add(int64(slept))
 	}
 	if matches(os.Getenv(EnvFreezeAt), name, n) {
-		// The virtual machine is stopped: the process stops (the runner
-		// holds it as long as the world should move on), and once
-		// continued its clocks read as if no time had passed meanwhile,
-		// monotonic and boot time alike. A millisecond is left to them,
-		// so that a reading another goroutine took between before and the
-		// stop is never later than the next one.
-		before := time.Now()
-		_ = syscall.Kill(os.Getpid(), syscall.SIGSTOP)
-		frozen.Add(int64(max(time.Since(before)-time.Millisecond, 0)))
+		freeze()
 	}
 }
 
-// frozen is the time the simulated stops of EnvFreezeAt took from this
-// process's clocks.
-var frozen atomic.Int64
+// The clocks of EnvFreezeAt: the readings of Now are time.Now() less
+// frozen; while freezing, they all read the instant the clocks stopped,
+// stoppedAt. Readings are taken under clockMu, so that none made by another
+// goroutine, once the process is continued and before freeze has counted
+// the stop, reads the time that passed meanwhile.
+var (
+	clockMu   sync.Mutex
+	frozen    time.Duration
+	freezing  bool
+	stoppedAt time.Time
+)
 
-// Frozen is the total time this process's clocks stood still in the
-// simulated stops of EnvFreezeAt so far: sleepclock.System takes it off
-// every reading.
-func Frozen() time.Duration { return time.Duration(frozen.Load()) }
+// freeze simulates a virtual machine stopped and resumed: the process
+// stops (the runner holds it as long as the world should move on), and
+// once continued its clocks read as if no time had passed meanwhile,
+// monotonic and boot time alike.
+func freeze() {
+	clockMu.Lock()
+	freezing, stoppedAt = true, time.Now()
+	clockMu.Unlock()
+	stopThisThread()
+	clockMu.Lock()
+	frozen += time.Since(stoppedAt)
+	freezing = false
+	clockMu.Unlock()
+}
+
+// Now is time.Now() as this process's clocks read it: less the time they
+// stood still in the simulated stops of EnvFreezeAt. sleepclock.System
+// reads it.
+func Now() time.Time {
+	clockMu.Lock()
+	defer clockMu.Unlock()
+	if freezing {
+		return stoppedAt.Add(-frozen)
+	}
+	return time.Now().Add(-frozen)
+}
 
 // suspended is the time the simulated system sleeps of EnvSuspendAt add to
 // the machine's (CLOCK_BOOTTIME less CLOCK_MONOTONIC).

@@ -142,11 +142,10 @@ func (c *system) now() time.Time {
 // (HELM_AUTORECOVER_CHAOS_FREEZE_AT, see internal/chaos): monotonic and
 // boot time stop alike, so the suspended total is not changed.
 func reading() time.Time {
-	t := time.Now()
 	if chaos.Enabled {
-		t = t.Add(-chaos.Frozen())
+		return chaos.Now()
 	}
-	return t
+	return time.Now()
 }
 
 // Since returns the monotonic time since t, as clock.RealClock does.
