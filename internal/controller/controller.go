@@ -102,6 +102,14 @@ func recordSelector(user string) (labels.Selector, error) {
 	return sel.Add(*owner, *status), nil
 }
 
+// connect is the controller's connection to the cluster cfg points at.
+// Recovery's writes through it (converge's, marking revisions failed) are
+// judged by the fence of the lock each is made under, which the recovery
+// carries in its context (helmx.OwnWrites, Reconciler.recover).
+func connect(cfg *rest.Config, helmDriver string) (*protocol.Conn, error) {
+	return protocol.Connect(helmx.OwnWrites(cfg), clock.RealClock{}, helmDriver)
+}
+
 // Run runs the controller until ctx ends.
 func Run(ctx context.Context, cfg *rest.Config, o Options) error {
 	ctrl.SetLogger(logr.FromSlogHandler(slog.Default().Handler()))
@@ -161,10 +169,7 @@ func Run(ctx context.Context, cfg *rest.Config, o Options) error {
 	}); err != nil {
 		return err
 	}
-	// Recovery's writes (converge's, marking revisions failed) are judged
-	// by the fence of the lock they are made under, which each recovery
-	// carries in its context (Reconciler.recover).
-	conn, err := protocol.Connect(helmx.OwnWrites(cfg), clock.RealClock{}, o.HelmDriver)
+	conn, err := connect(cfg, o.HelmDriver)
 	if err != nil {
 		return err
 	}

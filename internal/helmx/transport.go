@@ -426,11 +426,11 @@ func (f *fenceRT) roundTrip(req *http.Request) (*http.Response, error) {
 	}
 	if err := g.Lock.Valid(); err != nil {
 		closeBody(req)
-		return nil, fmt.Errorf("helm-autorecover: refused helm's %s %s for release %q in namespace %q: %w", req.Method, req.URL.Path, g.Release, g.Namespace, err)
+		return nil, fmt.Errorf("helm-autorecover: refused %s %s %s for release %q in namespace %q: %w", f.whose(), req.Method, req.URL.Path, g.Release, g.Namespace, err)
 	}
 	if cut := f.w.cut.Load(); cut != nil {
 		closeBody(req)
-		return nil, fmt.Errorf("helm-autorecover: refused helm's %s %s for release %q in namespace %q: an earlier write of this operation was cut off: %w", req.Method, req.URL.Path, g.Release, g.Namespace, *cut)
+		return nil, fmt.Errorf("helm-autorecover: refused %s %s %s for release %q in namespace %q: an earlier write of this operation was cut off: %w", f.whose(), req.Method, req.URL.Path, g.Release, g.Namespace, *cut)
 	}
 	parent := req.Context()
 	deadline := g.Lock.Deadline()
@@ -477,6 +477,14 @@ func (f *fenceRT) judgedBy(w *WriteFence, g *GuardedWrites) *fenceRT {
 	return &fenceRT{next: next, w: w, ownWrites: f.ownWrites}
 }
 
+// whose names the writer of the requests f fences, for errors.
+func (f *fenceRT) whose() string {
+	if f.ownWrites {
+		return "the recovery's"
+	}
+	return "helm's"
+}
+
 // dispatch sends a write the lock allowed: this tool's own as it is, helm's
 // fenced as its target requires (route).
 func (f *fenceRT) dispatch(req *http.Request, g *GuardedWrites) (*http.Response, error) {
@@ -488,8 +496,8 @@ func (f *fenceRT) dispatch(req *http.Request, g *GuardedWrites) (*http.Response,
 
 // cutOff is the error of helm's write that the lock's renew deadline ended.
 func (f *fenceRT) cutOff(req *http.Request, g *GuardedWrites, cause error) error {
-	err := fmt.Errorf("helm-autorecover: helm's %s %s for release %q in namespace %q did not complete before the lock's renew deadline and was cut off (%w), so it cannot land after another client may have taken the release over; the operation stops, and the next one recovers the release: %w",
-		req.Method, req.URL.Path, g.Release, g.Namespace, cause, lock.ErrLost)
+	err := fmt.Errorf("helm-autorecover: %s %s %s for release %q in namespace %q did not complete before the lock's renew deadline and was cut off (%w), so it cannot land after another client may have taken the release over; the operation stops, and the next one recovers the release: %w",
+		f.whose(), req.Method, req.URL.Path, g.Release, g.Namespace, cause, lock.ErrLost)
 	f.w.cut.CompareAndSwap(nil, &err)
 	return err
 }
