@@ -19,6 +19,16 @@
 //     more. CLOCK_MONOTONIC keeps running while a process is stopped, so
 //     the readings also show however long it was held: a runner that
 //     continues it at once tests the boot-time reading alone.
+//   - HELM_AUTORECOVER_CHAOS_FREEZE_AT=POINT[#N] simulates a virtual
+//     machine stopped and resumed there (or a memory snapshot, a CRIU
+//     image restored): the process sends itself SIGSTOP and, once
+//     continued, every reading of sleepclock.System (the lock's and the
+//     server-time estimator's clock) is taken back by the time it was held,
+//     so its monotonic and boot-time readings alike say no time passed,
+//     while the API server's clock went on. Go's own timers still run on
+//     the kernel's monotonic clock: those due while it was held fire once
+//     it is continued (a real stopped VM's would not), and find no time
+//     passed on the clock they read.
 //
 // Without the tag (every release build) Enabled is false, every hook is an
 // empty function and the calls compile away: no environment is read.

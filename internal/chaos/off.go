@@ -24,3 +24,6 @@ func ClockOffset() time.Duration { return 0 }
 
 // Suspended is zero outside chaos builds.
 func Suspended() time.Duration { return 0 }
+
+// Now is time.Now() outside chaos builds.
+func Now() time.Time { return time.Now() }

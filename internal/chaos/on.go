@@ -28,6 +28,7 @@ const (
 	EnvLog         = "HELM_AUTORECOVER_CHAOS_LOG"
 	EnvClockOffset = "HELM_AUTORECOVER_CHAOS_CLOCK_OFFSET"
 	EnvSuspendAt   = "HELM_AUTORECOVER_CHAOS_SUSPEND_AT"
+	EnvFreezeAt    = "HELM_AUTORECOVER_CHAOS_FREEZE_AT"
 )
 
 var (
@@ -84,6 +85,48 @@ func Point(name string) {
 		_ = syscall.Kill(os.Getpid(), syscall.SIGSTOP)
 		suspended.Add(int64(slept))
 	}
+	if matches(os.Getenv(EnvFreezeAt), name, n) {
+		freeze()
+	}
+}
+
+// The clocks of EnvFreezeAt: the readings of Now are time.Now() less
+// frozen; while freezing, they all read the instant the clocks stopped,
+// stoppedAt. Readings are taken under clockMu, so that none made by another
+// goroutine, once the process is continued and before freeze has counted
+// the stop, reads the time that passed meanwhile.
+var (
+	clockMu   sync.Mutex
+	frozen    time.Duration
+	freezing  bool
+	stoppedAt time.Time
+)
+
+// freeze simulates a virtual machine stopped and resumed: the process
+// stops (the runner holds it as long as the world should move on), and
+// once continued its clocks read as if no time had passed meanwhile,
+// monotonic and boot time alike.
+func freeze() {
+	clockMu.Lock()
+	freezing, stoppedAt = true, time.Now()
+	clockMu.Unlock()
+	stopThisThread()
+	clockMu.Lock()
+	frozen += time.Since(stoppedAt)
+	freezing = false
+	clockMu.Unlock()
+}
+
+// Now is time.Now() as this process's clocks read it: less the time they
+// stood still in the simulated stops of EnvFreezeAt. sleepclock.System
+// reads it.
+func Now() time.Time {
+	clockMu.Lock()
+	defer clockMu.Unlock()
+	if freezing {
+		return stoppedAt.Add(-frozen)
+	}
+	return time.Now().Add(-frozen)
 }
 
 // suspended is the time the simulated system sleeps of EnvSuspendAt add to

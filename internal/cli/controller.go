@@ -144,12 +144,9 @@ func runController(ctx context.Context, o *controllerFlags, settings *helmcli.En
 	}
 	cfg.UserAgent = "helm-autorecover-controller/" + version.Version
 	// helm's rollback (--recover-strategy rollback) runs on helm's clients
-	// built from the same settings, fenced as the CLI's are; wrapped after
-	// the controller's own configuration was built, which is not.
-	rollback, err := controllerRollback(settings, driver)
-	if err != nil {
-		return err
-	}
+	// built from the same settings, each through the fence of the lock of
+	// the release it rolls back.
+	rollback := controllerRollback(settings, driver)
 	if ctx == nil {
 		ctx = context.Background()
 	}
@@ -184,20 +181,15 @@ func runController(ctx context.Context, o *controllerFlags, settings *helmcli.En
 }
 
 // controllerRollback rolls a release back with helm's own action on the
-// command line's settings (kubeconfig, context, credentials), whose writes
-// go through the fence the controller sets (helm's clients). The controller
-// runs one rollback at a time (Reconciler.rollbacks), which the namespace
-// set on the shared settings relies on.
-func controllerRollback(settings *helmcli.EnvSettings, driver string) (func(ctx context.Context, namespace, release string, revision int) error, error) {
+// command line's settings (kubeconfig, context, credentials), through
+// clients built for that rollback alone, whose writes go through fence,
+// the one of the release's own lock: rollbacks of several releases may run
+// at once, each judged by its own lock.
+func controllerRollback(settings *helmcli.EnvSettings, driver string) func(ctx context.Context, fence *helmx.WriteFence, namespace, release string, revision int) error {
 	getter := settings.RESTClientGetter()
-	if err := helmx.WrapGetter(getter, helmx.DefaultWriteFence); err != nil {
-		return nil, err
+	return func(_ context.Context, fence *helmx.WriteFence, namespace, release string, revision int) error {
+		return helmRollback(fence.Getter(getter), namespace, driver, release, revision)
 	}
-	return func(_ context.Context, namespace, release string, revision int) error {
-		// Objects without a namespace go to the release's.
-		settings.SetNamespace(namespace)
-		return helmRollback(getter, namespace, driver, release, revision)
-	}, nil
 }
 
 // qpsSet reports whether the user chose a client-side rate limit (helm's

@@ -242,6 +242,11 @@ func helmRollback(getter genericclioptions.RESTClientGetter, namespace, driver, 
 	if err := cfg.Init(getter, namespace, driver); err != nil {
 		return fmt.Errorf("helm configuration: %w", err)
 	}
+	if kc, ok := cfg.KubeClient.(*kube.Client); ok {
+		// Objects without a namespace go to the release's, whatever
+		// namespace getter's configuration names.
+		kc.Namespace = namespace
+	}
 	rb := action.NewRollback(cfg)
 	rb.Version = revision
 	rb.Timeout = 5 * time.Minute

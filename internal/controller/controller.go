@@ -57,9 +57,11 @@ type Options struct {
 	// DeleteData is --recover-delete-data.
 	DeleteData bool
 	// Rollback rolls a release back with helm's own action for the
-	// rollback strategy, fenced by the caller; nil makes that strategy only
-	// mark the revision failed.
-	Rollback func(ctx context.Context, namespace, release string, revision int) error
+	// rollback strategy; nil makes that strategy only mark the revision
+	// failed. fence judges its writes by the release's own lock: every
+	// client of helm's it uses must be built through it (fence.Getter,
+	// fence.Wrap). Rollbacks of different releases may run at once.
+	Rollback func(ctx context.Context, fence *helmx.WriteFence, namespace, release string, revision int) error
 
 	LeaderElect             bool
 	LeaderElectionNamespace string
@@ -98,6 +100,14 @@ func recordSelector(user string) (labels.Selector, error) {
 		return nil, err
 	}
 	return sel.Add(*owner, *status), nil
+}
+
+// connect is the controller's connection to the cluster cfg points at.
+// Recovery's writes through it (converge's, marking revisions failed) are
+// judged by the fence of the lock each is made under, which the recovery
+// carries in its context (helmx.OwnWrites, Reconciler.recover).
+func connect(cfg *rest.Config, helmDriver string) (*protocol.Conn, error) {
+	return protocol.Connect(helmx.OwnWrites(cfg), clock.RealClock{}, helmDriver)
 }
 
 // Run runs the controller until ctx ends.
@@ -159,7 +169,7 @@ func Run(ctx context.Context, cfg *rest.Config, o Options) error {
 	}); err != nil {
 		return err
 	}
-	conn, err := protocol.Connect(cfg, clock.RealClock{}, o.HelmDriver)
+	conn, err := connect(cfg, o.HelmDriver)
 	if err != nil {
 		return err
 	}

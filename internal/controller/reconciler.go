@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -48,16 +47,6 @@ type Reconciler struct {
 	// backoff of a recovery that keeps failing.
 	mu      sync.Mutex
 	backoff map[string]retry
-	// rollbacks serializes recoveries that roll back with helm's action:
-	// the write fence on helm's clients guards one release at a time.
-	rollbacks sync.Mutex
-	// rollingBack is set while rollbacks is held: a parked release reads
-	// it without contending for the slot.
-	rollingBack atomic.Bool
-	// parked holds the releases (namespace/name) found to need a rollback
-	// while another release was rolling back: they are looked at again
-	// without a read until rollbacks is free (guarded by mu).
-	parked map[string]bool
 }
 
 // Reconcile implements reconcile.Reconciler.
@@ -67,9 +56,6 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	key := ns + "/" + rel
 	if wait := r.notYet(key); wait > 0 {
 		return reconcile.Result{RequeueAfter: wait}, nil
-	}
-	if r.stillParked(key) {
-		return reconcile.Result{RequeueAfter: waitersRequeue}, nil
 	}
 	res, err := r.reconcile(ctx, log, key, ns, rel)
 	if err != nil {
@@ -139,24 +125,13 @@ func (r *Reconciler) reconcile(ctx context.Context, log *slog.Logger, key, ns, r
 }
 
 // recover takes the release's lock and recovers it, as the recover command.
+//
+// Every write of the recovery (converge's, marking revisions failed, helm's
+// rollback) is judged by the write fence of this release's own lock: made
+// only while that lock is valid, bounded by its renew deadline, and never
+// after an earlier one was cut off. Other releases recovered at the same
+// time have fences of their own.
 func (r *Reconciler) recover(ctx context.Context, log *slog.Logger, key, ns, rel string, stores []*lock.Backend, rollsBack bool) (reconcile.Result, error) {
-	if rollsBack && r.Options.Rollback != nil {
-		// One rollback at a time (helm's clients share one write fence),
-		// settled before the lock is taken, so that no release stays locked
-		// while it waits; a busy worker does not wait either, it looks again
-		// shortly, so that slow rollbacks do not hold up other releases.
-		if !r.rollbacks.TryLock() {
-			r.park(key, true)
-			log.Debug("another release is being rolled back; looking again shortly", slog.Duration("again_in", waitersRequeue))
-			return reconcile.Result{RequeueAfter: waitersRequeue}, nil
-		}
-		r.rollingBack.Store(true)
-		defer func() {
-			r.rollingBack.Store(false)
-			r.rollbacks.Unlock()
-		}()
-		r.park(key, false)
-	}
 	req := lock.Request{
 		Release:     rel,
 		Namespace:   ns,
@@ -192,20 +167,24 @@ func (r *Reconciler) recover(ctx context.Context, log *slog.Logger, key, ns, rel
 		}
 	}()
 
+	// This lock's fence: the recovery's own writes carry it in their
+	// context (the connection's clients are helmx.OwnWrites), helm's
+	// rollback builds its clients through it.
+	fence := &helmx.WriteFence{}
+	if recs, err := r.Conn.Records(); err == nil {
+		defer fence.Guard(helmx.GuardedWrites{Namespace: ns, Release: rel, Resource: recs.Resource(), Lock: held})()
+	}
+	fenced := helmx.WithFence(ctx, fence)
 	var rollback func(string, int) error
 	if rollsBack && r.Options.Rollback != nil {
-		// helm's rollback writes through the fence, carrying this lock, as
-		// the CLI's (helmx.DefaultWriteFence on helm's clients).
-		recs, _ := r.Conn.Records()
-		defer helmx.DefaultWriteFence.Guard(helmx.GuardedWrites{Namespace: ns, Release: rel, Resource: recs.Resource(), Lock: held})()
 		rollback = func(release string, revision int) error {
-			return r.Options.Rollback(ctx, ns, release, revision)
+			return r.Options.Rollback(fenced, fence, ns, release, revision)
 		}
 	}
 	// Kinds installed since the last recovery (a CRD) must be known to
 	// undo what the abandoned revision applied.
 	r.Conn.RefreshDiscovery()
-	out, err := held.Recover(ctx, protocol.Procedure{
+	out, err := held.Recover(fenced, protocol.Procedure{
 		Policy:     r.Options.Policy,
 		Next:       lock.OpRecover,
 		Rollback:   rollback,
@@ -412,37 +391,6 @@ func (r *Reconciler) now() time.Time {
 		return time.Now()
 	}
 	return r.Clock.Now()
-}
-
-// park marks key as waiting for the rollback slot (on), or not.
-func (r *Reconciler) park(key string, on bool) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if !on {
-		delete(r.parked, key)
-		return
-	}
-	if r.parked == nil {
-		r.parked = map[string]bool{}
-	}
-	r.parked[key] = true
-}
-
-// stillParked reports whether key waits for the rollback slot and another
-// release still holds it: then nothing is read for key yet. A free slot
-// unparks it, and it is judged again from a fresh read.
-func (r *Reconciler) stillParked(key string) bool {
-	r.mu.Lock()
-	parked := r.parked[key]
-	r.mu.Unlock()
-	if !parked {
-		return false
-	}
-	if r.rollingBack.Load() {
-		return true
-	}
-	r.park(key, false)
-	return false
 }
 
 func (r *Reconciler) succeeded(key string) {

@@ -60,6 +60,20 @@ type HelmLock interface {
 	Deadline() time.Time
 }
 
+// ServerClockFeed is implemented by a HelmLock whose validity also depends
+// on the API server's clock (lock.Held.Valid stops a holder once that
+// clock has passed its LOCKED TILL, whatever its own clocks say). While the
+// fence guards it, every answer that passes the fence (helm's reads and
+// writes, the fence's own reads) goes through the RoundTripper
+// FeedServerClock returns, which records its Date header: a holder whose
+// clocks stood still (a virtual machine stopped and resumed) learns the
+// server's time from the first answer it reads after it resumed, and helm
+// reads before it writes (the object it is about to patch, the records the
+// fence lists), so the write that follows is refused.
+type ServerClockFeed interface {
+	FeedServerClock(next http.RoundTripper) http.RoundTripper
+}
+
 // RecordWriteNoter is implemented by a HelmLock that wants the metadata
 // of each record write of the guarded release the fence made and the
 // server accepted, as the server returned it: a read of the records not
@@ -295,8 +309,47 @@ func (w *WriteFence) updateStarted() (<-chan struct{}, func()) {
 	}
 }
 
-// DefaultWriteFence is the fence on helm's command tree (InstallOnHelm).
+// DefaultWriteFence is the fence on helm's command tree (InstallOnHelm):
+// the CLI runs one guarded operation at a time. A process that holds
+// several locks at once (the controller) gives each lock a WriteFence of
+// its own and carries it to the writes made under it: in their context for
+// its own clients (WithFence, OwnWrites), in the clients it builds for
+// helm's actions (Wrap, Getter).
 var DefaultWriteFence = &WriteFence{}
+
+// fenceKey carries, in a context, the fence that judges the writes made
+// under it (WithFence).
+type fenceKey struct{}
+
+// WithFence returns ctx for requests made under w's lock: on clients built
+// from OwnWrites, their writes are judged by w.
+func WithFence(ctx context.Context, w *WriteFence) context.Context {
+	return context.WithValue(ctx, fenceKey{}, w)
+}
+
+// FenceOf returns the fence WithFence put in ctx, nil when none.
+func FenceOf(ctx context.Context) *WriteFence {
+	w, _ := ctx.Value(fenceKey{}).(*WriteFence)
+	return w
+}
+
+// OwnWrites returns a copy of cfg for this tool's own clients in a process
+// that holds several locks at once (the controller: its recovery's record
+// and object writes). A write whose context carries a fence (WithFence)
+// that guards a lock is judged by it as helm's writes are by theirs: it is
+// refused once the lock is no longer valid or once an earlier write under
+// it was cut off, and it is sent with the lock's renew deadline on its
+// context and as the API server's own request timeout; every answer read
+// under such a context feeds the lock's clock (ServerClockFeed). Unlike
+// helm's, these writes are sent as they are: they are conditional on the
+// resourceVersion they read and keep the lock annotations they read, which
+// the fence's rewrite of helm's record writes would undo. Requests whose
+// context carries no fence go out untouched.
+func OwnWrites(cfg *rest.Config) *rest.Config {
+	out := rest.CopyConfig(cfg)
+	out.Wrap(func(rt http.RoundTripper) http.RoundTripper { return &fenceRT{next: rt, ownWrites: true} })
+	return out
+}
 
 // Guard makes w fence the writes of g until the returned function is called.
 func (w *WriteFence) Guard(g GuardedWrites) (stop func()) {
@@ -357,9 +410,35 @@ func (w *WriteFence) Wrap(cfg *rest.Config) *rest.Config {
 	return out
 }
 
+// Getter returns a REST client getter for helm's actions run under w's
+// lock beside others (the controller's rollbacks, each under its release's
+// lock): every client helm builds from it goes through w (Wrap), while
+// discovery and the REST mapper, which only read, are base's and shared.
+func (w *WriteFence) Getter(base genericclioptions.RESTClientGetter) genericclioptions.RESTClientGetter {
+	return fencedGetter{RESTClientGetter: base, w: w}
+}
+
+type fencedGetter struct {
+	genericclioptions.RESTClientGetter
+	w *WriteFence
+}
+
+func (g fencedGetter) ToRESTConfig() (*rest.Config, error) {
+	cfg, err := g.RESTClientGetter.ToRESTConfig()
+	if err != nil {
+		return nil, err
+	}
+	return g.w.Wrap(cfg), nil
+}
+
+// fenceRT is the fence's transport. w is the fence it serves; nil (own)
+// takes it from each request's context (WithFence).
 type fenceRT struct {
 	next http.RoundTripper
 	w    *WriteFence
+	// ownWrites marks this tool's own writes (OwnWrites): judged, and
+	// sent as they are.
+	ownWrites bool
 }
 
 // recordPath matches a namespaced core collection or object path. It is not
@@ -390,8 +469,19 @@ func (f *fenceRT) RoundTrip(req *http.Request) (*http.Response, error) {
 }
 
 func (f *fenceRT) roundTrip(req *http.Request) (*http.Response, error) {
-	g := f.w.cur.Load()
-	if g == nil || !isWrite(req.Method) {
+	w := f.w
+	if w == nil {
+		w = FenceOf(req.Context())
+	}
+	var g *GuardedWrites
+	if w != nil {
+		g = w.cur.Load()
+	}
+	if g == nil {
+		return f.next.RoundTrip(req)
+	}
+	f = f.judgedBy(w, g)
+	if !isWrite(req.Method) {
 		return f.next.RoundTrip(req)
 	}
 	ended, err := f.w.writeStarted()
@@ -402,23 +492,23 @@ func (f *fenceRT) roundTrip(req *http.Request) (*http.Response, error) {
 	defer ended()
 	if err := g.Lock.Valid(); err != nil {
 		closeBody(req)
-		return nil, fmt.Errorf("helm-autorecover: refused helm's %s %s for release %q in namespace %q: %w", req.Method, req.URL.Path, g.Release, g.Namespace, err)
+		return nil, fmt.Errorf("helm-autorecover: refused %s %s %s for release %q in namespace %q: %w", f.whose(), req.Method, req.URL.Path, g.Release, g.Namespace, err)
 	}
 	if cut := f.w.cut.Load(); cut != nil {
 		closeBody(req)
-		return nil, fmt.Errorf("helm-autorecover: refused helm's %s %s for release %q in namespace %q: an earlier write of this operation was cut off: %w", req.Method, req.URL.Path, g.Release, g.Namespace, *cut)
+		return nil, fmt.Errorf("helm-autorecover: refused %s %s %s for release %q in namespace %q: an earlier write of this operation was cut off: %w", f.whose(), req.Method, req.URL.Path, g.Release, g.Namespace, *cut)
 	}
 	parent := req.Context()
 	deadline := g.Lock.Deadline()
 	if deadline.IsZero() {
-		return f.route(req, g)
+		return f.dispatch(req, g)
 	}
 	if !time.Now().Before(deadline) {
 		closeBody(req)
 		return nil, f.cutOff(req, g, context.DeadlineExceeded)
 	}
 	ctx, cancel := context.WithDeadline(parent, deadline)
-	resp, err := f.route(req.WithContext(ctx), g)
+	resp, err := f.dispatch(req.WithContext(ctx), g)
 	if parent.Err() == nil && !time.Now().Before(deadline) && (err != nil || resp.StatusCode >= http.StatusBadRequest) {
 		// Our deadline, not the caller's, ended the request: it did not
 		// complete in time, and may not land later (the server's own
@@ -443,10 +533,37 @@ func (f *fenceRT) roundTrip(req *http.Request) (*http.Response, error) {
 	return resp, nil
 }
 
+// judgedBy is f for one request judged by w, which guards g: its answers
+// feed the lock's clock when the lock wants them (ServerClockFeed).
+func (f *fenceRT) judgedBy(w *WriteFence, g *GuardedWrites) *fenceRT {
+	next := f.next
+	if feed, ok := g.Lock.(ServerClockFeed); ok {
+		next = feed.FeedServerClock(next)
+	}
+	return &fenceRT{next: next, w: w, ownWrites: f.ownWrites}
+}
+
+// whose names the writer of the requests f fences, for errors.
+func (f *fenceRT) whose() string {
+	if f.ownWrites {
+		return "the recovery's"
+	}
+	return "helm's"
+}
+
+// dispatch sends a write the lock allowed: this tool's own as it is, helm's
+// fenced as its target requires (route).
+func (f *fenceRT) dispatch(req *http.Request, g *GuardedWrites) (*http.Response, error) {
+	if f.ownWrites {
+		return f.send(req)
+	}
+	return f.route(req, g)
+}
+
 // cutOff is the error of helm's write that the lock's renew deadline ended.
 func (f *fenceRT) cutOff(req *http.Request, g *GuardedWrites, cause error) error {
-	err := fmt.Errorf("helm-autorecover: helm's %s %s for release %q in namespace %q did not complete before the lock's renew deadline and was cut off (%w), so it cannot land after another client may have taken the release over; the operation stops, and the next one recovers the release: %w",
-		req.Method, req.URL.Path, g.Release, g.Namespace, cause, lock.ErrLost)
+	err := fmt.Errorf("helm-autorecover: %s %s %s for release %q in namespace %q did not complete before the lock's renew deadline and was cut off (%w), so it cannot land after another client may have taken the release over; the operation stops, and the next one recovers the release: %w",
+		f.whose(), req.Method, req.URL.Path, g.Release, g.Namespace, cause, lock.ErrLost)
 	f.w.cut.CompareAndSwap(nil, &err)
 	return err
 }

@@ -313,6 +313,15 @@ func (h *Held) validLocked() error {
 	case !h.b.clock.Now().Before(h.deadlineLocked()):
 		return h.loseLocked(fmt.Errorf("lock on release %q in namespace %q was not renewed before its renew deadline (lease %s less margin %s after the last renewal was sent); stop writing: %w", h.req.Release, h.req.Namespace, h.req.LeaseDuration, h.b.renewMargin(), ErrLost))
 	}
+	if h.b.time == nil {
+		return nil
+	}
+	// The local deadline above stands still with this process's clocks;
+	// the API server's clock does not (see ServerPassedLockedTill).
+	if now, ok := h.b.time.Now(); ServerPassedLockedTill(h.rec.LockedTill, now, ok, h.b.renewMargin()) {
+		return h.loseLocked(fmt.Errorf("lock on release %q in namespace %q: the API server's clock reads at least %s, past its LOCKED TILL %s less the renew margin %s, though this process's clocks say its renew deadline has not come (they stood still: a paused or restored virtual machine, a restored snapshot); another client may have taken the release over; stop writing: %w",
+			h.req.Release, h.req.Namespace, now.Earliest.UTC().Format(time.RFC3339Nano), h.rec.LockedTill.UTC().Format(time.RFC3339Nano), h.b.renewMargin(), ErrLost))
+	}
 	return nil
 }
 

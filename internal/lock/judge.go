@@ -72,6 +72,37 @@ func Judge(rec *Record, spec *coordinationv1.LeaseSpec, now servertime.Bounds, m
 	return Live
 }
 
+// ServerPassedLockedTill reports whether a holder must stop writing under
+// its lock because the API server's clock, by the lower bound now gives
+// (known false: nothing observed yet), has reached lockedTill, the holder's
+// own LOCKED TILL as it last wrote it, less margin (the renew margin),
+// whatever the holder's local clocks say. Its local renew deadline comes
+// first as long as those clocks run; this rule catches clocks that stood
+// still while the world went on: a virtual machine stopped and resumed, a
+// memory snapshot or a CRIU image restored, where CLOCK_MONOTONIC and
+// CLOCK_BOOTTIME both stop, and a client judging by the server's clock may
+// take the lock over meanwhile.
+//
+// It can only end a holder's tenure early: a Date header that lies (a
+// server clock stepped forward, a proxy) at worst stops this holder, and
+// never lets anyone take a lock over (that is Judge's, with its margin, and
+// Confirm's on the taker's own clock).
+//
+// The lower bound is the right one to stop by: a Date header is truncated
+// to the second, so the server's clock is at least the bound, and up to a
+// second more. A taker needs its own lower bound past lockedTill plus the
+// takeover margin, so the server's clock is past that too; one Date header
+// read by the holder afterwards gives a lower bound less than a second
+// behind it, already past lockedTill less the renew margin (a second, no
+// less than the header's resolution less the takeover margin). The first
+// answer the holder reads after its clocks resumed thus stops it.
+func ServerPassedLockedTill(lockedTill time.Time, now servertime.Bounds, known bool, margin time.Duration) bool {
+	if !known || lockedTill.IsZero() || now.Earliest.IsZero() {
+		return false
+	}
+	return !now.Earliest.Before(lockedTill.Add(-margin))
+}
+
 // LockedTill returns the server time until which the holder named in spec may
 // write, and false when it cannot be told. It is the later of the record's
 // LockedTill (when the record belongs to the holder named in the spec) and

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -150,6 +151,18 @@ func (l *Lock) Deadline() time.Time {
 	// overstated.
 	now := time.Now()
 	return now.Add(d.Sub(l.conn.clock.Now()))
+}
+
+// FeedServerClock is how the write fence (helmx.ServerClockFeed) passes
+// every answer it sees under this lock, helm's included, through the
+// connection's estimate of the API server's clock, by which the lock also
+// stops (lock.ServerPassedLockedTill): a holder whose clocks stood still
+// learns from helm's first read after it resumed that its lock ran out.
+func (l *Lock) FeedServerClock(next http.RoundTripper) http.RoundTripper {
+	if l.conn == nil || l.conn.est == nil {
+		return next
+	}
+	return l.conn.est.WrapTransport(next)
 }
 
 // RecordWritten is how the write fence (helmx.RecordWriteNoter) tells the

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"k8s.io/client-go/tools/clientcmd"
@@ -36,6 +37,12 @@ type AuditEvent struct {
 // cluster writes its audit log in blocking mode: a write is in it by the
 // time its client has the answer.
 func ReadAuditWrites(path, ns string) ([]AuditEvent, error) {
+	return ReadAuditWritesOf(path, ns, "secrets", "leases")
+}
+
+// ReadAuditWritesOf is ReadAuditWrites for writes to the given resources
+// (the local cluster audits secrets, configmaps and leases).
+func ReadAuditWritesOf(path, ns string, resources ...string) ([]AuditEvent, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, fmt.Errorf("audit log: %w", err)
@@ -54,7 +61,7 @@ func ReadAuditWrites(path, ns string) ([]AuditEvent, error) {
 		default:
 			continue
 		}
-		if e.ObjectRef.Resource != "secrets" && e.ObjectRef.Resource != "leases" {
+		if !slices.Contains(resources, e.ObjectRef.Resource) {
 			continue
 		}
 		if e.ResponseStatus == nil || e.ResponseStatus.Code >= 300 || e.ImpersonatedUser == nil {
@@ -66,6 +73,17 @@ func ReadAuditWrites(path, ns string) ([]AuditEvent, error) {
 		return nil, fmt.Errorf("reading audit log %s: %w", path, err)
 	}
 	return out, nil
+}
+
+// AuditLog is the path of the local cluster's audit log
+// ($LOCAL_CLUSTER_DIR/logs/audit.log, by default under .local-cluster/ in
+// the repository).
+func AuditLog() string {
+	dir := os.Getenv("LOCAL_CLUSTER_DIR")
+	if dir == "" {
+		dir = filepath.Join(RepoRoot(), ".local-cluster")
+	}
+	return filepath.Join(dir, "logs", "audit.log")
 }
 
 // ImpersonatingKubeconfig writes into dir a copy of the admin kubeconfig
