@@ -7,7 +7,8 @@
 # Each archive holds the plugin's files at its top level, with no folder
 # around them and no "./" entry: plugin.yaml, plugin.complete,
 # hack/plugin-exec.sh, bin/helm-autorecover (.exe on windows), README.md,
-# CHANGELOG.md; each folder's entry comes before the files in it. That is
+# CHANGELOG.md, docs/*.md (--help points at docs/exit-codes.md); each
+# folder's entry comes before the files in it. That is
 # the layout `helm plugin install <URL of the .tar.gz>` takes on helm v3
 # (which looks for plugin.yaml at the top and creates folders one by one)
 # and helm v4 (README.md, "Install", says which ways work).
@@ -33,7 +34,7 @@ stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 # The archive's entries, in this order: tar and zip write a folder's entry
 # before its files.
-entries=(plugin.yaml plugin.complete README.md CHANGELOG.md hack bin)
+entries=(plugin.yaml plugin.complete README.md CHANGELOG.md docs hack bin)
 names=()
 for p in $platforms; do
   os=${p%/*}
@@ -42,7 +43,7 @@ for p in $platforms; do
   exe=helm-autorecover
   [ "$os" = windows ] && exe=helm-autorecover.exe
   dir="$stage/$name"
-  mkdir -p "$dir/bin" "$dir/hack"
+  mkdir -p "$dir/bin" "$dir/hack" "$dir/docs"
   echo "dist: $name" >&2
   if [ -n "${DIST_BINARY:-}" ]; then
     cp "$DIST_BINARY" "$dir/bin/$exe"
@@ -51,6 +52,9 @@ for p in $platforms; do
   fi
   cp plugin.yaml plugin.complete README.md CHANGELOG.md "$dir/"
   cp hack/plugin-exec.sh "$dir/hack/"
+  # The docs --help and the README point at (docs/exit-codes.md among
+  # them), without the benchmarks' plots and data.
+  cp docs/*.md "$dir/docs/"
   if [ "$os" = windows ]; then
     # A .zip, as Windows users (and helm's own releases) have them; python3
     # is one of the build's requirements, zip is not.

@@ -207,7 +207,7 @@ func TestDistArchivesInstall(t *testing.T) {
 		for _, f := range z.File {
 			names = append(names, f.Name)
 		}
-		for _, want := range []string{"plugin.yaml", "bin/helm-autorecover.exe", "hack/plugin-exec.sh"} {
+		for _, want := range []string{"plugin.yaml", "bin/helm-autorecover.exe", "hack/plugin-exec.sh", "docs/exit-codes.md"} {
 			if !slices.Contains(names, want) {
 				t.Errorf("%s holds %v; want %s at its top", zipName, names, want)
 			}
