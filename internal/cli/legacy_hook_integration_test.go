@@ -49,14 +49,41 @@ func TestIntegrationLegacyWaitsForRunningHook(t *testing.T) {
 	p.Kill(t)
 	t.Logf("killed stock helm's upgrade of %s while its hook Job %s/%s runs", rel, x.ns, job)
 
-	// Past the legacy age (1 s, and the second of the timestamps'
-	// resolution), recover is refused for the running hook.
+	// Past the legacy age, a hook as old as the revision is no sign of a
+	// live helm (helm waits for one hook at most its --timeout, which the
+	// legacy age exceeds): the dry run calls the revision recoverable.
+	const legacy = "15s"
+	x.waitFor(time.Minute, "the revision to be older than "+legacy, func() (bool, string) {
+		r := x.env.Run(t, x.ha, "recover", rel, "--recover-legacy-after", legacy, "-n", x.ns, "--dry-run")
+		return r.ExitCode == 0 && strings.Contains(r.Stdout, "recoverable"), "stdout:\n" + r.Stdout + "\nstderr:\n" + r.Stderr
+	})
+	// A helm still at work has created its current hook within its
+	// --timeout: the hook Job made again now stands for one created late
+	// (a post-upgrade hook after a long --wait).
+	propagation := metav1.DeletePropagationForeground
+	if err := x.env.Client.BatchV1().Jobs(x.ns).Delete(ctx, job, metav1.DeleteOptions{PropagationPolicy: &propagation}); err != nil {
+		t.Fatal(err)
+	}
+	x.waitFor(time.Minute, "the old hook Job to be gone", func() (bool, string) {
+		_, err := x.env.Client.BatchV1().Jobs(x.ns).Get(ctx, job, metav1.GetOptions{})
+		return apierrors.IsNotFound(err), fmt.Sprint(err)
+	})
+	if _, err := x.env.Client.BatchV1().Jobs(x.ns).Create(ctx, &batchv1.Job{
+		ObjectMeta: metav1.ObjectMeta{Name: job, Annotations: map[string]string{"helm.sh/hook": "pre-upgrade"}},
+		Spec: batchv1.JobSpec{Template: corev1.PodTemplateSpec{Spec: corev1.PodSpec{
+			RestartPolicy: corev1.RestartPolicyNever,
+			NodeSelector:  map[string]string{hold: "yes"},
+			Containers:    []corev1.Container{{Name: "hook", Image: "registry.example/hook:1.0"}},
+		}}},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
 	var res struct {
 		code           int
 		stdout, stderr string
 	}
-	x.waitFor(time.Minute, "recover to judge the revision old enough and refuse it for its hook", func() (bool, string) {
-		r := x.env.Run(t, x.ha, "recover", rel, "--recover-legacy-after", "1s", "-n", x.ns)
+	x.waitFor(time.Minute, "recover to refuse the revision for its hook", func() (bool, string) {
+		r := x.env.Run(t, x.ha, "recover", rel, "--recover-legacy-after", legacy, "-n", x.ns)
 		res.code, res.stdout, res.stderr = r.ExitCode, r.Stdout, r.Stderr
 		if r.ExitCode != exitcode.Pending {
 			t.Fatalf("recover of a legacy revision whose hook Job runs: exit %d; want %d (pending)\nstdout:\n%s\nstderr:\n%s", r.ExitCode, exitcode.Pending, r.Stdout, r.Stderr)
@@ -65,7 +92,7 @@ func TestIntegrationLegacyWaitsForRunningHook(t *testing.T) {
 	})
 	t.Logf("recover refused:\n%s%s", res.stdout, res.stderr)
 	wantContains(t, "recover's refusal", res.stdout+res.stderr, "not recoverable now (its helm may still be at work; looked at again in 30s)",
-		fmt.Sprintf("its hook Job %s/%s", x.ns, job), "is still running: a helm process may still be at work on it", "at least --recover-legacy-after 1s")
+		fmt.Sprintf("its hook Job %s/%s", x.ns, job), "is still running: a helm process may still be at work on it", "at least --recover-legacy-after "+legacy)
 	if got := strings.Join(x.env.Summary(t, x.ns, rel), " "); got != "1:deployed 2:pending-upgrade" {
 		t.Fatalf("history after the refusal %s; want it untouched (1:deployed 2:pending-upgrade)", got)
 	}
@@ -86,7 +113,7 @@ func TestIntegrationLegacyWaitsForRunningHook(t *testing.T) {
 		return false, fmt.Sprintf("job status %+v", j.Status)
 	})
 
-	r := x.run(0, "recover", rel, "--recover-legacy-after", "1s")
+	r := x.run(0, "recover", rel, "--recover-legacy-after", legacy)
 	t.Logf("recover once the hook finished:\n%s", r.Stdout)
 	if got := strings.Join(x.env.Summary(t, x.ns, rel), " "); got != "1:deployed 2:failed" {
 		t.Errorf("history after the recovery %s; want 1:deployed 2:failed", got)

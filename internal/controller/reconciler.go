@@ -174,6 +174,10 @@ func (r *Reconciler) recover(ctx context.Context, log *slog.Logger, key, ns, rel
 	if recs, err := r.Conn.Records(); err == nil {
 		defer fence.Guard(helmx.GuardedWrites{Namespace: ns, Release: rel, Resource: recs.Resource(), Lock: held})()
 	}
+	// Before the lock is given back (deferred above, so run after this),
+	// no write let through may still land: one that got no answer (a
+	// reset connection) may commit until its deadline.
+	defer fence.Drain()
 	fenced := helmx.WithFence(ctx, fence)
 	var rollback func(string, int) error
 	if rollsBack && r.Options.Rollback != nil {

@@ -625,8 +625,9 @@ func (f *fenceRT) send(req *http.Request) (*http.Response, error) {
 		}
 	}
 	resp, err := f.next.RoundTrip(req)
-	if dl, ok := req.Context().Deadline(); ok && err != nil && isWrite(req.Method) {
-		// No answer: the API server may still commit it until its
+	if dl, ok := req.Context().Deadline(); ok && isWrite(req.Method) && (err != nil || resp.StatusCode >= http.StatusInternalServerError) {
+		// No answer, or a 5xx (the API server's timeout filter answers 504
+		// while the handler goes on): it may still commit until its
 		// deadline, the timeout it was sent with (see Drain).
 		f.w.unansweredUntil(dl)
 	}

@@ -272,7 +272,16 @@ func (c *Conn) Recover(ctx context.Context, p Procedure) (Outcome, error) {
 		if dec.Verdict != recovery.RecoverThenRollback {
 			return out, nil
 		}
-		out.NotRolledBack = whyNotRolledBack(p, dec.RollbackTo, out.Converged.HeldBack())
+		held := out.Converged.HeldBack()
+		if !defersRemovals(p.Next) && !out.Converged.Deferred.Empty() {
+			// helm's rollback follows at once: it deletes what only the
+			// abandoned revision rendered, by helm's rules. It may run only
+			// when recovery's own rules would delete each of them too (a
+			// dry run of their removal against the rollback's target);
+			// otherwise everything stays, recorded for the next upgrade.
+			held = c.rollbackKeeps(ctx, p, dec.Target.Release, held)
+		}
+		out.NotRolledBack = whyNotRolledBack(p, dec.RollbackTo, held)
 		switch {
 		case out.NotRolledBack != "" && p.Rollback == nil:
 			// The caller rolls back itself (pkg/autorecover): told not to.
@@ -420,6 +429,32 @@ func (c *Conn) converge(ctx context.Context, p Procedure, out *Outcome, abandone
 	}
 	return fmt.Errorf("release %q in namespace %q: %w: abandoned revision %d stays pending and %s: %w",
 		p.Release, p.Namespace, ErrConverge, abandoned.Revision, next, err)
+}
+
+// rollbackKeeps returns held without the objects only the abandoned
+// revision rendered that recovery's rules would delete against the last
+// deployed revision (a dry run: nothing is written), so that those alone
+// that recovery keeps (data, keep, adopted, unowned) hold helm's rollback
+// back. A dry run that cannot tell keeps held whole.
+func (c *Conn) rollbackKeeps(ctx context.Context, p Procedure, abandoned helmx.Summary, held []recovery.ObjectRef) []recovery.ObjectRef {
+	rep, err := recovery.ConvergeAbandoned(ctx, c.clusterAccess, c.records, abandoned,
+		recovery.ConvergeOptions{DryRun: true, DeleteData: p.DeleteData})
+	if err != nil {
+		return held
+	}
+	goes := map[recovery.ObjectRef]bool{}
+	for _, o := range rep.Objects {
+		if o.Action == recovery.ActionDeleted {
+			goes[o.Object] = true
+		}
+	}
+	var out []recovery.ObjectRef
+	for _, o := range held {
+		if !goes[o] {
+			out = append(out, o)
+		}
+	}
+	return out
 }
 
 // defersRemovals reports whether the objects only the abandoned revision

@@ -84,11 +84,11 @@ func TestRecoverLooksForHelmAtWork(t *testing.T) {
 		reasonHas string
 	}{
 		{
-			name: "a hook Job still runs", objs: []runtime.Object{hookJob(created.Add(time.Second), "")},
-			verdict: recovery.Blocked, reasonHas: "its hook Job shop/web-migrate, created at 2026-12-03T11:00:01Z, is still running",
+			name: "a hook Job still runs", objs: []runtime.Object{hookJob(created.Add(50*time.Minute+time.Second), "")},
+			verdict: recovery.Blocked, reasonHas: "its hook Job shop/web-migrate, created at 2026-12-03T11:50:01Z, is still running",
 		},
 		{
-			name: "the Job completed, a hook Pod in another namespace runs", objs: []runtime.Object{hookJob(created.Add(time.Second), batchv1.JobComplete), hookPod(created.Add(time.Minute), corev1.PodRunning)},
+			name: "the Job completed, a hook Pod in another namespace runs", objs: []runtime.Object{hookJob(created.Add(time.Second), batchv1.JobComplete), hookPod(created.Add(50*time.Minute), corev1.PodRunning)},
 			verdict: recovery.Blocked, reasonHas: "its hook Pod other/web-check",
 		},
 		{
@@ -189,7 +189,7 @@ func TestRecoverLooksForGeneratedHooks(t *testing.T) {
 		t.Fatal(err)
 	}
 	job := func(name string, done batchv1.JobConditionType) *batchv1.Job {
-		j := hookJob(created.Add(time.Second), done)
+		j := hookJob(created.Add(50*time.Minute), done)
 		j.Name = name
 		return j
 	}

@@ -470,7 +470,7 @@ func Decide(in Input) Decision {
 		}
 		oldEnough := fmt.Sprintf("%s; pending since %s, age %s, at least %s %s",
 			reason, stamp(target.PendingSince), age(target.Age), hints.LegacyAfter, in.Policy.LegacyAfter)
-		if d, held := atWork(target, in.Work, oldEnough); held {
+		if d, held := atWork(target, in.Work, in.Now, in.Policy.LegacyAfter, oldEnough); held {
 			return d
 		}
 		reason = oldEnough + "; it is abandoned"
@@ -514,7 +514,7 @@ func Decide(in Input) Decision {
 // held back while its helm shows signs of being at work (work, as the
 // caller found it), or until the caller has looked. reason says why the
 // revision is otherwise recoverable.
-func atWork(target Abandonment, work Work, reason string) (Decision, bool) {
+func atWork(target Abandonment, work Work, now ServerTime, legacyAfter time.Duration, reason string) (Decision, bool) {
 	d := Decision{Verdict: Blocked, Target: target}
 	switch {
 	case !work.Looked:
@@ -534,9 +534,14 @@ func atWork(target Abandonment, work Work, reason string) (Decision, bool) {
 	if target.Release.Status == common.StatusUninstalling || since.IsZero() {
 		since = target.PendingSince
 	}
+	// A hook older than the legacy age is no sign of a live helm: helm
+	// waits for one hook at most its --timeout, which that age exceeds
+	// (docs/protocol.md, "Legacy revisions"); one stuck since (a Pod that
+	// never schedules, a suspended Job) would hold the release for ever.
 	var running []HookObject
 	for _, h := range work.Hooks {
-		if !h.Finished && (h.Created.IsZero() || !h.Created.Before(since)) {
+		stale := !h.Created.IsZero() && now.known() && now.Earliest.Sub(h.Created) >= legacyAfter
+		if !h.Finished && !stale && (h.Created.IsZero() || !h.Created.Before(since)) {
 			running = append(running, h)
 		}
 	}

@@ -803,19 +803,22 @@ func TestDecideHelmStillAtWork(t *testing.T) {
 		{name: "looked, no hook", in: Input{History: pending, Work: looked}, verdict: Recover},
 		{
 			name:    "a hook Job created after the revision still runs",
-			in:      Input{History: pending, Work: Work{Looked: true, Hooks: []HookObject{job("web-migrate", created.Add(2*time.Second), false)}}},
+			in:      Input{History: pending, Work: Work{Looked: true, Hooks: []HookObject{job("web-migrate", created.Add(50*time.Minute+2*time.Second), false)}}},
 			verdict: Blocked, retry: HookRecheck,
-			reasonHas: "at least --recover-legacy-after 15m0s, but its hook Job shop/web-migrate, created at 2026-03-01T11:00:02Z, is still running: a helm process may still be at work on it. Retry in 30s",
+			reasonHas: "at least --recover-legacy-after 15m0s, but its hook Job shop/web-migrate, created at 2026-03-01T11:50:02Z, is still running: a helm process may still be at work on it. Retry in 30s",
 		},
 		{
-			name:    "a hook Job created in the revision's own second counts",
-			in:      Input{History: pending, Work: Work{Looked: true, Hooks: []HookObject{job("web-migrate", created, false)}}},
-			verdict: Blocked, retry: HookRecheck, reasonHas: "hook Job shop/web-migrate",
+			// helm waits for one hook at most its --timeout, which the
+			// legacy age exceeds: one stuck since (a Pod that never
+			// schedules) would hold the release for ever (review 2).
+			name:    "a hook Job as old as the legacy age does not hold it back",
+			in:      Input{History: pending, Work: Work{Looked: true, Hooks: []HookObject{job("web-migrate", created, false), pod("web-check", t0.Add(time.Second-15*time.Minute), false)}}},
+			verdict: Recover,
 		},
 		{
 			name:    "a running hook Pod",
-			in:      Input{History: pending, Work: Work{Looked: true, Hooks: []HookObject{job("web-done", created.Add(time.Second), true), pod("web-check", created.Add(time.Minute), false), job("web-seed", created.Add(time.Minute), false)}}},
-			verdict: Blocked, retry: HookRecheck, reasonHas: "its hook Pod shop/web-check (and 1 more), created at 2026-03-01T11:01:00Z, is still running",
+			in:      Input{History: pending, Work: Work{Looked: true, Hooks: []HookObject{job("web-done", created.Add(time.Second), true), pod("web-check", created.Add(51*time.Minute), false), job("web-seed", created.Add(51*time.Minute), false)}}},
+			verdict: Blocked, retry: HookRecheck, reasonHas: "its hook Pod shop/web-check (and 1 more), created at 2026-03-01T11:51:00Z, is still running",
 		},
 		{
 			name:    "a hook whose creation time is unknown counts",
@@ -845,7 +848,7 @@ func TestDecideHelmStillAtWork(t *testing.T) {
 		},
 		{
 			name:    "uninstalling: a pre-delete hook created after the uninstall's write",
-			in:      Input{History: uninstalling, Work: Work{Looked: true, Hooks: []HookObject{job("web-cleanup", created.Add(time.Second), false)}}},
+			in:      Input{History: uninstalling, Work: Work{Looked: true, Hooks: []HookObject{job("web-cleanup", created.Add(50*time.Minute), false)}}},
 			verdict: Blocked, retry: HookRecheck, reasonHas: "hook Job shop/web-cleanup",
 		},
 		{

@@ -483,6 +483,10 @@ func (l *Lock) SetRevision(ctx context.Context, rev int) error {
 // written since does not render; see Lock.Recover.
 func (l *Lock) Release(ctx context.Context) error {
 	_ = l.finishRecovery(ctx) // (a lost lock: Release has nothing to give back either)
+	// No write of helm's let through may land once the lock is free: an
+	// operation cancelled by its context may have one in flight (helm's
+	// upgrade goroutine goes on after it returned).
+	l.fence.Drain()
 	err := l.held.Release(ctx)
 	if errors.Is(err, ErrLost) {
 		// Someone else holds it now or deleted it: nothing is left to give back.

@@ -46,7 +46,7 @@ import (
 func TestEmbedMixedClients(t *testing.T) {
 	env := testenv.Get(t)
 	ha := env.Bin(t)
-	auditLog := filepath.Join(testenv.RepoRoot(), ".local-cluster", "logs", "audit.log")
+	auditLog := testenv.AuditLog()
 	if _, err := os.Stat(auditLog); err != nil {
 		t.Fatalf("this test reads the local cluster's audit log: %v", err)
 	}

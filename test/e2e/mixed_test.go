@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"os"
-	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -32,7 +31,7 @@ func TestMixedBackendsNeverOverlap(t *testing.T) {
 	chart := env.Chart("app")
 	ns := env.Namespace(t)
 	const rel = "mixed"
-	auditLog := filepath.Join(testenv.RepoRoot(), ".local-cluster", "logs", "audit.log")
+	auditLog := testenv.AuditLog()
 	if _, err := os.Stat(auditLog); err != nil {
 		t.Fatalf("this test reads the local cluster's audit log: %v", err)
 	}

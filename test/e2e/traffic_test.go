@@ -49,7 +49,7 @@ func lockTraffic(t *testing.T, backend string, waiters int) {
 	chart := env.Chart("app")
 	ns := env.Namespace(t)
 	const rel = "big"
-	auditLog := filepath.Join(testenv.RepoRoot(), ".local-cluster", "logs", "audit.log")
+	auditLog := testenv.AuditLog()
 	if _, err := os.Stat(auditLog); err != nil {
 		t.Fatalf("this test reads the local cluster's audit log: %v", err)
 	}
