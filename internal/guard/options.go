@@ -38,15 +38,11 @@ type Options struct {
 
 // Environment variables behind the flags.
 const (
-	EnvLockBackend   = "HELM_AUTORECOVER_LOCK_BACKEND"
-	EnvLeaseDuration = "HELM_AUTORECOVER_LEASE_DURATION"
-	EnvLockTimeout   = "HELM_AUTORECOVER_LOCK_TIMEOUT"
-	EnvLockMaxHold   = "HELM_AUTORECOVER_LOCK_MAX_HOLD"
-	EnvAutorecover   = "HELM_AUTORECOVER_AUTORECOVER"
-	// usageWithoutOperation annotates a flag with its usage for the
-	// commands that run no helm operation after recovery (recover, the
-	// controller): UseWithoutOperation puts it in place.
-	usageWithoutOperation = "helm-autorecover/usage-without-operation"
+	EnvLockBackend        = "HELM_AUTORECOVER_LOCK_BACKEND"
+	EnvLeaseDuration      = "HELM_AUTORECOVER_LEASE_DURATION"
+	EnvLockTimeout        = "HELM_AUTORECOVER_LOCK_TIMEOUT"
+	EnvLockMaxHold        = "HELM_AUTORECOVER_LOCK_MAX_HOLD"
+	EnvAutorecover        = "HELM_AUTORECOVER_AUTORECOVER"
 	EnvRecoverLegacyAfter = "HELM_AUTORECOVER_RECOVER_LEGACY_AFTER"
 	EnvRecoverStrategy    = "HELM_AUTORECOVER_RECOVER_STRATEGY"
 	EnvRecoverDeleteData  = "HELM_AUTORECOVER_RECOVER_DELETE_DATA"
@@ -243,6 +239,11 @@ func (o *Options) policy() recovery.Policy {
 		Hints:       recovery.CLIHints,
 	}
 }
+
+// usageWithoutOperation annotates a flag with its usage for the commands
+// that run no helm operation after recovery (recover, unlock, the
+// controller): UseWithoutOperation puts it in place.
+const usageWithoutOperation = "helm-autorecover/usage-without-operation"
 
 // UseWithoutOperation gives fs's flags the usage they have on a command
 // that runs no helm operation after recovery (recover, the controller),

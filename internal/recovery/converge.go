@@ -88,7 +88,9 @@ type ConvergeOptions struct {
 	// RemoveDeferred once the operation recovery precedes has written its
 	// revision: it may render them again (a PersistentVolumeClaim, a
 	// LoadBalancer Service), and deleting them first would lose what they
-	// hold. Recovery that precedes an upgrade or install sets it.
+	// hold. protocol.Conn.Recover always sets it, also with no operation
+	// to follow (the objects are then recorded on the failed revision:
+	// MarkFailedLeaving).
 	DeferRemovals bool
 	// DeleteData lets recovery delete PersistentVolumeClaims,
 	// CustomResourceDefinitions and Namespaces that only the abandoned
@@ -107,7 +109,8 @@ type ConvergeOptions struct {
 // from helm's records in namespace abandoned.RecordNamespace and converges.
 // Call it with abandoned the Summary from the recovery decision, while
 // holding the lock, before marking it failed and before helm's own upgrade
-// or install runs (with opts.DeferRemovals; then RemoveDeferred after it).
+// or install runs (with opts.DeferRemovals; then RemoveDeferred after the
+// next upgrade or install has written its revision).
 //
 // An abandoned uninstall (status uninstalling when it was found) is left
 // alone: it applied nothing, it only deleted, and helm's next operation

@@ -13,7 +13,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apiextv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -32,36 +31,9 @@ kind: ConfigMap
 metadata:
   name: casc-base
 `
-	// Only the abandoned revision renders these.
+	// Only the abandoned revision renders these, with the StatefulSet
+	// casc-db of cascDB.
 	cascAbandoned = `---
-apiVersion: apps/v1
-kind: StatefulSet
-metadata:
-  name: casc-db
-spec:
-  serviceName: casc-db
-  replicas: 1
-  persistentVolumeClaimRetentionPolicy:
-    whenDeleted: Delete
-    whenScaled: Retain
-  selector:
-    matchLabels: {app: casc-db}
-  template:
-    metadata:
-      labels: {app: casc-db}
-    spec:
-      containers:
-      - name: db
-        image: registry.example/db:1.0
-  volumeClaimTemplates:
-  - metadata:
-      name: data
-    spec:
-      accessModes: [ReadWriteOnce]
-      resources:
-        requests:
-          storage: 1Gi
----
 apiVersion: v1
 kind: Service
 metadata:
@@ -77,6 +49,41 @@ metadata:
   name: casc-plain
 `
 )
+
+// statefulSetManifest renders a StatefulSet with one claim per replica
+// (volumeClaimTemplates "data") and the claim retention policy given.
+func statefulSetManifest(name string, replicas int, whenDeleted, whenScaled string) string {
+	return fmt.Sprintf(`---
+apiVersion: apps/v1
+kind: StatefulSet
+metadata:
+  name: %[1]s
+spec:
+  serviceName: %[1]s
+  podManagementPolicy: Parallel
+  replicas: %[2]d
+  persistentVolumeClaimRetentionPolicy:
+    whenDeleted: %[3]s
+    whenScaled: %[4]s
+  selector:
+    matchLabels: {app: %[1]s}
+  template:
+    metadata:
+      labels: {app: %[1]s}
+    spec:
+      containers:
+      - name: db
+        image: registry.example/db:1.0
+  volumeClaimTemplates:
+  - metadata:
+      name: data
+    spec:
+      accessModes: [ReadWriteOnce]
+      resources:
+        requests:
+          storage: 1Gi
+`, name, replicas, whenDeleted, whenScaled)
+}
 
 // TestIntegrationCascadeKept is issue 31 item 1 on the real API server, its
 // garbage collector and its StatefulSet controller: recovery never deletes
@@ -117,13 +124,15 @@ spec:
 		}
 	}
 	put(1, common.StatusDeployed, cascBase)
-	put(2, common.StatusPendingUpgrade, cascBase+cascAbandoned+cr)
+	// A StatefulSet whose claims go when it is deleted.
+	cascDB := statefulSetManifest("casc-db", 1, "Delete", "Retain")
+	put(2, common.StatusPendingUpgrade, cascBase+cascDB+cascAbandoned+cr)
 
 	kc, err := NewKube(env.Config) // after the CRD: its mapper finds the kind
 	if err != nil {
 		t.Fatal(err)
 	}
-	objs, err := parseManifest(cascBase + cascAbandoned + cr)
+	objs, err := parseManifest(cascBase + cascDB + cascAbandoned + cr)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -152,16 +161,9 @@ spec:
 	if err != nil {
 		t.Fatal(err)
 	}
-	pgClaim, err := core.PersistentVolumeClaims(ns).Create(ctx, &corev1.PersistentVolumeClaim{
-		ObjectMeta: metav1.ObjectMeta{
-			Name:            "casc-pg-data",
-			OwnerReferences: []metav1.OwnerReference{{APIVersion: "v1", Kind: "ConfigMap", Name: mid.Name, UID: mid.UID}},
-		},
-		Spec: corev1.PersistentVolumeClaimSpec{
-			AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
-			Resources:   corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")}},
-		},
-	}, metav1.CreateOptions{FieldManager: "pg-operator"})
+	pgClaim, err := core.PersistentVolumeClaims(ns).Create(ctx,
+		testenv.Claim("casc-pg-data", metav1.OwnerReference{APIVersion: "v1", Kind: "ConfigMap", Name: mid.Name, UID: mid.UID}),
+		metav1.CreateOptions{FieldManager: "pg-operator"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -366,13 +368,7 @@ func TestIntegrationCascadeClusterScopedOwner(t *testing.T) {
 	t.Cleanup(func() {
 		_ = env.Client.CoreV1().Namespaces().Delete(context.Background(), tns.Name, metav1.DeleteOptions{})
 	})
-	claim, err := env.Client.CoreV1().PersistentVolumeClaims(tns.Name).Create(ctx, &corev1.PersistentVolumeClaim{
-		ObjectMeta: metav1.ObjectMeta{Name: "data"},
-		Spec: corev1.PersistentVolumeClaimSpec{
-			AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
-			Resources:   corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")}},
-		},
-	}, metav1.CreateOptions{})
+	claim, err := env.Client.CoreV1().PersistentVolumeClaims(tns.Name).Create(ctx, testenv.Claim("data"), metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -410,38 +406,7 @@ func TestIntegrationRevertKeepsScaledClaims(t *testing.T) {
 	ctx := context.Background()
 	ns := env.Namespace(t)
 	const rel = "rs"
-	sts := func(replicas int) string {
-		return fmt.Sprintf(`---
-apiVersion: apps/v1
-kind: StatefulSet
-metadata:
-  name: rs-db
-spec:
-  serviceName: rs-db
-  podManagementPolicy: Parallel
-  replicas: %d
-  persistentVolumeClaimRetentionPolicy:
-    whenDeleted: Retain
-    whenScaled: Delete
-  selector:
-    matchLabels: {app: rs-db}
-  template:
-    metadata:
-      labels: {app: rs-db}
-    spec:
-      containers:
-      - name: db
-        image: registry.example/db:1.0
-  volumeClaimTemplates:
-  - metadata:
-      name: data
-    spec:
-      accessModes: [ReadWriteOnce]
-      resources:
-        requests:
-          storage: 1Gi
-`, replicas)
-	}
+	sts := func(replicas int) string { return statefulSetManifest("rs-db", replicas, "Retain", "Delete") }
 	putRevision(t, env, ns, rel, 1, common.StatusDeployed, sts(1))
 	putRevision(t, env, ns, rel, 2, common.StatusPendingUpgrade, sts(2))
 	kc, err := NewKube(env.Config)

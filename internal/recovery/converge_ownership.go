@@ -85,7 +85,7 @@ func keepReason(live, rendered *unstructured.Unstructured, release, ns string, a
 			AnnotationResourcePolicy, live.GetAnnotations()[AnnotationResourcePolicy], ResourcePolicyKeep)
 	}
 	if why := dataHolder(live, rendered); why != "" && !deleteData {
-		return why + "; recovery deletes it only with --recover-delete-data"
+		return why + deleteDataHint
 	}
 	if abandonedCreated.IsZero() {
 		return "the abandoned revision's creation time is unknown"
@@ -112,6 +112,10 @@ func keepReason(live, rendered *unstructured.Unstructured, release, ns string, a
 	}
 	return ""
 }
+
+// deleteDataHint ends the reason an object is kept for its data: the one
+// flag that lifts the rule.
+const deleteDataHint = "; recovery deletes it only with --recover-delete-data"
 
 // dataHolder says why deleting o destroys more than the object itself, or
 // "" when it does not, judged on the object alone (what it owns through

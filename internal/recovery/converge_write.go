@@ -192,7 +192,7 @@ func (c *converger) remove(ctx context.Context, ab resolved) error {
 				c.cascade = &cascadeGuard{kc: c.kc}
 			}
 			if why := c.cascade.reason(ctx, live); why != "" {
-				c.record(ref, ActionKept, why+"; recovery deletes it only with --recover-delete-data")
+				c.record(ref, ActionKept, why+deleteDataHint)
 				return nil
 			}
 		}

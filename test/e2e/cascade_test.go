@@ -6,10 +6,8 @@ import (
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	apiextv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
@@ -133,16 +131,9 @@ func cascadeScenario(t *testing.T, env *testenv.Env, ha, chart, by string) {
 		// The operator: the cluster resource owns its claim.
 		if pg, err := pgs.Get(ctx, rel+"-pg", metav1.GetOptions{}); err == nil && claims[rel+"-pg-data"] == "" {
 			owners["pg"] = pg.GetUID()
-			c, err := core.PersistentVolumeClaims(ns).Create(ctx, &corev1.PersistentVolumeClaim{
-				ObjectMeta: metav1.ObjectMeta{
-					Name:            rel + "-pg-data",
-					OwnerReferences: []metav1.OwnerReference{{APIVersion: group + "/v1", Kind: "PGCluster", Name: pg.GetName(), UID: pg.GetUID()}},
-				},
-				Spec: corev1.PersistentVolumeClaimSpec{
-					AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
-					Resources:   corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")}},
-				},
-			}, metav1.CreateOptions{FieldManager: "pg-operator"})
+			c, err := core.PersistentVolumeClaims(ns).Create(ctx,
+				testenv.Claim(rel+"-pg-data", metav1.OwnerReference{APIVersion: group + "/v1", Kind: "PGCluster", Name: pg.GetName(), UID: pg.GetUID()}),
+				metav1.CreateOptions{FieldManager: "pg-operator"})
 			if err != nil {
 				t.Fatal(err)
 			}
