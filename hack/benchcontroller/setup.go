@@ -199,7 +199,7 @@ func createRecords(ctx context.Context, cs kubernetes.Interface, rels []*release
 // takeLocks has a dead holder leave each pending release exactly as our
 // CLI's upgrade does when it is SIGKILLed after helm wrote the pending
 // revision: it takes the release's lock with the CLI's backend choice
-// (protocol.Conn.Stores and Acquire: the gate on the newest record, the
+// (protocol.Conn.Take: the gate on the newest record, the
 // beat Secret helm-autorecover.v1.NAME, and the Lease under the lease
 // backend), records the revision it writes (SetRevision), writes that
 // revision pending-upgrade with the lock carried in its create (Carry, as
@@ -209,16 +209,11 @@ func takeLocks(ctx context.Context, conn *protocol.Conn, cs kubernetes.Interface
 	now := time.Now()
 	return parallel(ctx, len(pend), workers, func(i int) error {
 		r := pend[i]
-		chosen, stores, err := conn.Stores(ctx, r.ns, backend)
-		if err != nil {
-			return err
-		}
 		timeout := 5 * time.Minute // helm's default --timeout
-		held, err := conn.Acquire(ctx, lock.Request{
-			Release: r.name, Namespace: r.ns, Operation: lock.OpUpgrade,
+		held, err := conn.Take(ctx, protocol.Request{
+			Release: r.name, Namespace: r.ns, Operation: protocol.OpUpgrade, Backend: backend,
 			Timeout: timeout, LeaseDuration: r.lease, MaxHold: guard.DefaultMaxHold(timeout),
-			Backend: chosen, Session: lock.NewSession(),
-		}, stores, false, nil)
+		})
 		if err != nil {
 			return fmt.Errorf("locking %s/%s: %w", r.ns, r.name, err)
 		}
@@ -244,13 +239,17 @@ func takeLocks(ctx context.Context, conn *protocol.Conn, cs kubernetes.Interface
 			return fmt.Errorf("writing the pending revision of %s/%s: %w", r.ns, r.name, err)
 		}
 		// The holder dies here: held is dropped, never renewed nor released.
-		for _, b := range stores {
-			st, err := b.Inspect(ctx, r.ns, r.name)
-			if err != nil {
-				return err
-			}
-			if st.State != lock.Live {
-				return fmt.Errorf("%s/%s: the lock just taken reads %s in the %s store", r.ns, r.name, st.State, b.Store())
+		_, stores, err := conn.Stores(ctx, r.ns, backend)
+		if err != nil {
+			return err
+		}
+		parts, err := conn.InspectParts(ctx, r.ns, r.name, stores)
+		if err != nil {
+			return err
+		}
+		for i, st := range parts {
+			if st.State != protocol.Live {
+				return fmt.Errorf("%s/%s: the lock just taken reads %s in its part %d", r.ns, r.name, st.State, i+1)
 			}
 			if st.LockedTill.After(r.lockedTill) {
 				r.lockedTill = st.LockedTill

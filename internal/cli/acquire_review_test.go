@@ -13,9 +13,9 @@ import (
 	"github.com/helm-autorecover/helm-autorecover/internal/protocol"
 )
 
-func acquireRequest(release, backend string, op lock.Operation) lock.Request {
-	return lock.Request{
-		Release: release, Namespace: "prod", Operation: op, Backend: backend, Session: lock.NewSession(),
+func acquireRequest(release, backend string, op protocol.Operation) protocol.Request {
+	return protocol.Request{
+		Release: release, Namespace: "prod", Operation: op, Backend: backend, Session: protocol.NewSession(),
 		Timeout: 5 * time.Minute, LeaseDuration: 15 * time.Second, MaxHold: 10 * time.Minute,
 	}
 }
@@ -34,18 +34,10 @@ func TestFailedTakeHandsOnExpiredHolder(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	_, stores, err := conn.Stores(ctx, "prod", "lease")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := conn.Acquire(ctx, acquireRequest("api", "lease", lock.OpUpgrade), stores, false, nil); err == nil {
+	if _, err := conn.Take(ctx, acquireRequest("api", "lease", protocol.OpUpgrade)); err == nil {
 		t.Fatal("took the Lease although Leases are denied")
 	}
-	_, stores, err = conn.Stores(ctx, "prod", "release")
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := conn.Acquire(ctx, acquireRequest("api", "release", lock.OpUpgrade), stores, false, nil)
+	l, err := conn.Take(ctx, acquireRequest("api", "release", protocol.OpUpgrade))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -77,11 +69,7 @@ func TestVirtualLockLostWhileTakingLease(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	_, stores, err := conn.Stores(ctx, "prod", "lease")
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, err = conn.Acquire(ctx, acquireRequest("new", "lease", lock.OpInstall), stores, false, nil)
+	_, err = conn.Take(ctx, acquireRequest("new", "lease", protocol.OpInstall))
 	le, locked := protocol.IsLocked(err)
 	if !locked || le.HolderIdentity != "cccc0000-3333-4a5b-9c8d-000000000003" {
 		t.Fatalf("take = %v; want locked by the client that installed revision 1", err)

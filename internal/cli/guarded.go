@@ -18,18 +18,17 @@ import (
 
 	"github.com/helm-autorecover/helm-autorecover/internal/guard"
 	"github.com/helm-autorecover/helm-autorecover/internal/helmx"
-	"github.com/helm-autorecover/helm-autorecover/internal/lock"
 	"github.com/helm-autorecover/helm-autorecover/internal/protocol"
 	"github.com/helm-autorecover/helm-autorecover/internal/recovery"
 )
 
 // guardedCommands are helm's mutating commands and the lock operation each
 // one takes.
-var guardedCommands = map[string]lock.Operation{
-	"install":   lock.OpInstall,
-	"upgrade":   lock.OpUpgrade,
-	"rollback":  lock.OpRollback,
-	"uninstall": lock.OpUninstall,
+var guardedCommands = map[string]protocol.Operation{
+	"install":   protocol.OpInstall,
+	"upgrade":   protocol.OpUpgrade,
+	"rollback":  protocol.OpRollback,
+	"uninstall": protocol.OpUninstall,
 }
 
 // helmSettings reads helm's global settings (kubeconfig, context,
@@ -110,10 +109,10 @@ func registerGuardCompletions(cmd *cobra.Command) error {
 	return nil
 }
 
-func runGuarded(c *cobra.Command, args []string, op lock.Operation, opts *guard.Options,
+func runGuarded(c *cobra.Command, args []string, op protocol.Operation, opts *guard.Options,
 	settings *helmcli.EnvSettings, errOut io.Writer, session string, inner func(*cobra.Command, []string) error,
 ) error {
-	if op == lock.OpInstall {
+	if op == protocol.OpInstall {
 		var err error
 		if args, err = chooseName(c, args); err != nil {
 			return err
@@ -149,7 +148,7 @@ func runGuarded(c *cobra.Command, args []string, op lock.Operation, opts *guard.
 		Session:    session,
 	}
 	ctx := context.Background()
-	if op != lock.OpUninstall {
+	if op != protocol.OpUninstall {
 		t := guard.Target{Op: op, Release: releases[0], Namespace: settings.Namespace(), Timeout: timeout, CreateNamespace: createNS}
 		return g.Run(ctx, t, func() error { return inner(c, args) })
 	}
@@ -191,21 +190,21 @@ func chooseName(c *cobra.Command, args []string) ([]string, error) {
 
 // guardedReleases returns the releases an invocation mutates; none when
 // helm will reject the arguments anyway.
-func guardedReleases(c *cobra.Command, op lock.Operation, args []string) []string {
+func guardedReleases(c *cobra.Command, op protocol.Operation, args []string) []string {
 	switch op {
-	case lock.OpInstall:
+	case protocol.OpInstall:
 		if gen, _ := c.Flags().GetBool("generate-name"); gen || len(args) < 2 {
 			return nil
 		}
 		return args[:1]
-	case lock.OpUpgrade, lock.OpRollback:
+	case protocol.OpUpgrade, protocol.OpRollback:
 		if len(args) < 1 {
 			return nil
 		}
 		return args[:1]
-	case lock.OpUninstall:
+	case protocol.OpUninstall:
 		return args
-	case lock.OpRecover:
+	case protocol.OpRecover:
 		// Not a helm command: the recover command takes its own lock.
 	}
 	return nil

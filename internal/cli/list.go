@@ -14,7 +14,7 @@ import (
 	"github.com/helm-autorecover/helm-autorecover/internal/guard"
 	"github.com/helm-autorecover/helm-autorecover/internal/helmx"
 	"github.com/helm-autorecover/helm-autorecover/internal/inspect"
-	"github.com/helm-autorecover/helm-autorecover/internal/lock"
+	"github.com/helm-autorecover/helm-autorecover/internal/protocol"
 )
 
 const listLocksUsage = "add the columns LOCKED TILL, SESSION ID and HOLDER (and lock_state, locked_till, session_id and holder to -o json|yaml), in API-server time; also reads the releases' lock Leases (no effect with --short)"
@@ -91,7 +91,7 @@ func (c *lockCmds) runListLocks(cmd *cobra.Command) error {
 	if err != nil {
 		return err
 	}
-	locks := map[releaseKey]*lock.Status{}
+	locks := map[releaseKey]*protocol.Status{}
 	for i := range sts {
 		locks[releaseKey{sts[i].Namespace, sts[i].Release}] = &sts[i]
 	}
@@ -111,7 +111,7 @@ func (c *lockCmds) runListLocks(cmd *cobra.Command) error {
 			Lock:    locks[releaseKey{r.Namespace, r.Name}],
 			Release: inspect.Release{Name: r.Name, Namespace: r.Namespace, Latest: latest},
 			Now:     now,
-			Margin:  cn.lease.Margin,
+			Margin:  cn.locks.Margin(),
 		})
 		e.LockFields(row)
 		elems = append(elems, e)

@@ -18,7 +18,6 @@ import (
 	"github.com/helm-autorecover/helm-autorecover/internal/guard"
 	"github.com/helm-autorecover/helm-autorecover/internal/helmx"
 	"github.com/helm-autorecover/helm-autorecover/internal/inspect"
-	"github.com/helm-autorecover/helm-autorecover/internal/lock"
 	"github.com/helm-autorecover/helm-autorecover/internal/protocol"
 	"github.com/helm-autorecover/helm-autorecover/internal/recovery"
 )
@@ -51,8 +50,8 @@ func addLockCommands(root *cobra.Command, settings *helmcli.EnvSettings, out, er
 		errOut:     errOut,
 		in:         os.Stdin,
 		isTerminal: func() bool { return term.IsTerminal(int(os.Stdin.Fd())) },
-		who:        lock.DefaultWho,
-		newSession: lock.NewSession,
+		who:        protocol.DefaultWho,
+		newSession: protocol.NewSession,
 	}
 	c.connect = c.realConnect
 	for _, cmd := range []*cobra.Command{newLocksCmd(c), newUnlockCmd(c), newRecoverCmd(c)} {
@@ -93,7 +92,7 @@ func exitError(code int, format string, args ...any) error {
 
 // validRelease checks a release name argument (exit code 2).
 func validRelease(name, ns string) error {
-	if err := lock.ValidateReleaseName(name); err != nil {
+	if err := protocol.ValidateReleaseName(name); err != nil {
 		return exitError(exitcode.Usage, "release %q in namespace %q: %w", name, ns, err)
 	}
 	return nil
@@ -158,7 +157,7 @@ func unknownRelease(ns, rel string) error {
 }
 
 // badLock refuses to write under a lock that cannot be trusted.
-func badLock(st *lock.Status, rel, ns string) error {
+func badLock(st *protocol.Status, rel, ns string) error {
 	p := inspect.Problem(st)
 	if p == "" {
 		return nil

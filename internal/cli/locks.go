@@ -11,7 +11,7 @@ import (
 	"github.com/helm-autorecover/helm-autorecover/internal/exitcode"
 	"github.com/helm-autorecover/helm-autorecover/internal/guard"
 	"github.com/helm-autorecover/helm-autorecover/internal/inspect"
-	"github.com/helm-autorecover/helm-autorecover/internal/lock"
+	"github.com/helm-autorecover/helm-autorecover/internal/protocol"
 )
 
 const locksLong = `Show the lock of each release: who holds it (user@host, pid, session ID,
@@ -129,7 +129,7 @@ func (c *lockCmds) runLocks(ctx context.Context, o *locksOptions, args []string)
 		if o.all || len(args) == 1 {
 			what = "no release"
 		}
-		fmt.Fprintf(c.errOut, "No locks found %s: %s.", lock.InNamespace(ns), what)
+		fmt.Fprintf(c.errOut, "No locks found %s: %s.", protocol.InNamespace(ns), what)
 		if !o.all {
 			fmt.Fprint(c.errOut, " --all lists every release.")
 		}
@@ -175,7 +175,7 @@ func (c *lockCmds) releaseRow(ctx context.Context, cn *conn, ns, rel string, leg
 	if err != nil {
 		return inspect.Row{}, fmt.Errorf("release %q in namespace %q: %w", rel, ns, err)
 	}
-	return inspect.NewRow(inspect.Input{Lock: st, Release: r, Now: now, Margin: cn.lease.Margin, LegacyAfter: legacyAfter}), nil
+	return inspect.NewRow(inspect.Input{Lock: st, Release: r, Now: now, Margin: cn.locks.Margin(), LegacyAfter: legacyAfter}), nil
 }
 
 // namespaceRows inspects every release with a Lease or a stored revision
@@ -193,7 +193,7 @@ func (c *lockCmds) namespaceRows(ctx context.Context, cn *conn, ns string, legac
 	if err != nil {
 		return nil, err
 	}
-	locks := map[releaseKey]*lock.Status{}
+	locks := map[releaseKey]*protocol.Status{}
 	for i := range sts {
 		st := &sts[i]
 		locks[releaseKey{st.Namespace, st.Release}] = st
@@ -231,7 +231,7 @@ func (c *lockCmds) namespaceRows(ctx context.Context, cn *conn, ns string, legac
 		if st := locks[k]; st != nil && !st.Now.IsZero() {
 			rowNow = st.Now
 		}
-		rows = append(rows, inspect.NewRow(inspect.Input{Lock: locks[k], Release: r, Now: rowNow, Margin: cn.lease.Margin, LegacyAfter: legacyAfter}))
+		rows = append(rows, inspect.NewRow(inspect.Input{Lock: locks[k], Release: r, Now: rowNow, Margin: cn.locks.Margin(), LegacyAfter: legacyAfter}))
 	}
 	inspect.SortRows(rows)
 	return rows, nil

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -15,10 +16,8 @@ import (
 	"github.com/helm-autorecover/helm-autorecover/internal/guard"
 	"github.com/helm-autorecover/helm-autorecover/internal/helmx"
 	"github.com/helm-autorecover/helm-autorecover/internal/inspect"
-	"github.com/helm-autorecover/helm-autorecover/internal/lock"
 	"github.com/helm-autorecover/helm-autorecover/internal/protocol"
 	"github.com/helm-autorecover/helm-autorecover/internal/recovery"
-	"github.com/helm-autorecover/helm-autorecover/internal/version"
 )
 
 // dryRunSession stands for the session a real run would take, in the
@@ -137,7 +136,7 @@ func (c *lockCmds) runRecover(ctx context.Context, o *recoverOptions, rel string
 			return unknownRelease(ns, rel)
 		}
 		return exitError(exitcode.NotFound, "release %q in namespace %q has no stored revision (its Lease %s exists, holder %q): nothing to recover",
-			rel, ns, lock.LeaseName(rel), st.HolderIdentity)
+			rel, ns, protocol.LeaseName(rel), st.HolderIdentity)
 	}
 	if err := badLock(st, rel, ns); err != nil {
 		return err
@@ -147,7 +146,7 @@ func (c *lockCmds) runRecover(ctx context.Context, o *recoverOptions, rel string
 	// not even the lock.
 	observed := recovery.ObservedLock(st)
 	planned, err := cn.Recover(ctx, protocol.Procedure{
-		Release: rel, Namespace: ns, Lock: observed, Policy: o.policy(), Next: lock.OpRecover,
+		Release: rel, Namespace: ns, Lock: observed, Policy: o.policy(), Next: protocol.OpRecover,
 		Preview: o.dryRun, DeleteData: o.opts.RecoverDeleteData,
 	})
 	if err != nil {
@@ -176,32 +175,35 @@ func (c *lockCmds) runRecover(ctx context.Context, o *recoverOptions, rel string
 	case recovery.Recover, recovery.RecoverThenRollback:
 	}
 
-	req := lock.Request{
+	req := protocol.Request{
 		Release:       rel,
 		Namespace:     ns,
-		Operation:     lock.OpRecover,
+		Operation:     protocol.OpRecover,
 		LeaseDuration: o.opts.LeaseDuration,
 		Session:       c.newSession(),
 		Who:           c.who(),
-		ToolVersion:   version.Version,
+		Wait:          max(o.opts.LockTimeout, 0),
+		// A rollback (--recover-strategy=rollback) runs helm's own action:
+		// its writes go through the same fence as the guarded commands'.
+		Fence: helmx.DefaultWriteFence,
 	}
-	stores, err := cn.takeStores(ctx, ns, rel)
-	if err != nil {
-		return err
+	var told sync.Once
+	req.OnWait = func(h *protocol.Record, left time.Duration) {
+		told.Do(func() {
+			who := "another client"
+			if h != nil {
+				who = fmt.Sprintf("%s (%s, session %s)", h.Who, h.Operation, h.Session)
+			}
+			fmt.Fprintf(c.errOut, "helm-autorecover: release %q in namespace %q is locked by %s; waiting up to %s\n", rel, ns, who, o.opts.LockTimeout)
+		})
 	}
-	held, err := cn.Acquire(ctx, req, stores, false, nil)
-	if le, ok := protocol.IsLocked(err); ok && o.opts.LockTimeout > 0 {
-		fmt.Fprintf(c.errOut, "helm-autorecover: %v; waiting up to %s\n", le, o.opts.LockTimeout)
-		wctx, cancel := context.WithTimeout(ctx, o.opts.LockTimeout)
-		held, err = cn.Acquire(wctx, req, stores, true, nil)
-		cancel()
-	}
+	held, err := cn.take(ctx, req)
 	if err != nil {
 		le, ok := protocol.IsLocked(err)
 		if !ok {
 			return err
 		}
-		if le.State == lock.Live {
+		if le.State == protocol.Live {
 			dec := c.decideLive(ctx, cn, o, le, rel, ns)
 			_ = inspect.WriteReport(c.out, inspect.Report{Release: rel, Namespace: ns, Decision: dec})
 			if dec.Verdict == recovery.Proceed {
@@ -213,13 +215,9 @@ func (c *lockCmds) runRecover(ctx context.Context, o *recoverOptions, rel string
 	}
 	defer c.keep(ctx, held, rel, ns)()
 
-	// A rollback (--recover-strategy=rollback) runs helm's own action: its
-	// writes go through the same fence as the guarded commands'.
-	recs, _ := cn.Records()
-	defer helmx.DefaultWriteFence.Guard(helmx.GuardedWrites{Namespace: ns, Release: rel, Resource: recs.Resource(), Lock: held})()
 	out, err := held.Recover(ctx, protocol.Procedure{
 		Policy:     o.policy(),
-		Next:       lock.OpRecover,
+		Next:       protocol.OpRecover,
 		Rollback:   rollbackFunc(c.settings),
 		Log:        c.errOut,
 		DeleteData: o.opts.RecoverDeleteData,
@@ -243,7 +241,7 @@ func (c *lockCmds) runRecover(ctx context.Context, o *recoverOptions, rel string
 		if len(out.Marked) > 0 {
 			_ = inspect.WriteReport(c.out, rep)
 		}
-		if errors.Is(err, lock.ErrLost) {
+		if errors.Is(err, protocol.ErrLost) {
 			return &exitcode.Error{Code: exitcode.LockLost, Err: err}
 		}
 		return err
@@ -289,12 +287,12 @@ func verdictError(dec recovery.Decision, live bool) error {
 }
 
 // decideLive decides on a release whose lock a live holder has.
-func (c *lockCmds) decideLive(ctx context.Context, cn *conn, o *recoverOptions, le *lock.LockedError, rel, ns string) recovery.Decision {
+func (c *lockCmds) decideLive(ctx context.Context, cn *conn, o *recoverOptions, le *protocol.LockedError, rel, ns string) recovery.Decision {
 	info := recovery.LockInfo{State: recovery.LockLive, Session: le.HolderIdentity, LockedTill: le.LockedTill}
 	if le.Holder != nil {
 		info = recovery.FromRecord(le.Holder, recovery.LockLive)
 		info.LockedTill = le.LockedTill
 	}
-	out, _ := cn.Recover(ctx, protocol.Procedure{Release: rel, Namespace: ns, Lock: info, Policy: o.policy(), Next: lock.OpRecover})
+	out, _ := cn.Recover(ctx, protocol.Procedure{Release: rel, Namespace: ns, Lock: info, Policy: o.policy(), Next: protocol.OpRecover})
 	return out.Decision
 }

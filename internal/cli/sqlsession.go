@@ -6,7 +6,6 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/helm-autorecover/helm-autorecover/internal/lock"
 	"github.com/helm-autorecover/helm-autorecover/internal/protocol"
 	"github.com/helm-autorecover/helm-autorecover/internal/sqlstore"
 )
@@ -28,7 +27,7 @@ func sqlSession(root *cobra.Command, args []string) (string, error) {
 	if _, ok := guardedCommands[c.Name()]; !ok || c.Parent() != root {
 		return "", nil
 	}
-	session := lock.NewSession()
+	session := protocol.NewSession()
 	dsn, err := sqlstore.WithSession(os.Getenv(sqlstore.EnvConnectionString), session)
 	if err != nil {
 		return "", fmt.Errorf("HELM_DRIVER=sql: %w", err)

@@ -16,7 +16,6 @@ import (
 	"github.com/helm-autorecover/helm-autorecover/internal/exitcode"
 	"github.com/helm-autorecover/helm-autorecover/internal/guard"
 	"github.com/helm-autorecover/helm-autorecover/internal/helmx"
-	"github.com/helm-autorecover/helm-autorecover/internal/lock"
 	"github.com/helm-autorecover/helm-autorecover/internal/protocol"
 	"github.com/helm-autorecover/helm-autorecover/internal/recovery"
 )
@@ -129,7 +128,7 @@ func (c *lockCmds) runUnlock(ctx context.Context, o *unlockOptions, rel string) 
 	rec := st.Record
 	// An expiry not yet confirmed on this client's clock (lock.Confirm)
 	// may be a server's wrong Date: its holder is taken for live.
-	live := st.State == lock.Live || st.Confirming
+	live := st.State == protocol.Live || st.Confirming
 	if live && !o.yes {
 		if err := c.confirm(st, rel, ns); err != nil {
 			return err
@@ -153,7 +152,7 @@ func (c *lockCmds) runUnlock(ctx context.Context, o *unlockOptions, rel string) 
 
 	// Recover what the holder left pending under a lock of our own, as any
 	// client taking the lock next would: the released record hands the
-	// holder on (lock.Record.Abandoned). The person asserts it is dead, so
+	// holder on (protocol.Record.Abandoned). The person asserts it is dead, so
 	// its revision is abandoned now; legacy revisions are not its, and stay.
 	out, err := c.recoverUnlocked(ctx, cn, rel, ns, o.gopts.RecoverDeleteData, func(a recovery.Abandonment, r recovery.Recoverer) string {
 		return unlockDescription(a, live, by, r.At)
@@ -168,7 +167,7 @@ func (c *lockCmds) runUnlock(ctx context.Context, o *unlockOptions, rel string) 
 	}
 	if err != nil {
 		c.unlockEvent(ctx, cn, hist, out.Marked, rec, o.session, live, by)
-		if errors.Is(err, lock.ErrLost) {
+		if errors.Is(err, protocol.ErrLost) {
 			return &exitcode.Error{Code: exitcode.LockLost, Err: err}
 		}
 		return fmt.Errorf("%w; the lock was released naming the holder, so the next install, upgrade, rollback or uninstall (or helm-autorecover recover %s -n %s) retries the recovery", err, rel, ns)
@@ -183,25 +182,20 @@ func (c *lockCmds) runUnlock(ctx context.Context, o *unlockOptions, rel string) 
 // recoverUnlocked takes the lock released by unlock and runs the one
 // recovery procedure under it, with unlock's descriptions.
 func (c *lockCmds) recoverUnlocked(ctx context.Context, cn *conn, rel, ns string, deleteData bool, describe func(recovery.Abandonment, recovery.Recoverer) string) (protocol.Outcome, error) {
-	req := lock.Request{
+	held, err := cn.take(ctx, protocol.Request{
 		Release:   rel,
 		Namespace: ns,
-		Operation: lock.OpRecover,
+		Operation: protocol.OpRecover,
 		Session:   c.newSession(),
 		Who:       c.who(),
-	}
-	stores, err := cn.takeStores(ctx, ns, rel)
-	if err != nil {
-		return protocol.Outcome{}, err
-	}
-	held, err := cn.Acquire(ctx, req, stores, false, nil)
+	})
 	if err != nil {
 		return protocol.Outcome{}, err
 	}
 	defer c.keep(ctx, held, rel, ns)()
 	return held.Recover(ctx, protocol.Procedure{
 		Policy:     recovery.Policy{Autorecover: true, Hints: recovery.CLIHints},
-		Next:       lock.OpRecover,
+		Next:       protocol.OpRecover,
 		Describe:   describe,
 		Log:        c.errOut,
 		DeleteData: deleteData,
@@ -209,17 +203,17 @@ func (c *lockCmds) recoverUnlocked(ctx context.Context, cn *conn, rel, ns string
 }
 
 // checkUnlock makes every refusal before anything is written.
-func (c *lockCmds) checkUnlock(st *lock.Status, hist []helmx.Summary, o *unlockOptions, rel, ns string) error {
+func (c *lockCmds) checkUnlock(st *protocol.Status, hist []helmx.Summary, o *unlockOptions, rel, ns string) error {
 	if !st.Exists {
 		if len(hist) == 0 {
 			return unknownRelease(ns, rel)
 		}
-		msg := fmt.Sprintf("release %q in namespace %q has no lock (no Lease %s): nothing to unlock", rel, ns, lock.LeaseName(rel))
+		msg := fmt.Sprintf("release %q in namespace %q has no lock (no Lease %s): nothing to unlock", rel, ns, protocol.LeaseName(rel))
 		return exitError(exitcode.NotFound, "%s%s", msg, legacyPointer(hist, rel, ns))
 	}
 	if len(hist) == 0 {
 		return exitError(exitcode.NotFound, "release %q in namespace %q has no stored revision (its Lease %s exists, holder %q): nothing to recover. If it is gone for good, delete the Lease: kubectl delete lease -n %s %s",
-			rel, ns, lock.LeaseName(rel), st.HolderIdentity, ns, lock.LeaseName(rel))
+			rel, ns, protocol.LeaseName(rel), st.HolderIdentity, ns, protocol.LeaseName(rel))
 	}
 	if err := badLock(st, rel, ns); err != nil {
 		return err
@@ -238,7 +232,7 @@ func (c *lockCmds) checkUnlock(st *lock.Status, hist []helmx.Summary, o *unlockO
 		return exitError(exitcode.WrongSession, "release %q in namespace %q: session %s does not hold its lock; it is held by session %s (%s, LOCKED TILL %s). Check with: helm-autorecover locks %s -n %s",
 			rel, ns, o.session, st.HolderIdentity, holderText(st.Record, st.HolderIdentity), stamp(st.LockedTill), rel, ns)
 	}
-	if (st.State == lock.Live || st.Confirming) && !o.force {
+	if (st.State == protocol.Live || st.Confirming) && !o.force {
 		return exitError(exitcode.Locked, "release %q in namespace %q: the lock of session %s is live: its holder (%s) renewed it at %s, LOCKED TILL %s (%s left); it may still be running. Wait for it to finish or expire; if you know it is dead (process killed, CI job cancelled), run again with --force",
 			rel, ns, o.session, holderText(st.Record, o.session), stamp(st.Record.RenewedAt), stamp(st.LockedTill), left(st))
 	}
@@ -246,7 +240,7 @@ func (c *lockCmds) checkUnlock(st *lock.Status, hist []helmx.Summary, o *unlockO
 }
 
 // confirm asks the person on the terminal before a live lock is broken.
-func (c *lockCmds) confirm(st *lock.Status, rel, ns string) error {
+func (c *lockCmds) confirm(st *protocol.Status, rel, ns string) error {
 	if !c.isTerminal() {
 		return exitError(exitcode.Declined, "release %q in namespace %q: --force on a live lock needs confirmation, and stdin is not a terminal; nothing was written. Pass --yes to confirm in scripts", rel, ns)
 	}
@@ -278,7 +272,7 @@ func unlockDescription(a recovery.Abandonment, forced bool, by string, at time.T
 	return fmt.Sprintf(DescriptionUnlocked, a.Release.Status, h, by, stamp(at))
 }
 
-func (c *lockCmds) unlockEvent(ctx context.Context, cn *conn, hist []helmx.Summary, marked []protocol.Mark, rec *lock.Record, session string, forced bool, by string) {
+func (c *lockCmds) unlockEvent(ctx context.Context, cn *conn, hist []helmx.Summary, marked []protocol.Mark, rec *protocol.Record, session string, forced bool, by string) {
 	var regarding helmx.Record
 	switch {
 	case len(marked) > 0:
@@ -319,7 +313,7 @@ func (c *lockCmds) unlockEvent(ctx context.Context, cn *conn, hist []helmx.Summa
 
 // holderText describes the holder of session: who, pid, operation,
 // revision and CI job.
-func holderText(rec *lock.Record, session string) string {
+func holderText(rec *protocol.Record, session string) string {
 	if rec == nil || rec.Session != session {
 		return "lock record unreadable"
 	}
@@ -341,18 +335,18 @@ func holderText(rec *lock.Record, session string) string {
 	return s
 }
 
-func releasedBy(rec *lock.Record) string {
+func releasedBy(rec *protocol.Record) string {
 	if rec.ReleasedBy == "" {
 		return " by its holder"
 	}
 	return " by " + rec.ReleasedBy
 }
 
-func left(st *lock.Status) string {
+func left(st *protocol.Status) string {
 	if st.LockedTill.IsZero() || st.Now.IsZero() {
 		return "unknown time"
 	}
-	return max(0, st.LockedTill.Add(lock.TakeoverMargin).Sub(st.Now.Earliest)).Round(time.Second).String()
+	return max(0, st.LockedTill.Add(protocol.TakeoverMargin).Sub(st.Now.Earliest)).Round(time.Second).String()
 }
 
 func stamp(t time.Time) string {

@@ -19,10 +19,8 @@ import (
 
 	"github.com/helm-autorecover/helm-autorecover/internal/events"
 	"github.com/helm-autorecover/helm-autorecover/internal/helmx"
-	"github.com/helm-autorecover/helm-autorecover/internal/lock"
 	"github.com/helm-autorecover/helm-autorecover/internal/protocol"
 	"github.com/helm-autorecover/helm-autorecover/internal/recovery"
-	"github.com/helm-autorecover/helm-autorecover/internal/version"
 )
 
 // Reconciler judges one release (the request's name is the release's, its
@@ -88,27 +86,27 @@ func (r *Reconciler) reconcile(ctx context.Context, log *slog.Logger, key, ns, r
 		r.countError(err)
 		return reconcile.Result{}, err
 	}
-	if st.State == lock.Live || st.Confirming {
+	if st.State == protocol.Live || st.Confirming {
 		// A live holder, or one whose expiry this controller has not yet
 		// confirmed on its own clock: nothing to decide before then (the
 		// history is not read).
 		r.metrics.observe(key, "live", len(st.Waiters))
-		step := Next(Observation{Decision: recovery.Decision{Verdict: recovery.Blocked}, Live: true, LockedTill: st.LockedTill, Margin: lock.TakeoverMargin, NowEarliest: st.Now.Earliest, ConfirmIn: st.ConfirmIn})
+		step := Next(Observation{Decision: recovery.Decision{Verdict: recovery.Blocked}, Live: true, LockedTill: st.LockedTill, Margin: protocol.TakeoverMargin, NowEarliest: st.Now.Earliest, ConfirmIn: st.ConfirmIn})
 		log.Debug("held by a live holder", slog.String("holder", st.HolderIdentity), slog.Duration("again_in", step.After))
 		return reconcile.Result{RequeueAfter: step.After}, nil
 	}
 	// Decide on the lock as read, with no writer: nothing is written unless
 	// the release is recoverable.
-	plan, err := r.Conn.Recover(ctx, protocol.Procedure{Release: rel, Namespace: ns, Lock: recovery.ObservedLock(st), Policy: r.Options.Policy, Next: lock.OpRecover})
+	plan, err := r.Conn.Recover(ctx, protocol.Procedure{Release: rel, Namespace: ns, Lock: recovery.ObservedLock(st), Policy: r.Options.Policy, Next: protocol.OpRecover})
 	if err != nil {
 		r.countError(err)
 		return reconcile.Result{}, err
 	}
-	live := st.State == lock.Live
+	live := st.State == protocol.Live
 	r.metrics.observe(key, stateOf(plan.Decision, st), len(st.Waiters))
 	step := Next(Observation{
 		Decision: plan.Decision, Live: live, LockedTill: st.LockedTill,
-		Margin: lock.TakeoverMargin, NowEarliest: st.Now.Earliest, ConfirmIn: st.ConfirmIn,
+		Margin: protocol.TakeoverMargin, NowEarliest: st.Now.Earliest, ConfirmIn: st.ConfirmIn,
 	})
 	if holder := st.HolderIdentity; holder != "" {
 		// "session" names the controller's own session once it holds the
@@ -121,7 +119,7 @@ func (r *Reconciler) reconcile(ctx context.Context, log *slog.Logger, key, ns, r
 		}
 		return reconcile.Result{RequeueAfter: step.After}, nil
 	}
-	return r.recover(ctx, log, key, ns, rel, stores, plan.Decision.Verdict == recovery.RecoverThenRollback)
+	return r.recover(ctx, log, key, ns, rel, plan.Decision.Verdict == recovery.RecoverThenRollback)
 }
 
 // recover takes the release's lock and recovers it, as the recover command.
@@ -131,25 +129,24 @@ func (r *Reconciler) reconcile(ctx context.Context, log *slog.Logger, key, ns, r
 // only while that lock is valid, bounded by its renew deadline, and never
 // after an earlier one was cut off. Other releases recovered at the same
 // time have fences of their own.
-func (r *Reconciler) recover(ctx context.Context, log *slog.Logger, key, ns, rel string, stores []*lock.Backend, rollsBack bool) (reconcile.Result, error) {
-	req := lock.Request{
-		Release:     rel,
-		Namespace:   ns,
-		Operation:   lock.OpRecover,
-		Session:     lock.NewSession(),
-		Who:         r.Options.Who,
-		ToolVersion: version.Version,
+func (r *Reconciler) recover(ctx context.Context, log *slog.Logger, key, ns, rel string, rollsBack bool) (reconcile.Result, error) {
+	req := protocol.Request{
+		Release:   rel,
+		Namespace: ns,
+		Operation: protocol.OpRecover,
+		Backend:   r.Options.LockBackend,
+		Who:       r.Options.Who,
 		// A recovery (and a rollback's hooks) never holds a release for
 		// longer than this; its lock's bound for earlier clients follows.
 		MaxHold: maxHold,
 	}
-	held, err := r.Conn.Acquire(ctx, req, stores, false, nil)
+	held, err := r.Conn.Take(ctx, req)
 	if le, ok := protocol.IsLocked(err); ok {
 		// Someone took the lock first (a client, or another replica during
 		// a leader change): judge again once it may have expired, or in a
 		// few seconds when waiters queued ahead take it.
 		wait := max(le.Left, minRequeue)
-		if le.State != lock.Live {
+		if le.State != protocol.Live {
 			wait = waitersRequeue
 		}
 		log.Info("the release's lock was taken first; looking again later", slog.String("taken_by", le.HolderIdentity), slog.Duration("again_in", wait))
@@ -167,17 +164,13 @@ func (r *Reconciler) recover(ctx context.Context, log *slog.Logger, key, ns, rel
 		}
 	}()
 
-	// This lock's fence: the recovery's own writes carry it in their
+	// The release (deferred above) first drains the lock's fence: no write
+	// let through may still land once the lock is free (one that got no
+	// answer, a reset connection, may commit until its deadline).
+	// This lock's own fence: the recovery's own writes carry it in their
 	// context (the connection's clients are helmx.OwnWrites), helm's
 	// rollback builds its clients through it.
-	fence := &helmx.WriteFence{}
-	if recs, err := r.Conn.Records(); err == nil {
-		defer fence.Guard(helmx.GuardedWrites{Namespace: ns, Release: rel, Resource: recs.Resource(), Lock: held})()
-	}
-	// Before the lock is given back (deferred above, so run after this),
-	// no write let through may still land: one that got no answer (a
-	// reset connection) may commit until its deadline.
-	defer fence.Drain()
+	fence := held.Fence()
 	fenced := helmx.WithFence(ctx, fence)
 	var rollback func(string, int) error
 	if rollsBack && r.Options.Rollback != nil {
@@ -190,7 +183,7 @@ func (r *Reconciler) recover(ctx context.Context, log *slog.Logger, key, ns, rel
 	r.Conn.RefreshDiscovery()
 	out, err := held.Recover(fenced, protocol.Procedure{
 		Policy:     r.Options.Policy,
-		Next:       lock.OpRecover,
+		Next:       protocol.OpRecover,
 		Rollback:   rollback,
 		Log:        logWriter{log},
 		DeleteData: r.Options.DeleteData,
@@ -318,13 +311,13 @@ func (r *Reconciler) countError(err error) {
 }
 
 // stateOf names the lock state of a pending release for the metrics.
-func stateOf(d recovery.Decision, st *lock.Status) string {
+func stateOf(d recovery.Decision, st *protocol.Status) string {
 	switch {
 	case d.Verdict == recovery.Proceed || d.Verdict == recovery.NoRelease:
 		return ""
-	case st.State == lock.Live:
+	case st.State == protocol.Live:
 		return "live"
-	case st.State == lock.Expired:
+	case st.State == protocol.Expired:
 		return "expired"
 	case d.Target.Lock == nil:
 		return "legacy-pending"

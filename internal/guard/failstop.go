@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/helm-autorecover/helm-autorecover/internal/exitcode"
-	"github.com/helm-autorecover/helm-autorecover/internal/lock"
+	"github.com/helm-autorecover/helm-autorecover/internal/protocol"
 	"github.com/helm-autorecover/helm-autorecover/internal/recovery"
 )
 
@@ -19,7 +19,7 @@ func (r *run) onLost(err error) {
 		return
 	default:
 	}
-	if errors.Is(err, lock.ErrMaxHold) {
+	if errors.Is(err, protocol.ErrMaxHold) {
 		r.exitOnce.Do(func() {
 			fmt.Fprintf(r.g.Stderr, "Error: release %q in namespace %q: the operation held its lock longer than --lock-max-hold; aborting. Raise --lock-max-hold or --timeout if it legitimately takes this long.\n",
 				r.t.Release, r.t.Namespace)
@@ -46,9 +46,7 @@ func (r *run) onLost(err error) {
 // given back only once no write of helm's already sent can land
 // (helmx.WriteFence.Drain).
 func (r *run) abandonOwn(why string) {
-	if r.g.Fence != nil {
-		r.g.Fence.Drain()
-	}
+	r.held.Fence().Drain()
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Second)
 	defer cancel()
 	if r.held.Valid() != nil {

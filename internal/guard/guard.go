@@ -1,7 +1,6 @@
 package guard
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -24,17 +23,15 @@ import (
 	"github.com/helm-autorecover/helm-autorecover/internal/events"
 	"github.com/helm-autorecover/helm-autorecover/internal/exitcode"
 	"github.com/helm-autorecover/helm-autorecover/internal/helmx"
-	"github.com/helm-autorecover/helm-autorecover/internal/lock"
 	"github.com/helm-autorecover/helm-autorecover/internal/parentwatch"
 	"github.com/helm-autorecover/helm-autorecover/internal/protocol"
 	"github.com/helm-autorecover/helm-autorecover/internal/recovery"
 	"github.com/helm-autorecover/helm-autorecover/internal/sqlstore"
-	"github.com/helm-autorecover/helm-autorecover/internal/version"
 )
 
 // Target is one mutating operation on one release.
 type Target struct {
-	Op        lock.Operation
+	Op        protocol.Operation
 	Release   string
 	Namespace string
 	// Timeout is the operation's --timeout.
@@ -105,13 +102,7 @@ func (g *Guard) Run(ctx context.Context, t Target, op func() error) error {
 	}
 
 	conn.RememberAuto(g.AutoMemory)
-	held, req, err := g.take(ctx, conn, t)
-	if g.Options.LockBackend == protocol.BackendAuto && req.Backend == protocol.BackendLease && protocol.LeaseForbidden(err) {
-		// The lease backend auto remembered choosing is refused now (a
-		// right taken away): choose again, asking the API server.
-		conn.ForgetAuto(t.Namespace)
-		held, req, err = g.take(ctx, conn, t)
-	}
+	held, err := g.take(ctx, conn, t)
 	if namespaceMissing(err, t.Namespace) {
 		// No namespace: helm fails with its own message; there is nothing
 		// to lock or recover.
@@ -124,7 +115,7 @@ func (g *Guard) Run(ctx context.Context, t Target, op func() error) error {
 	r := &run{g: g, t: t, conn: conn, held: held, opDone: make(chan struct{}), ended: make(chan struct{})}
 	err = r.do(ctx, op)
 	var coded *exitcode.Error
-	if err != nil && errors.Is(err, lock.ErrLost) && !errors.As(err, &coded) {
+	if err != nil && errors.Is(err, protocol.ErrLost) && !errors.As(err, &coded) {
 		// Lost before helm ran (while recovering, or recording the
 		// revision): the documented code, as after.
 		err = r.lost(err)
@@ -132,111 +123,82 @@ func (g *Guard) Run(ctx context.Context, t Target, op func() error) error {
 	return err
 }
 
-// take chooses the lock backend and takes the release's lock.
-func (g *Guard) take(ctx context.Context, conn *protocol.Conn, t Target) (*protocol.Lock, lock.Request, error) {
+// take takes the release's lock (protocol.Conn.Take), waiting up to
+// --lock-timeout for a live holder.
+func (g *Guard) take(ctx context.Context, conn *protocol.Conn, t Target) (*protocol.Lock, error) {
 	if st := conn.SQL(); st != nil {
 		// helm's writes to the sql driver's database are fenced by the
 		// session its connection string names (the CLI put this one
 		// there before helm opened it): make sure it arrived.
 		if err := st.CheckSession(ctx, g.Session); errors.Is(err, sqlstore.ErrNoSession) {
-			return nil, lock.Request{}, &exitcode.Error{Code: exitcode.Usage, Err: fmt.Errorf("release %q in namespace %q: HELM_DRIVER=sql: %w", t.Release, t.Namespace, err)}
+			return nil, &exitcode.Error{Code: exitcode.Usage, Err: fmt.Errorf("release %q in namespace %q: HELM_DRIVER=sql: %w", t.Release, t.Namespace, err)}
 		} else if err != nil {
-			return nil, lock.Request{}, fmt.Errorf("release %q in namespace %q: HELM_DRIVER=sql: %w", t.Release, t.Namespace, err)
+			return nil, fmt.Errorf("release %q in namespace %q: HELM_DRIVER=sql: %w", t.Release, t.Namespace, err)
 		}
-	}
-	backend, stores, err := conn.Stores(ctx, t.Namespace, g.Options.LockBackend)
-	if err != nil {
-		return nil, lock.Request{}, &exitcode.Error{Code: exitcode.Usage, Err: fmt.Errorf("release %q in namespace %q: --lock-backend=%s: %w", t.Release, t.Namespace, g.Options.LockBackend, err)}
 	}
 	maxHold := g.Options.LockMaxHold
 	if maxHold == 0 {
 		maxHold = DefaultMaxHold(t.Timeout)
 	}
-	req := lock.Request{
-		Release:       t.Release,
-		Namespace:     t.Namespace,
-		Operation:     t.Op,
-		Timeout:       t.Timeout,
-		LeaseDuration: g.Options.LeaseDuration,
-		MaxHold:       maxHold,
-		ToolVersion:   version.Version,
-		Backend:       backend,
-		Session:       cmp.Or(g.Session, lock.NewSession()),
-	}
-	held, err := g.acquire(ctx, conn, stores, req)
-	return held, req, err
-}
-
-func (g *Guard) acquire(ctx context.Context, conn *protocol.Conn, stores []*lock.Backend, req lock.Request) (*protocol.Lock, error) {
-	held, err := conn.Acquire(ctx, req, stores, false, confirmNotice(g.Stderr, req.Release, req.Namespace))
-	if err == nil {
-		return held, nil
-	}
-	if !errors.Is(err, lock.ErrLocked) || g.Options.LockTimeout <= 0 {
-		return nil, lockError(err, req, g.Options.LockBackend)
-	}
 	// A signal while waiting, or the end of helm when this is its plugin,
 	// leaves the queue at once (rather than holding a place in it until the
 	// entry's lease runs out) and ends the command.
-	sctx, stopSignals := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
-	defer stopSignals()
-	sctx, stopParent := context.WithCancel(sctx)
-	defer stopParent()
-	go func() {
-		select {
-		case <-parentwatch.Gone():
-			stopParent()
-		case <-sctx.Done():
-		}
-	}()
-	wctx, cancel := context.WithTimeout(sctx, g.Options.LockTimeout)
-	defer cancel()
-	p := newProgress(g.Stderr, g.Clock, g.Options.LockTimeout)
-	held, err = conn.Acquire(wctx, req, stores, true, p.update)
-	p.done()
-	if err != nil {
-		if sctx.Err() != nil && ctx.Err() == nil {
-			return nil, &exitcode.Error{Code: exitcode.Interrupted, Err: fmt.Errorf("release %q in namespace %q: interrupted while waiting for the lock; nothing was written: %w", req.Release, req.Namespace, err)}
-		}
-		if le, ok := protocol.IsLocked(err); ok && wctx.Err() != nil && ctx.Err() == nil {
-			// --lock-timeout ran out: the holder is the story, not the
-			// context's deadline.
-			le.Waited = g.Options.LockTimeout
-			err = le
-		}
-		return nil, lockError(err, req, g.Options.LockBackend)
+	var interrupted func() bool
+	var p *progress
+	waitCtx := func(ctx context.Context) (context.Context, context.CancelFunc) {
+		p = newProgress(g.Stderr, g.Clock, g.Options.LockTimeout)
+		sctx, stopSignals := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+		sctx, stopParent := context.WithCancel(sctx)
+		go func() {
+			select {
+			case <-parentwatch.Gone():
+				stopParent()
+			case <-sctx.Done():
+			}
+		}()
+		interrupted = func() bool { return sctx.Err() != nil && ctx.Err() == nil }
+		return sctx, func() { p.done(); stopParent(); stopSignals() }
 	}
-	return held, nil
+	req := protocol.Request{
+		Release:       t.Release,
+		Namespace:     t.Namespace,
+		Operation:     t.Op,
+		Backend:       g.Options.LockBackend,
+		Timeout:       t.Timeout,
+		LeaseDuration: g.Options.LeaseDuration,
+		MaxHold:       maxHold,
+		Session:       g.Session,
+		Wait:          max(g.Options.LockTimeout, 0),
+		WaitContext:   waitCtx,
+		OnConfirm:     confirmNotice(g.Stderr, t.Release, t.Namespace),
+		OnWait:        func(h *protocol.Record, left time.Duration) { p.update(h, left) },
+		Fence:         g.Fence,
+	}
+	held, err := conn.Take(ctx, req)
+	if err == nil {
+		return held, nil
+	}
+	if interrupted != nil && interrupted() {
+		return nil, &exitcode.Error{Code: exitcode.Interrupted, Err: fmt.Errorf("release %q in namespace %q: interrupted while waiting for the lock; nothing was written: %w", t.Release, t.Namespace, err)}
+	}
+	return nil, lockError(err, t, g.Options.LockBackend)
 }
 
-// lockError gives a failure to take the lock its exit code, and a refusal
-// of the API server the rights the backend in use needs. chosen is
-// --lock-backend as given (auto, or the backend itself).
-func lockError(err error, req lock.Request, chosen string) error {
+// lockError gives a failure to take the lock its exit code. chosen is
+// --lock-backend as given.
+func lockError(err error, t Target, chosen string) error {
 	if le, ok := protocol.IsLocked(err); ok {
-		le.HolderNotRunning = le.State == lock.Live && holderNotRunningHere(le.Holder)
+		le.HolderNotRunning = le.State == protocol.Live && holderNotRunningHere(le.Holder)
 		return &exitcode.Error{Code: exitcode.Locked, Err: err}
 	}
-	if errors.Is(err, lock.ErrLost) {
+	if _, ok := errors.AsType[*protocol.BackendError](err); ok {
+		return &exitcode.Error{Code: exitcode.Usage, Err: fmt.Errorf("release %q in namespace %q: --lock-backend=%s: %w", t.Release, t.Namespace, chosen, err)}
+	}
+	if errors.Is(err, protocol.ErrLost) {
 		// A part taken first was lost while a later one was taken.
-		return lostError(req.Release, req.Namespace, err)
+		return lostError(t.Release, t.Namespace, err)
 	}
-	if !apierrors.IsForbidden(err) {
-		return err
-	}
-	backend := "the " + req.Backend + " lock backend"
-	if chosen == protocol.BackendAuto {
-		backend += " (what --lock-backend=auto chose)"
-	}
-	need := "get, list, watch, create, update and delete on secrets (configmaps with HELM_DRIVER=configmap)"
-	if req.Backend == protocol.BackendLease {
-		need = "get, list, watch, create, update and delete on leases (coordination.k8s.io), and " + need + ","
-	}
-	advice := "see docs/rbac.md for the minimal Role"
-	if req.Backend == protocol.BackendLease && protocol.LeaseForbidden(err) && chosen == protocol.BackendLease {
-		advice += ", or use --lock-backend=release, which needs no right on Leases"
-	}
-	return fmt.Errorf("%w; %s needs %s in namespace %q: %s", err, backend, need, req.Namespace, advice)
+	return err
 }
 
 // namespaceMissing reports whether err is the API server saying that
@@ -319,13 +281,6 @@ func (r *run) do(ctx context.Context, op func() error) (err error) {
 	keepCtx, stopKeep := context.WithCancel(context.Background())
 	defer stopKeep()
 	go r.held.Keep(keepCtx, r.onLost)
-	if recs, _ := r.conn.Records(); r.g.Fence != nil && recs != nil {
-		stopFence := r.g.Fence.Guard(helmx.GuardedWrites{
-			Namespace: r.t.Namespace, Release: r.t.Release,
-			Resource: recs.Resource(), Lock: r.held,
-		})
-		defer stopFence()
-	}
 
 	latest, err := r.recover(ctx)
 	if _, rerr := r.conn.Records(); err == nil && rerr == nil && latest == 0 {
@@ -365,22 +320,22 @@ func (r *run) do(ctx context.Context, op func() error) (err error) {
 		}
 		return &exitcode.Error{Code: exitcode.Interrupted, Err: err}
 	}
-	if err != nil && r.g.Fence != nil && r.g.Fence.CreateConflict() {
+	if err != nil && r.held.Fence().CreateConflict() {
 		// Another client created the revision this operation was about to
 		// write: it holds the release (a first install raced with ours).
-		err = &exitcode.Error{Code: exitcode.Locked, Err: fmt.Errorf("release %q in namespace %q is locked: another client wrote its next revision first (%w); wait for it with --lock-timeout=DURATION, or list locks with \"helm-autorecover locks\": %w", r.t.Release, r.t.Namespace, lock.ErrLocked, err)}
+		err = &exitcode.Error{Code: exitcode.Locked, Err: fmt.Errorf("release %q in namespace %q is locked: another client wrote its next revision first (%w); wait for it with --lock-timeout=DURATION, or list locks with \"helm-autorecover locks\": %w", r.t.Release, r.t.Namespace, protocol.ErrLocked, err)}
 	}
 	var coded *exitcode.Error
 	switch {
 	case err == nil:
-	case errors.Is(err, lock.ErrLost) && !errors.As(err, &coded):
+	case errors.Is(err, protocol.ErrLost) && !errors.As(err, &coded):
 		// The fence refused helm's write: the lock was lost or taken
 		// over (helm wraps the refusal in its own error).
 		err = r.lost(err)
 	case sqlstore.IsRefused(err):
 		// The sql driver's database refused helm's write: this session
 		// no longer holds the release's lock row.
-		err = r.lost(fmt.Errorf("%w: %w", lock.ErrLost, err))
+		err = r.lost(fmt.Errorf("%w: %w", protocol.ErrLost, err))
 	case !errors.As(err, &coded):
 		err = r.failed(err)
 	}
@@ -417,7 +372,7 @@ func (r *run) do(ctx context.Context, op func() error) (err error) {
 func (r *run) checkSQLWritten(ctx context.Context) error {
 	rev := r.held.Record().Revision
 	recs, rerr := r.conn.Records()
-	if r.t.Op == lock.OpUninstall || rev <= 0 || rerr != nil {
+	if r.t.Op == protocol.OpUninstall || rev <= 0 || rerr != nil {
 		return nil
 	}
 	rec, err := recs.Get(ctx, r.t.Namespace, helmx.ReleaseSecretName(r.t.Release, rev))
@@ -464,7 +419,7 @@ func (r *run) recover(ctx context.Context) (latest int, err error) {
 		DeleteData: r.g.Options.RecoverDeleteData,
 	})
 	if err != nil {
-		if errors.Is(err, lock.ErrLost) {
+		if errors.Is(err, protocol.ErrLost) {
 			return 0, r.lost(err)
 		}
 		return 0, err
@@ -473,7 +428,7 @@ func (r *run) recover(ctx context.Context) (latest int, err error) {
 	dec := out.Decision
 	switch dec.Verdict {
 	case recovery.Blocked:
-		if !r.g.Options.Autorecover && !dec.HolderMayWrite && (r.t.Op == lock.OpRollback || r.t.Op == lock.OpUninstall) {
+		if !r.g.Options.Autorecover && !dec.HolderMayWrite && (r.t.Op == protocol.OpRollback || r.t.Op == protocol.OpUninstall) {
 			// Stock helm's manual way out of a stuck release stays open
 			// when the user turned recovery off.
 			return out.Latest, nil
@@ -512,7 +467,7 @@ func (r *run) removeDeferred(ctx context.Context) error {
 	case err == nil, errors.Is(err, recovery.ErrNoNewRevision):
 		// (the warning is written already)
 		return nil
-	case errors.Is(err, lock.ErrLost):
+	case errors.Is(err, protocol.ErrLost):
 		return r.lost(err)
 	}
 	fmt.Fprintf(r.g.Stderr, "helm-autorecover: warning: %v\n", err)
@@ -536,10 +491,8 @@ func (r *run) recordRevision(ctx context.Context, latest int) error {
 // release gives the lock back (and deletes it after a complete uninstall).
 func (r *run) release(success bool) {
 	chaos.Point("before-release")
-	if r.g.Fence != nil {
-		// No update of helm's that failed is sent again after the release.
-		r.g.Fence.Drain()
-	}
+	// (The release drains the fence first: no update of helm's that failed
+	// is sent again after it.)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	var err error
@@ -566,7 +519,7 @@ func (r *run) stillNoRevision(ctx context.Context) bool {
 }
 
 func (r *run) warnRelease(err error) {
-	if err != nil && !errors.Is(err, lock.ErrLost) {
+	if err != nil && !errors.Is(err, protocol.ErrLost) {
 		fmt.Fprintf(r.g.Stderr, "helm-autorecover: warning: releasing the lock of release %q in namespace %q: %v (it expires by itself within %s)\n",
 			r.t.Release, r.t.Namespace, err, r.g.Options.LeaseDuration)
 	}

@@ -4,7 +4,7 @@ import (
 	"os"
 	"strings"
 
-	"github.com/helm-autorecover/helm-autorecover/internal/lock"
+	"github.com/helm-autorecover/helm-autorecover/internal/protocol"
 )
 
 // holderNotRunningHere reports whether rec's holder was started on this
@@ -12,7 +12,7 @@ import (
 // any more: a hint for the person reading the refusal, never a reason to
 // take the lock (another machine may share the host name, and a pid
 // namespace may hide the process).
-func holderNotRunningHere(rec *lock.Record) bool {
+func holderNotRunningHere(rec *protocol.Record) bool {
 	if rec == nil || rec.PID <= 0 || rec.PID == os.Getpid() {
 		return false
 	}

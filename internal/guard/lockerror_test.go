@@ -7,6 +7,7 @@ import (
 
 	"github.com/helm-autorecover/helm-autorecover/internal/exitcode"
 	"github.com/helm-autorecover/helm-autorecover/internal/lock"
+	"github.com/helm-autorecover/helm-autorecover/internal/protocol"
 )
 
 // TestLockErrorCodes: a failure to take the lock gets its documented exit
@@ -14,7 +15,7 @@ import (
 // a later one was taken (docs/exit-codes.md), and the error names the
 // release and its namespace.
 func TestLockErrorCodes(t *testing.T) {
-	req := lock.Request{Release: "web", Namespace: "prod", Backend: "lease"}
+	target := Target{Release: "web", Namespace: "prod"}
 	for _, c := range []struct {
 		name string
 		err  error
@@ -22,8 +23,9 @@ func TestLockErrorCodes(t *testing.T) {
 	}{
 		{"held by someone live", &lock.LockedError{Release: "web", Namespace: "prod", State: lock.Live}, exitcode.Locked},
 		{"a part lost while the next was taken", fmt.Errorf("lock on release %q was not renewed before its renew deadline; stop writing: %w", "web", lock.ErrLost), exitcode.LockLost},
+		{"a backend that cannot be used", &protocol.BackendError{Choice: "lease", Err: errors.New("lock backend lease: helm's memory driver keeps no record")}, exitcode.Usage},
 	} {
-		err := lockError(c.err, req, "lease")
+		err := lockError(c.err, target, "lease")
 		var coded *exitcode.Error
 		if !errors.As(err, &coded) || coded.Code != c.code {
 			t.Errorf("%s: %v, want exit code %d", c.name, err, c.code)

@@ -10,7 +10,6 @@ import (
 
 	"github.com/spf13/pflag"
 
-	"github.com/helm-autorecover/helm-autorecover/internal/lock"
 	"github.com/helm-autorecover/helm-autorecover/internal/protocol"
 	"github.com/helm-autorecover/helm-autorecover/internal/recovery"
 )
@@ -107,7 +106,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) error {
 	autorecover := boolean("autorecover", EnvAutorecover, true)
 	deleteData := boolean("recover-delete-data", EnvRecoverDeleteData, false)
 	LockBackendFlag(fs, &o.LockBackend)
-	fs.DurationVar(&o.LeaseDuration, "lease-duration", dur("lease-duration", EnvLeaseDuration, lock.DefaultLeaseDuration),
+	fs.DurationVar(&o.LeaseDuration, "lease-duration", dur("lease-duration", EnvLeaseDuration, protocol.DefaultLeaseDuration),
 		"how long the lock stays valid without renewal, 3s to 10m; it is renewed every third of it, and a holder that dies keeps the release locked this long ["+EnvLeaseDuration+"]")
 	fs.DurationVar(&o.LockTimeout, "lock-timeout", dur("lock-timeout", EnvLockTimeout, 0),
 		"wait up to this long, in arrival order, for a lock another client holds (0: fail at once) ["+EnvLockTimeout+"]")
@@ -210,8 +209,8 @@ func (o *Options) ValidateFlags(flags ...string) error {
 	if o.LeaseDuration < 3*time.Second {
 		return fmt.Errorf("--lease-duration=%s: must be at least 3s (renewals happen every third of it, with a 1s safety margin)", o.LeaseDuration)
 	}
-	if o.LeaseDuration > lock.MaxLeaseDuration {
-		return fmt.Errorf("--lease-duration=%s: must be at most %s: a holder that dies keeps the release locked for one lease (renewals keep a live holder's lock however long it works)", o.LeaseDuration, lock.MaxLeaseDuration)
+	if o.LeaseDuration > protocol.MaxLeaseDuration {
+		return fmt.Errorf("--lease-duration=%s: must be at most %s: a holder that dies keeps the release locked for one lease (renewals keep a live holder's lock however long it works)", o.LeaseDuration, protocol.MaxLeaseDuration)
 	}
 	if o.LockTimeout < 0 {
 		return fmt.Errorf("--lock-timeout=%s: must not be negative", o.LockTimeout)

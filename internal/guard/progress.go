@@ -9,7 +9,7 @@ import (
 	"golang.org/x/term"
 	"k8s.io/utils/clock"
 
-	"github.com/helm-autorecover/helm-autorecover/internal/lock"
+	"github.com/helm-autorecover/helm-autorecover/internal/protocol"
 )
 
 // progress reports a wait for a lock on stderr: one line rewritten in place
@@ -31,7 +31,7 @@ func newProgress(w io.Writer, clk clock.PassiveClock, timeout time.Duration) *pr
 	return &progress{w: w, clock: clk, tty: tty, deadline: clk.Now().Add(timeout)}
 }
 
-func (p *progress) update(holder *lock.Record, left time.Duration) {
+func (p *progress) update(holder *protocol.Record, left time.Duration) {
 	now := p.clock.Now()
 	if !p.tty && p.printed && now.Sub(p.last) < 5*time.Second {
 		return
@@ -60,8 +60,8 @@ func (p *progress) done() {
 // now by the API server's clock is waited for until this client has seen
 // it unchanged for a lease (lock.Confirm), so that a short pause before a
 // recovery is explained.
-func confirmNotice(w io.Writer, release, namespace string) func(*lock.Record, time.Duration) {
-	return func(holder *lock.Record, in time.Duration) {
+func confirmNotice(w io.Writer, release, namespace string) func(*protocol.Record, time.Duration) {
+	return func(holder *protocol.Record, in time.Duration) {
 		who := "its holder"
 		if holder != nil {
 			who = fmt.Sprintf("%s (%s, session %s)", holder.Who, holder.Operation, holder.Session)

@@ -8,8 +8,8 @@ import (
 	"time"
 
 	"github.com/helm-autorecover/helm-autorecover/internal/exitcode"
-	"github.com/helm-autorecover/helm-autorecover/internal/lock"
 	"github.com/helm-autorecover/helm-autorecover/internal/parentwatch"
+	"github.com/helm-autorecover/helm-autorecover/internal/protocol"
 )
 
 // handleSignals implements the signal contract: after a first SIGINT or
@@ -59,7 +59,7 @@ func (r *run) handleSignals() (stop func()) {
 			}
 		}
 		grace := 3 * time.Second
-		if parent || r.t.Op == lock.OpRollback || r.t.Op == lock.OpUninstall {
+		if parent || r.t.Op == protocol.OpRollback || r.t.Op == protocol.OpUninstall {
 			grace = 0
 		}
 		if !waitFor(r.g.Clock.NewTimer(grace).C()) {

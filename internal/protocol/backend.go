@@ -95,7 +95,7 @@ func (c *Conn) chooseAuto(ctx context.Context, ns string) Choice {
 // clients of either backend exclude each other), then the Lease for the
 // lease backend. It returns the backend chosen (auto resolved). With the
 // sql driver every choice takes the lock row and the Lease.
-func (c *Conn) Stores(ctx context.Context, ns, choice string) (string, []*lock.Backend, error) {
+func (c *Conn) Stores(ctx context.Context, ns, choice string) (string, Stores, error) {
 	gate, gateErr := c.GateBackend()
 	if c.sql != nil && (choice == BackendAuto || choice == BackendRelease) {
 		// With the sql driver, earlier versions took the Lease alone, and
@@ -110,21 +110,35 @@ func (c *Conn) Stores(ctx context.Context, ns, choice string) (string, []*lock.B
 		choice = ch.Backend
 		slog.Debug("helm-autorecover: lock backend auto chose "+choice, slog.String("namespace", ns), slog.String("reason", ch.Reason))
 		if choice == BackendRelease && gateErr != nil {
-			return "", nil, fmt.Errorf("lock backend auto: %s, and %w; grant those verbs (see docs/rbac.md) or choose the lease backend once they are granted", ch.Reason, gateErr)
+			return "", Stores{}, fmt.Errorf("lock backend auto: %s, and %w; grant those verbs (see docs/rbac.md) or choose the lease backend once they are granted", ch.Reason, gateErr)
 		}
 	}
 	switch choice {
 	case BackendLease, BackendRelease:
 	default:
-		return "", nil, fmt.Errorf("lock backend %q: must be auto, lease or release", choice)
+		return "", Stores{}, fmt.Errorf("lock backend %q: must be auto, lease or release", choice)
 	}
 	if gateErr != nil {
-		return "", nil, fmt.Errorf("lock backend %s: %w", choice, gateErr)
+		return "", Stores{}, fmt.Errorf("lock backend %s: %w", choice, gateErr)
 	}
 	if choice == BackendLease {
-		return choice, []*lock.Backend{gate, c.Backend(lock.NewLeaseBackend(c.client, c.est, c.clock))}, nil
+		return choice, Stores{list: []*lock.Backend{gate, c.Backend(lock.NewLeaseBackend(c.client, c.est, c.clock))}}, nil
 	}
-	return choice, []*lock.Backend{gate}, nil
+	return choice, Stores{list: []*lock.Backend{gate}}, nil
+}
+
+// Stores are the stores a release's lock lives in, in the order a take
+// takes them (Conn.Stores). The doors pass them back to this package and
+// never look inside.
+type Stores struct{ list []*lock.Backend }
+
+// Kinds names the stores, in order (lock.Store: "release", "sql", "lease").
+func (s Stores) Kinds() []string {
+	out := make([]string, len(s.list))
+	for i, b := range s.list {
+		out[i] = string(b.Store())
+	}
+	return out
 }
 
 // LeaseForbidden reports whether err is the API server refusing this caller

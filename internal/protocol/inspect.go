@@ -15,11 +15,11 @@ import (
 // time is still too wide to tell is read again once the estimate can tell
 // (within about a second; lock.Backend.Settled), so that every command
 // run after a lock expired sees it expired.
-func (c *Conn) Inspect(ctx context.Context, ns, rel string, stores []*lock.Backend) (*lock.Status, error) {
+func (c *Conn) Inspect(ctx context.Context, ns, rel string, stores Stores) (*lock.Status, error) {
 	return settledRead(func() (*lock.Status, bool, error) {
 		var sts []*lock.Status
 		unsettled := false
-		for _, b := range stores {
+		for _, b := range stores.list {
 			st, err := b.Inspect(ctx, ns, rel)
 			if err != nil {
 				return nil, false, err
@@ -36,7 +36,7 @@ func (c *Conn) Inspect(ctx context.Context, ns, rel string, stores []*lock.Backe
 // this process's clock (lock.Status.Confirming) is read again once it could
 // be, a lease at most, so that a dead holder's lock reads expired and one
 // whose holder renews meanwhile reads live, as a take would judge them.
-func (c *Conn) InspectConfirmed(ctx context.Context, ns, rel string, stores []*lock.Backend) (*lock.Status, error) {
+func (c *Conn) InspectConfirmed(ctx context.Context, ns, rel string, stores Stores) (*lock.Status, error) {
 	st, err := c.Inspect(ctx, ns, rel, stores)
 	// Twice at most: a holder that renewed during the first wait is
 	// judged again once; one still confirming after that is live.
@@ -84,15 +84,15 @@ func pickStatus(sts []*lock.Status) *lock.Status {
 
 // List reports the lock of every release in ns ("" for all namespaces) in
 // any store, one status per release, chosen as Inspect does.
-func (c *Conn) List(ctx context.Context, ns string, stores []*lock.Backend) ([]lock.Status, error) {
+func (c *Conn) List(ctx context.Context, ns string, stores Stores) ([]lock.Status, error) {
 	return settledRead(func() ([]lock.Status, bool, error) { return listOnce(ctx, ns, stores) })
 }
 
-func listOnce(ctx context.Context, ns string, stores []*lock.Backend) ([]lock.Status, bool, error) {
+func listOnce(ctx context.Context, ns string, stores Stores) ([]lock.Status, bool, error) {
 	byRelease := map[string][]*lock.Status{}
 	var order []string
 	unsettled := false
-	for _, b := range stores {
+	for _, b := range stores.list {
 		sts, err := b.List(ctx, ns)
 		if err != nil {
 			return nil, false, err
@@ -113,4 +113,19 @@ func listOnce(ctx context.Context, ns string, stores []*lock.Backend) ([]lock.St
 		out = append(out, *pickStatus(byRelease[k]))
 	}
 	return out, unsettled, nil
+}
+
+// InspectParts reads the lock of rel in each of stores, in order, with no
+// settling: what each part says now (a benchmark's view of the locks it
+// took).
+func (c *Conn) InspectParts(ctx context.Context, ns, rel string, stores Stores) ([]*lock.Status, error) {
+	out := make([]*lock.Status, 0, len(stores.list))
+	for _, b := range stores.list {
+		st, err := b.Inspect(ctx, ns, rel)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, st)
+	}
+	return out, nil
 }

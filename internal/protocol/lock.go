@@ -20,12 +20,12 @@ import (
 	"github.com/helm-autorecover/helm-autorecover/internal/recovery"
 )
 
-// Acquire takes the lock of req.Release in every store, in order (see
+// acquire takes the lock of req.Release in every store, in order (see
 // Stores). With wait false it fails at once with an error wrapping
 // lock.ErrLocked when a live client holds any of them; with wait true it
 // waits in arrival order until ctx ends, calling onProgress as
 // lock.Backend.Wait does.
-func (c *Conn) Acquire(ctx context.Context, req lock.Request, stores []*lock.Backend, wait bool, onProgress func(*lock.Record, time.Duration)) (*Lock, error) {
+func (c *Conn) acquire(ctx context.Context, req lock.Request, stores []*lock.Backend, wait bool, onProgress func(*lock.Record, time.Duration)) (*Lock, error) {
 	j, err := lock.AcquireJoint(ctx, req, wait, onProgress, stores...)
 	if err != nil {
 		return nil, err
@@ -76,6 +76,8 @@ type Lock struct {
 	conn               *Conn
 	joint              *lock.Joint
 	release, namespace string
+	// fence is the write fence Take armed for the lock (Fence).
+	fence *helmx.WriteFence
 
 	// floorGiven is set once ReadFloor has given the take's floor;
 	// newestGiven once NewestAtTake has said what the take read.
@@ -245,7 +247,8 @@ func (l *Lock) SetRevision(ctx context.Context, rev int) error {
 // called once, when a part is lost or held past its maximum hold.
 func (l *Lock) Keep(ctx context.Context, onLost func(error)) { l.joint.Keep(ctx, onLost) }
 
-// Release gives the lock back. When it was taken over from an expired
+// Release gives the lock back, once its write fence is drained (no write
+// let through it can land any more). When it was taken over from an expired
 // holder whose revision was not recovered (recovery failed, was blocked, or
 // never ran), the record left names that holder (lock.Record.Abandoned), so
 // the next client recovers it at once instead of taking it for stock
@@ -263,6 +266,7 @@ func (l *Lock) Keep(ctx context.Context, onLost func(error)) { l.joint.Keep(ctx,
 // (lock.Record.Abandoned, with its tenure ending now), so the next client
 // recovers the revision at once instead of taking it for stock helm's.
 func (l *Lock) Release(ctx context.Context) error {
+	l.drain()
 	l.mu.Lock()
 	handOn := l.handOn
 	// The release's first read of the records is served once the API
@@ -286,11 +290,22 @@ func (l *Lock) Release(ctx context.Context) error {
 	return l.joint.Release(ctx)
 }
 
+// drain closes the lock's write fence and waits until no write let through
+// it can still land (helmx.WriteFence.Drain): nothing written under the lock
+// may land once it is free, and the holder's own revision is settled only
+// once helm's last write of it has ended.
+func (l *Lock) drain() {
+	if l.fence != nil {
+		l.fence.Drain()
+	}
+}
+
 // ReleaseAndDelete gives the lock back and removes what is left of it,
 // after an uninstall that kept no history. A revision of its own left
 // unsettled is resolved first, as Release does; when it cannot be, the
 // lock is released naming this holder as abandoned instead of deleted.
 func (l *Lock) ReleaseAndDelete(ctx context.Context) error {
+	l.drain()
 	if l.joint.Valid() == nil {
 		if done, err := l.settleOwn(ctx); done {
 			return err

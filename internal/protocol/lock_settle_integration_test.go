@@ -79,11 +79,7 @@ func settleConn(t *testing.T, cfg *rest.Config) *Conn {
 func settleAcquire(t *testing.T, c *Conn, ns string) *Lock {
 	t.Helper()
 	ctx := context.Background()
-	_, stores, err := c.Stores(ctx, ns, BackendRelease)
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := c.Acquire(ctx, lock.Request{Release: "web", Namespace: ns, Operation: lock.OpUpgrade, LeaseDuration: 15 * time.Second}, stores, false, nil)
+	l, err := c.Take(ctx, Request{Release: "web", Namespace: ns, Operation: lock.OpUpgrade, LeaseDuration: 15 * time.Second, Backend: BackendRelease})
 	if err != nil {
 		t.Fatal(err)
 	}

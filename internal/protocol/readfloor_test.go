@@ -116,11 +116,7 @@ func heldRecordLock(t *testing.T) (*Lock, *fake.Clientset) {
 	t.Helper()
 	c, cs := fakeConn(t, revision(t, 1, common.StatusDeployed, t0.Add(-time.Hour)))
 	ctx := context.Background()
-	_, stores, err := c.Stores(ctx, "shop", BackendRelease)
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := c.Acquire(ctx, lock.Request{Release: "web", Namespace: "shop", Operation: lock.OpUpgrade, Who: "test"}, stores, false, nil)
+	l, err := c.Take(ctx, Request{Release: "web", Namespace: "shop", Operation: lock.OpUpgrade, Who: "test", Backend: BackendRelease})
 	if err != nil {
 		t.Fatal(err)
 	}

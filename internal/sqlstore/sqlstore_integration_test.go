@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -291,25 +292,26 @@ func TestLockTakenInRows(t *testing.T) {
 	ctx := context.Background()
 	// Every backend takes the lock row and then the Lease: earlier
 	// versions took the Lease alone with sql, unfenced by the database.
-	var stores []*lock.Backend
 	for _, b := range []string{protocol.BackendRelease, protocol.BackendLease, protocol.BackendAuto} {
 		chosen, got, err := f.conn.Stores(ctx, f.ns, b)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if chosen != protocol.BackendLease || len(got) != 2 || got[0].Store() != lock.StoreSQL || got[1].Store() != lock.StoreLease {
-			t.Fatalf("--lock-backend=%s with sql = %s %v, want the lock row then the Lease", b, chosen, got)
+		if kinds := got.Kinds(); chosen != protocol.BackendLease || !slices.Equal(kinds, []string{string(lock.StoreSQL), string(lock.StoreLease)}) {
+			t.Fatalf("--lock-backend=%s with sql = %s %v, want the lock row then the Lease", b, chosen, kinds)
 		}
-		stores = got
 	}
 	// The lock row alone excludes a second client too.
-	stores = stores[:1]
-	req := lock.Request{Release: "web", Namespace: f.ns, Operation: lock.OpUpgrade, LeaseDuration: 30 * time.Second}
-	first, err := f.conn.Acquire(ctx, req, stores, false, nil)
+	rows, err := f.conn.GateBackend()
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = f.conn.Acquire(ctx, req, stores, false, nil)
+	req := lock.Request{Release: "web", Namespace: f.ns, Operation: lock.OpUpgrade, LeaseDuration: 30 * time.Second}
+	first, _, err := rows.TryAcquire(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _, err = rows.TryAcquire(ctx, req)
 	if _, ok := protocol.IsLocked(err); !ok {
 		t.Fatalf("a second Acquire = %v, want locked", err)
 	}
@@ -321,7 +323,7 @@ func TestLockTakenInRows(t *testing.T) {
 	if err := first.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	again, err := f.conn.Acquire(ctx, req, stores, false, nil)
+	again, _, err := rows.TryAcquire(ctx, req)
 	if err != nil {
 		t.Fatalf("Acquire after the release: %v", err)
 	}
@@ -383,11 +385,7 @@ func TestOlderPendingRevisionsRecovered(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	_, stores, err := f.conn.Stores(ctx, ns, protocol.BackendRelease)
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := f.conn.Acquire(ctx, lock.Request{Release: rel, Namespace: ns, Operation: lock.OpUpgrade, LeaseDuration: 30 * time.Second}, stores, false, nil)
+	l, err := f.conn.Take(ctx, protocol.Request{Release: rel, Namespace: ns, Operation: protocol.OpUpgrade, LeaseDuration: 30 * time.Second, Backend: protocol.BackendRelease})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -30,7 +30,7 @@ func TestTranslateLockedError(t *testing.T) {
 	}
 
 	t.Run("at once", func(t *testing.T) {
-		err := translate(context.Background(), internal)
+		err := translate(context.Background(), LockRequest{}, internal)
 		pub, ok := errors.AsType[*LockedError](err)
 		if !ok || !errors.Is(err, ErrLocked) {
 			t.Fatalf("translate = %v, want a *LockedError matching ErrLocked", err)
@@ -49,24 +49,33 @@ func TestTranslateLockedError(t *testing.T) {
 		defer cancel()
 		<-ctx.Done()
 		wrapped := fmt.Errorf("gave up waiting (%w): %w", context.Cause(ctx), internal)
-		err := translate(ctx, wrapped)
+		err := translate(ctx, LockRequest{Wait: time.Second}, wrapped)
 		if _, ok := errors.AsType[*LockedError](err); !ok || !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, ErrLocked) {
 			t.Fatalf("translate = %v, want a *LockedError and the context's cause", err)
 		}
 	})
 
 	t.Run("queued waiters only", func(t *testing.T) {
-		err := translate(context.Background(), &lock.LockedError{Release: "web", Namespace: "shop", State: lock.Expired, HolderIdentity: "dead", Ahead: 1})
+		err := translate(context.Background(), LockRequest{}, &lock.LockedError{Release: "web", Namespace: "shop", State: lock.Expired, HolderIdentity: "dead", Ahead: 1})
 		pub, _ := errors.AsType[*LockedError](err)
 		if pub == nil || pub.HolderSession != "" || !strings.Contains(err.Error(), "1 earlier waiter(s) are queued") {
 			t.Fatalf("translate = %v (%+v)", err, pub)
 		}
 	})
 
-	t.Run("other errors pass through", func(t *testing.T) {
+	t.Run("ran out of its wait", func(t *testing.T) {
+		waited := *internal
+		waited.Waited = time.Second
+		err := translate(context.Background(), LockRequest{Wait: time.Second}, &waited)
+		if _, ok := errors.AsType[*LockedError](err); !ok || !errors.Is(err, context.DeadlineExceeded) || !strings.HasPrefix(err.Error(), "gave up waiting for the lock") {
+			t.Fatalf("translate = %v, want a *LockedError after giving up waiting", err)
+		}
+	})
+
+	t.Run("other errors are named", func(t *testing.T) {
 		other := errors.New("forbidden")
-		if err := translate(context.Background(), other); err != other { //nolint:errorlint // identity is the point
-			t.Fatalf("translate = %v, want the error unchanged", err)
+		if err := translate(context.Background(), LockRequest{}, other); !errors.Is(err, other) || err.Error() != "autorecover: forbidden" {
+			t.Fatalf("translate = %v, want the error under the package's name", err)
 		}
 	})
 }

@@ -12,7 +12,6 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/helm-autorecover/helm-autorecover/internal/helmx"
-	"github.com/helm-autorecover/helm-autorecover/internal/lock"
 	"github.com/helm-autorecover/helm-autorecover/internal/protocol"
 	"github.com/helm-autorecover/helm-autorecover/internal/sleepclock"
 )
@@ -21,14 +20,14 @@ var (
 	// ErrLocked: another session holds the release's lock (or, while the
 	// lock is takeable, earlier waiters are queued for it). The error is a
 	// *LockedError that names the holder.
-	ErrLocked = lock.ErrLocked
+	ErrLocked = protocol.ErrLocked
 	// ErrLost: the lock is no longer held by this session (taken over after
 	// it expired, deleted, released, or not renewed before its renew
 	// deadline). Stop writing the release at once.
-	ErrLost = lock.ErrLost
+	ErrLost = protocol.ErrLost
 	// ErrMaxHold: the lock was held longer than LockRequest.MaxHold; Keep
 	// reports it and stops renewing, and the operation must abort.
-	ErrMaxHold = lock.ErrMaxHold
+	ErrMaxHold = protocol.ErrMaxHold
 	// ErrConflict: recovery kept meeting concurrent writers of the release,
 	// and overwrote none of them. Read again and decide again. (A fenced
 	// rewrite of a release record that changed since it was read fails as
@@ -39,22 +38,22 @@ var (
 // DefaultLeaseDuration is the lease of a lock whose request sets none. A
 // holder renews every third of it (Keep), and a holder that dies is taken
 // over about one lease plus a second after its last renewal.
-const DefaultLeaseDuration = lock.DefaultLeaseDuration
+const DefaultLeaseDuration = protocol.DefaultLeaseDuration
 
 // Operation is the Helm operation a lock protects. It is recorded for people
 // and for recovery: a revision left pending by an operation whose lock has
 // expired is recovered at once.
-type Operation string
+type Operation = protocol.Operation
 
-// The operations that take a lock.
+// The operations that take a lock. OpRecover is a recovery on its own
+// (Client.Recover): it writes no revision, so nothing pending is ever
+// attributed to it.
 const (
-	OpInstall   Operation = "install"
-	OpUpgrade   Operation = "upgrade"
-	OpRollback  Operation = "rollback"
-	OpUninstall Operation = "uninstall"
-	// OpRecover is a recovery on its own (Client.Recover): it writes no
-	// revision, so nothing pending is ever attributed to it.
-	OpRecover Operation = "recover"
+	OpInstall   = protocol.OpInstall
+	OpUpgrade   = protocol.OpUpgrade
+	OpRollback  = protocol.OpRollback
+	OpUninstall = protocol.OpUninstall
+	OpRecover   = protocol.OpRecover
 )
 
 // Client locks, inspects and recovers Helm releases of one cluster. It is
@@ -176,7 +175,7 @@ type LockRequest struct {
 	Timeout time.Duration
 	// LeaseDuration defaults to DefaultLeaseDuration and must be longer than
 	// 2 s (twice the safety margin) and at most 10 minutes
-	// (lock.MaxLeaseDuration): a holder that dies keeps the release locked
+	// (protocol.MaxLeaseDuration): a holder that dies keeps the release locked
 	// for one lease.
 	LeaseDuration time.Duration
 	// MaxHold, when positive, bounds how long the lock may be held: Keep
@@ -201,11 +200,12 @@ type LockRequest struct {
 	CIJobURL    string
 }
 
-func (r LockRequest) internal() lock.Request {
-	return lock.Request{
+func (r LockRequest) internal(backend Backend) protocol.Request {
+	req := protocol.Request{
 		Release:       r.Release,
 		Namespace:     r.Namespace,
-		Operation:     lock.Operation(r.Operation),
+		Operation:     r.Operation,
+		Backend:       string(backend),
 		Revision:      r.Revision,
 		Timeout:       r.Timeout,
 		LeaseDuration: r.LeaseDuration,
@@ -215,7 +215,12 @@ func (r LockRequest) internal() lock.Request {
 		PID:           r.PID,
 		ToolVersion:   r.ToolVersion,
 		CIJobURL:      r.CIJobURL,
+		Wait:          r.Wait,
 	}
+	if r.OnWait != nil {
+		req.OnWait = func(rec *protocol.Record, left time.Duration) { r.OnWait(holderFrom(rec), left) }
+	}
+	return req
 }
 
 // Holder is a lock record: who holds (or last held) a release's lock, for
@@ -249,13 +254,13 @@ type Holder struct {
 	ReleasedBy string
 }
 
-func holderFrom(r *lock.Record) *Holder {
+func holderFrom(r *protocol.Record) *Holder {
 	if r == nil {
 		return nil
 	}
 	return &Holder{
 		Session:       r.Session,
-		Operation:     Operation(r.Operation),
+		Operation:     r.Operation,
 		Release:       r.Release,
 		Namespace:     r.Namespace,
 		Revision:      r.Revision,
@@ -334,7 +339,7 @@ func (e *LockedError) Error() string {
 
 func stamp(t time.Time) string { return t.UTC().Format(time.RFC3339) }
 
-func lockedFrom(e *lock.LockedError) *LockedError {
+func lockedFrom(e *protocol.LockedError) *LockedError {
 	out := &LockedError{
 		Release:    e.Release,
 		Namespace:  e.Namespace,
@@ -343,22 +348,28 @@ func lockedFrom(e *lock.LockedError) *LockedError {
 		Left:       e.Left,
 		Ahead:      e.Ahead,
 	}
-	if e.State == lock.Live {
+	if e.State == protocol.Live {
 		out.HolderSession = e.HolderIdentity
 	}
 	return out
 }
 
-// translate turns the lock package's *LockedError into ours, keeping every
-// other error as it is. waitCtx is the context a wait ran under; when it
-// ended, its cause is wrapped too.
-func translate(waitCtx context.Context, err error) error {
-	le, ok := errors.AsType[*lock.LockedError](err)
+// translate turns the protocol's *LockedError into ours, and names the
+// package in every other error. When a wait for the lock ended, the
+// context's cause (or the end of req.Wait) is wrapped too.
+func translate(ctx context.Context, req LockRequest, err error) error {
+	le, ok := errors.AsType[*protocol.LockedError](err)
 	if !ok {
-		return err
+		if _, usage := errors.AsType[*protocol.BackendError](err); usage {
+			return fmt.Errorf("autorecover: release %q in namespace %q: %w", req.Release, req.Namespace, err)
+		}
+		return fmt.Errorf("autorecover: %w", err)
 	}
 	pub := lockedFrom(le)
-	if cause := context.Cause(waitCtx); cause != nil {
+	switch cause := context.Cause(ctx); {
+	case le.Waited > 0:
+		return fmt.Errorf("gave up waiting for the lock (%w): %w", context.DeadlineExceeded, pub)
+	case req.Wait != 0 && cause != nil:
 		return fmt.Errorf("gave up waiting for the lock (%w): %w", cause, pub)
 	}
 	return pub
@@ -374,40 +385,11 @@ func translate(waitCtx context.Context, err error) error {
 // The caller must Release the lock, and keep it alive with Keep while its
 // operation runs. Run does all of this around one helm action.
 func (c *Client) Acquire(ctx context.Context, req LockRequest) (*Lock, error) {
-	if err := lock.ValidateReleaseName(req.Release); err != nil {
-		return nil, fmt.Errorf("autorecover: lock release in namespace %q: %w", req.Namespace, err)
-	}
-	if req.Operation == "" {
-		return nil, fmt.Errorf("autorecover: lock release %q in namespace %q: no operation given", req.Release, req.Namespace)
-	}
-	backend, stores, err := c.conn.Stores(ctx, req.Namespace, string(c.backend))
+	held, err := c.conn.Take(ctx, req.internal(c.backend))
 	if err != nil {
-		return nil, fmt.Errorf("autorecover: release %q in namespace %q: %w", req.Release, req.Namespace, err)
+		return nil, translate(ctx, req, err)
 	}
-	ireq := req.internal()
-	ireq.Backend = backend
-	wctx := ctx
-	var progress func(*lock.Record, time.Duration)
-	if req.Wait != 0 {
-		if req.Wait > 0 {
-			var cancel context.CancelFunc
-			wctx, cancel = context.WithTimeout(ctx, req.Wait)
-			defer cancel()
-		}
-		if req.OnWait != nil {
-			progress = func(r *lock.Record, left time.Duration) { req.OnWait(holderFrom(r), left) }
-		}
-	}
-	held, err := c.conn.Acquire(wctx, ireq, stores, req.Wait != 0, progress)
-	if err != nil {
-		return nil, translate(wctx, err)
-	}
-	l := &Lock{c: c, held: held, op: req.Operation, release: req.Release, namespace: req.Namespace, fence: &helmx.WriteFence{}}
-	recs, _ := c.conn.Records()
-	// The fence stays on for the lock's whole life: once the lock is
-	// released or lost, Valid refuses every write that would go through it.
-	l.fence.Guard(helmx.GuardedWrites{Namespace: req.Namespace, Release: req.Release, Resource: recs.Resource(), Lock: held})
-	return l, nil
+	return &Lock{c: c, held: held, op: req.Operation, release: req.Release, namespace: req.Namespace, fence: held.Fence()}, nil
 }
 
 // Lock is a release lock this process holds. Its methods are safe for
@@ -417,7 +399,8 @@ type Lock struct {
 	held               *protocol.Lock
 	op                 Operation
 	release, namespace string
-	fence              *helmx.WriteFence
+	// fence is the lock's write fence (protocol.Lock.Fence).
+	fence *helmx.WriteFence
 	// after holds what Recover left for after the operation (recover.go).
 	after afterRecovery
 }
@@ -443,7 +426,7 @@ func (l *Lock) Holder() Holder {
 // pending, and Recover recovers it). The holder is nil when there was none
 // or its record was unreadable.
 func (l *Lock) Previous() (*Holder, LockState) {
-	rec, st := l.held.Joint().Previous() // an abandoned holder handed on already stands in (lock.Found)
+	rec, st := l.held.Joint().Previous() // an abandoned holder handed on already stands in (protocol.Found)
 	return holderFrom(rec), stateFrom(st, false)
 }
 
@@ -483,10 +466,10 @@ func (l *Lock) SetRevision(ctx context.Context, rev int) error {
 // written since does not render; see Lock.Recover.
 func (l *Lock) Release(ctx context.Context) error {
 	_ = l.finishRecovery(ctx) // (a lost lock: Release has nothing to give back either)
-	// No write of helm's let through may land once the lock is free: an
-	// operation cancelled by its context may have one in flight (helm's
-	// upgrade goroutine goes on after it returned).
-	l.fence.Drain()
+	// No write of helm's let through may land once the lock is free (an
+	// operation cancelled by its context may have one in flight: helm's
+	// upgrade goroutine goes on after it returned): the release drains the
+	// lock's fence first.
 	err := l.held.Release(ctx)
 	if errors.Is(err, ErrLost) {
 		// Someone else holds it now or deleted it: nothing is left to give back.

@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/helm-autorecover/helm-autorecover/internal/helmx"
-	"github.com/helm-autorecover/helm-autorecover/internal/lock"
+	"github.com/helm-autorecover/helm-autorecover/internal/protocol"
 	"github.com/helm-autorecover/helm-autorecover/internal/recovery"
 )
 
@@ -25,18 +25,18 @@ const (
 	LockExpired LockState = "expired"
 )
 
-func stateFrom(s lock.State, confirming bool) LockState {
+func stateFrom(s protocol.State, confirming bool) LockState {
 	if confirming {
 		// Expired by the API server's clock, not yet on this client's
 		// (see ConfirmIn): live until then.
 		return LockLive
 	}
 	switch s {
-	case lock.Live:
+	case protocol.Live:
 		return LockLive
-	case lock.Expired:
+	case protocol.Expired:
 		return LockExpired
-	case lock.Free:
+	case protocol.Free:
 		return LockFree
 	}
 	return LockLive
@@ -85,7 +85,7 @@ type LockStatus struct {
 
 // Inspect reads a release's lock and history without changing anything.
 func (c *Client) Inspect(ctx context.Context, namespace, release string) (*LockStatus, error) {
-	if err := lock.ValidateReleaseName(release); err != nil {
+	if err := protocol.ValidateReleaseName(release); err != nil {
 		return nil, fmt.Errorf("autorecover: inspect release in namespace %q: %w", namespace, err)
 	}
 	st, err := c.inspectLock(ctx, namespace, release)
@@ -129,7 +129,7 @@ func (c *Client) Inspect(ctx context.Context, namespace, release string) (*LockS
 
 // inspectLock reads the release's lock in every store of the client's
 // backend, as a client taking it would find it.
-func (c *Client) inspectLock(ctx context.Context, namespace, release string) (*lock.Status, error) {
+func (c *Client) inspectLock(ctx context.Context, namespace, release string) (*protocol.Status, error) {
 	_, stores, err := c.conn.Stores(ctx, namespace, string(c.backend))
 	if err != nil {
 		return nil, fmt.Errorf("autorecover: release %q in namespace %q: %w", release, namespace, err)

@@ -9,7 +9,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/helm-autorecover/helm-autorecover/internal/lock"
 	"github.com/helm-autorecover/helm-autorecover/internal/protocol"
 	"github.com/helm-autorecover/helm-autorecover/internal/recovery"
 )
@@ -234,7 +233,7 @@ func (l *Lock) Recover(ctx context.Context, p Policy) (Decision, error) {
 func (l *Lock) recover(ctx context.Context, p Policy, rollback func(string, int) error) (protocol.Outcome, error) {
 	out, err := l.held.Recover(ctx, protocol.Procedure{
 		Policy:     p.internal(),
-		Next:       lock.Operation(l.op),
+		Next:       l.op,
 		Rollback:   rollback,
 		DeleteData: p.DeleteData,
 	})
@@ -304,7 +303,7 @@ func decisionOf(out protocol.Outcome) Decision {
 // plan judges the lock as a dry run sees it: what a client taking it now
 // would find, and decides with no writer.
 func (c *Client) plan(ctx context.Context, namespace, release string, p Policy) (Decision, error) {
-	if err := lock.ValidateReleaseName(release); err != nil {
+	if err := protocol.ValidateReleaseName(release); err != nil {
 		return Decision{}, fmt.Errorf("autorecover: recover release in namespace %q: %w", namespace, err)
 	}
 	st, err := c.inspectLock(ctx, namespace, release)
@@ -313,7 +312,7 @@ func (c *Client) plan(ctx context.Context, namespace, release string, p Policy) 
 	}
 	out, err := c.conn.Recover(ctx, protocol.Procedure{
 		Release: release, Namespace: namespace,
-		Lock: recovery.ObservedLock(st), Policy: p.internal(), Next: lock.OpRecover,
+		Lock: recovery.ObservedLock(st), Policy: p.internal(), Next: protocol.OpRecover,
 	})
 	if err != nil {
 		return Decision{}, fmt.Errorf("autorecover: %w", err)

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/helm-autorecover/helm-autorecover/internal/lock"
 	"helm.sh/helm/v4/pkg/action"
 	"helm.sh/helm/v4/pkg/kube"
 )
@@ -90,7 +89,7 @@ func (c *Client) Run(ctx context.Context, rc RunConfig, op func(ctx context.Cont
 	}
 	// Record the revision op is about to write, so that whoever finds it
 	// abandoned recovers it at once.
-	rev, err := l.held.NextRevision(opCtx, lock.Operation(rc.Lock.Operation), out.Latest)
+	rev, err := l.held.NextRevision(opCtx, rc.Lock.Operation, out.Latest)
 	if err != nil {
 		return lostCause(opCtx, fmt.Errorf("autorecover: %w", err))
 	}
