@@ -24,7 +24,7 @@ func (r *run) onLost(err error) {
 			fmt.Fprintf(r.g.Stderr, "Error: release %q in namespace %q: the operation held its lock longer than --lock-max-hold; aborting. Raise --lock-max-hold or --timeout if it legitimately takes this long.\n",
 				r.t.Release, r.t.Namespace)
 			r.abandonOwn("the operation exceeded --lock-max-hold")
-			r.release(false)
+			r.end()
 			r.g.Exit(exitcode.MaxHold)
 		})
 		return

@@ -252,6 +252,10 @@ type run struct {
 	endMu  sync.Mutex
 	ending bool
 	ended  chan struct{}
+	// guarded is the sequence do runs (protocol.Lock.Run); the paths that
+	// end the process before it returns give the lock back through it too
+	// (end).
+	guarded protocol.Guarded
 	// interrupted is set once a first SIGINT or SIGTERM arrived.
 	interrupted atomic.Bool
 	// background counts writes that run beside helm's operation (the
@@ -262,49 +266,54 @@ type run struct {
 	// upgrade, rollback or uninstall of a release that does not exist), the
 	// lock is deleted rather than released, so nothing is left behind.
 	noRevision bool
-	// deferred are the objects only the abandoned revision rendered, which
-	// recovery left for after the operation (protocol.Conn.RemoveDeferred);
-	// nil on the happy path.
-	deferred *recovery.Deferred
 }
 
 func (r *run) do(ctx context.Context, op func() error) (err error) {
 	defer r.background.Wait()
-	released := false
-	defer func() {
-		if !released {
-			r.release(err == nil)
-		}
-	}()
-	// Renew from the start: recovery (and undoing what an abandoned revision
-	// applied) can take longer than a short lease.
-	keepCtx, stopKeep := context.WithCancel(context.Background())
-	defer stopKeep()
-	go r.held.Keep(keepCtx, r.onLost)
+	stopSignals := func() {}
+	defer func() { stopSignals() }()
+	r.guarded = protocol.Guarded{
+		Procedure: protocol.Procedure{
+			Policy:     r.g.Options.policy(),
+			Next:       r.t.Op,
+			Rollback:   r.g.Rollback,
+			DeleteData: r.g.Options.RecoverDeleteData,
+		},
+		Decided: func(out protocol.Outcome) error { return r.decided(ctx, out) },
+		Op: func(ctx context.Context) error {
+			select {
+			case <-parentwatch.Gone():
+				// helm ended while the lock was being taken: do not start.
+				return &exitcode.Error{Code: exitcode.Interrupted, Err: fmt.Errorf("release %q in namespace %q: interrupted by %s before the operation started; nothing was written by it", r.t.Release, r.t.Namespace, parentEnded{})}
+			default:
+			}
+			// The signal contract holds until the process ends: through
+			// the release of the lock too.
+			stopSignals = r.handleSignals()
+			return r.operate(ctx, op)
+		},
+		OnLost: r.onLost,
+		Releasing: func(ctx context.Context, err error) bool {
+			chaos.Point("before-release")
+			return (err == nil && r.t.DeleteLock) || (err != nil && r.stillNoRevision(ctx))
+		},
+		Released: r.released,
+		Log:      r.g.Stderr,
+	}
+	err = r.held.Run(ctx, r.guarded)
+	if err != nil && r.interrupted.Load() && !errors.As(err, new(*exitcode.Error)) {
+		// Helm's install and upgrade handle the first signal themselves
+		// (they cancel, mark the release failed and return an error); the
+		// process must still end with the documented interrupted code.
+		return &exitcode.Error{Code: exitcode.Interrupted, Err: err}
+	}
+	return err
+}
 
-	latest, err := r.recover(ctx)
-	if _, rerr := r.conn.Records(); err == nil && rerr == nil && latest == 0 {
-		r.noRevision = true
-	}
-	if err != nil {
-		// The lock's release hands an expired holder's revision, still
-		// pending, on to the next client (protocol.Lock.Release).
-		return err
-	}
-	if err := r.recordRevision(ctx, latest); err != nil {
-		return err
-	}
-
-	select {
-	case <-parentwatch.Gone():
-		// helm ended while the lock was being taken: do not start.
-		return &exitcode.Error{Code: exitcode.Interrupted, Err: fmt.Errorf("release %q in namespace %q: interrupted by %s before the operation started; nothing was written by it", r.t.Release, r.t.Namespace, parentEnded{})}
-	default:
-	}
-	stopSignals := r.handleSignals()
-	defer stopSignals()
-
-	err = op()
+// operate runs helm's operation and gives its error the documented exit
+// code.
+func (r *run) operate(ctx context.Context, op func() error) error {
+	err := op()
 	r.endMu.Lock()
 	close(r.opDone)
 	ending := r.ending
@@ -349,18 +358,6 @@ func (r *run) do(ctx context.Context, op func() error) (err error) {
 		// marks failed while it still holds the lock.
 		r.held.OwnRecordWrite(r.held.Record().Revision, false)
 	}
-	if derr := r.removeDeferred(ctx); derr != nil && err == nil {
-		err = derr
-	}
-	stopKeep()
-	r.release(err == nil)
-	released = true
-	if err != nil && r.interrupted.Load() {
-		// Helm's install and upgrade handle the first signal themselves
-		// (they cancel, mark the release failed and return an error); the
-		// process must still end with the documented interrupted code.
-		return &exitcode.Error{Code: exitcode.Interrupted, Err: err}
-	}
 	return err
 }
 
@@ -402,38 +399,19 @@ func (r *run) history(ctx context.Context) ([]helmx.Summary, error) {
 	return r.conn.History(ctx, r.t.Namespace, r.t.Release)
 }
 
-// recover runs the one recovery procedure (protocol.Lock.Recover) before
-// helm's operation and says what its outcome means for this command.
-//
-// It returns the highest revision stored once it is done, or -1 when it
-// rolled the release back (a new revision whose number it did not read).
-func (r *run) recover(ctx context.Context) (latest int, err error) {
-	if _, err := r.conn.Records(); err != nil {
-		return 0, nil // memory: nothing here to recover
-	}
-	out, err := r.held.Recover(ctx, protocol.Procedure{
-		Policy:     r.g.Options.policy(),
-		Next:       r.t.Op,
-		Rollback:   r.g.Rollback,
-		Log:        r.g.Stderr,
-		DeleteData: r.g.Options.RecoverDeleteData,
-	})
-	if err != nil {
-		if errors.Is(err, protocol.ErrLost) {
-			return 0, r.lost(err)
-		}
-		return 0, err
-	}
-	r.deferred = out.Converged.Deferred
+// decided says what recovery's outcome (protocol.Lock.Run) means for this
+// command: a blocked release ends it with exit code 5 (unless stock helm's
+// manual way out stays open), a recovery is said on stderr and in an Event.
+func (r *run) decided(ctx context.Context, out protocol.Outcome) error {
 	dec := out.Decision
 	switch dec.Verdict {
 	case recovery.Blocked:
 		if !r.g.Options.Autorecover && !dec.HolderMayWrite && (r.t.Op == protocol.OpRollback || r.t.Op == protocol.OpUninstall) {
 			// Stock helm's manual way out of a stuck release stays open
 			// when the user turned recovery off.
-			return out.Latest, nil
+			break
 		}
-		return 0, &exitcode.Error{Code: exitcode.Pending, Err: errors.New(dec.Reason)}
+		return &exitcode.Error{Code: exitcode.Pending, Err: errors.New(dec.Reason)}
 	case recovery.Recover, recovery.RecoverThenRollback:
 		fmt.Fprintf(r.g.Stderr, "helm-autorecover: recovered: %s\n", out.Said())
 		// The Event is for people reading later: it is written beside
@@ -449,62 +427,29 @@ func (r *run) recover(ctx context.Context) (latest int, err error) {
 		}()
 	case recovery.NoRelease, recovery.Proceed:
 	}
-	return out.Latest, nil
-}
-
-// removeDeferred removes, once helm's operation has run (successful or
-// not), the objects only the abandoned revision rendered that the revision
-// the operation wrote does not render, still under the lock. It does
-// nothing on the happy path. A failure is a warning on stderr naming the
-// objects left, except a lost lock, which is an error (exit 4). Helm's
-// operation and its revision stand either way.
-func (r *run) removeDeferred(ctx context.Context) error {
-	if r.deferred.Empty() {
-		return nil
-	}
-	_, err := r.conn.RemoveDeferred(context.WithoutCancel(ctx), r.held, r.deferred, r.g.Stderr)
-	switch {
-	case err == nil, errors.Is(err, recovery.ErrNoNewRevision):
-		// (the warning is written already)
-		return nil
-	case errors.Is(err, protocol.ErrLost):
-		return r.lost(err)
-	}
-	fmt.Fprintf(r.g.Stderr, "helm-autorecover: warning: %v\n", err)
-	return nil
-}
-
-// recordRevision writes into the lock record which revision the operation
-// is about to write, so that whoever finds it abandoned can tell it is ours.
-// latest is the highest revision recovery read, or -1 to read it again.
-func (r *run) recordRevision(ctx context.Context, latest int) error {
-	rev, err := r.held.NextRevision(ctx, r.t.Op, latest)
-	if err != nil {
-		return err
-	}
-	if err := r.held.SetRevision(ctx, rev); err != nil {
-		return r.lost(err)
+	if _, err := r.conn.Records(); err == nil && out.Latest == 0 {
+		r.noRevision = true
 	}
 	return nil
 }
 
-// release gives the lock back (and deletes it after a complete uninstall).
-func (r *run) release(success bool) {
-	chaos.Point("before-release")
-	// (The release drains the fence first: no update of helm's that failed
-	// is sent again after it.)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	var err error
-	if (success && r.t.DeleteLock) || (!success && r.stillNoRevision(ctx)) {
-		err = r.held.ReleaseAndDelete(ctx)
-	} else {
-		err = r.held.Release(ctx)
-	}
+// end gives the lock back before the process ends on a path that does not
+// wait for helm's operation (a signal, the fail-stop), as do would.
+func (r *run) end() {
+	r.held.End(context.Background(), r.guarded, errors.New("the operation was stopped"))
+}
+
+// released says what the release of the lock did about revisions of this
+// holder's own, and warns when it failed (the lock then runs out by
+// itself).
+func (r *run) released(err error) {
 	for _, msg := range r.held.Resolved() {
 		fmt.Fprintf(r.g.Stderr, "helm-autorecover: %s\n", msg)
 	}
-	r.warnRelease(err)
+	if err != nil {
+		fmt.Fprintf(r.g.Stderr, "helm-autorecover: warning: releasing the lock of release %q in namespace %q: %v (it expires by itself within %s)\n",
+			r.t.Release, r.t.Namespace, err, r.g.Options.LeaseDuration)
+	}
 }
 
 // stillNoRevision reports whether a release that had no stored revision
@@ -516,13 +461,6 @@ func (r *run) stillNoRevision(ctx context.Context) bool {
 	}
 	hist, err := r.history(ctx)
 	return err == nil && len(hist) == 0
-}
-
-func (r *run) warnRelease(err error) {
-	if err != nil && !errors.Is(err, protocol.ErrLost) {
-		fmt.Fprintf(r.g.Stderr, "helm-autorecover: warning: releasing the lock of release %q in namespace %q: %v (it expires by itself within %s)\n",
-			r.t.Release, r.t.Namespace, err, r.g.Options.LeaseDuration)
-	}
 }
 
 // failed is helm's error for an operation that failed under the lock: its

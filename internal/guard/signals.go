@@ -81,7 +81,7 @@ func (r *run) handleSignals() (stop func()) {
 			defer close(r.ended)
 			r.exitOnce.Do(func() {
 				r.abandonOwn("interrupted by " + sig.String())
-				r.release(false)
+				r.end()
 				fmt.Fprintf(r.g.Stderr, "Error: release %q in namespace %q: interrupted by %s; the release is marked failed and its lock released\n",
 					r.t.Release, r.t.Namespace, sig)
 				r.g.Exit(exitcode.Interrupted)

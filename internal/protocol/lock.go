@@ -78,6 +78,8 @@ type Lock struct {
 	release, namespace string
 	// fence is the write fence Take armed for the lock (Fence).
 	fence *helmx.WriteFence
+	// endOnce makes End give the lock back once.
+	endOnce sync.Once
 
 	// floorGiven is set once ReadFloor has given the take's floor;
 	// newestGiven once NewestAtTake has said what the take read.

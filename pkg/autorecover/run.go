@@ -4,16 +4,20 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"strings"
 	"time"
 
 	"helm.sh/helm/v4/pkg/action"
 	"helm.sh/helm/v4/pkg/kube"
+
+	"github.com/helm-autorecover/helm-autorecover/internal/protocol"
 )
 
 // ErrBlocked: the release's latest revision is pending and may not be
 // recovered now (a revision stock helm left pending, younger than
 // Policy.LegacyAfter). The error is a *BlockedError with the decision.
-var ErrBlocked = errors.New("release is pending and may not be recovered now")
+var ErrBlocked = protocol.ErrBlocked
 
 // BlockedError is Run's refusal to write a release that is pending and not
 // recoverable yet. errors.Is(err, ErrBlocked) holds for it.
@@ -56,51 +60,52 @@ func (c *Client) Run(ctx context.Context, rc RunConfig, op func(ctx context.Cont
 	if err != nil {
 		return err
 	}
-	defer func() {
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-		defer cancel()
-		if rerr := l.Release(rctx); rerr != nil && err == nil {
-			err = fmt.Errorf("autorecover: releasing the lock of release %q in namespace %q: %w", l.release, l.namespace, rerr)
-		}
-	}()
-	opCtx, stop := context.WithCancelCause(ctx)
-	defer stop(nil)
-	go l.Keep(opCtx, stop)
-
 	cfg, err := l.ActionConfig()
 	if err != nil {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		_ = l.Release(rctx)
 		return err
 	}
-	out, err := l.recover(opCtx, rc.Policy, func(release string, revision int) error {
-		rb := action.NewRollback(cfg)
-		rb.Version = revision
-		rb.Timeout = rc.Lock.Timeout
-		if rb.Timeout <= 0 {
-			rb.Timeout = 5 * time.Minute
-		}
-		rb.WaitStrategy = kube.HookOnlyStrategy
-		return rb.Run(release)
+	opCtx, stop := context.WithCancelCause(ctx)
+	defer stop(nil)
+	var opErr, releaseErr error
+	err = l.held.Run(opCtx, protocol.Guarded{
+		Procedure: protocol.Procedure{
+			Policy:     rc.Policy.internal(),
+			Next:       rc.Lock.Operation,
+			DeleteData: rc.Policy.DeleteData,
+			Rollback: func(release string, revision int) error {
+				rb := action.NewRollback(cfg)
+				rb.Version = revision
+				rb.Timeout = rc.Lock.Timeout
+				if rb.Timeout <= 0 {
+					rb.Timeout = 5 * time.Minute
+				}
+				rb.WaitStrategy = kube.HookOnlyStrategy
+				return rb.Run(release)
+			},
+		},
+		Decided: func(out protocol.Outcome) error {
+			if d := decisionOf(out); d.Verdict == VerdictBlocked {
+				return &BlockedError{Decision: d}
+			}
+			return nil
+		},
+		Op: func(ctx context.Context) error {
+			opErr = op(ctx, cfg)
+			return opErr
+		},
+		OnLost:   stop,
+		Released: func(rerr error) { releaseErr = rerr },
+		Log:      slogWriter{},
 	})
-	if err != nil {
-		return lostCause(opCtx, err)
-	}
-	if d := decisionOf(out); d.Verdict == VerdictBlocked {
-		return &BlockedError{Decision: d}
-	}
-	// Record the revision op is about to write, so that whoever finds it
-	// abandoned recovers it at once.
-	rev, err := l.held.NextRevision(opCtx, rc.Lock.Operation, out.Latest)
-	if err != nil {
-		return lostCause(opCtx, fmt.Errorf("autorecover: %w", err))
-	}
-	if err := l.SetRevision(opCtx, rev); err != nil {
-		return lostCause(opCtx, fmt.Errorf("autorecover: release %q in namespace %q: %w", l.release, l.namespace, err))
-	}
-	err = op(opCtx, cfg)
-	// What only the abandoned revision rendered goes once op's revision
-	// says it is not wanted (see Lock.Recover); nothing on the happy path.
-	if ferr := l.finishRecovery(context.WithoutCancel(opCtx)); ferr != nil && err == nil {
-		err = ferr
+	var blocked *BlockedError
+	switch {
+	case err == nil && releaseErr != nil:
+		err = fmt.Errorf("autorecover: releasing the lock of release %q in namespace %q: %w", l.release, l.namespace, releaseErr)
+	case err != nil && err != opErr && !errors.As(err, &blocked): //nolint:errorlint // the operation's own error is returned as it is
+		err = fmt.Errorf("autorecover: release %q in namespace %q: %w", l.release, l.namespace, err)
 	}
 	return lostCause(opCtx, err)
 }
@@ -114,4 +119,21 @@ func lostCause(ctx context.Context, err error) error {
 		return fmt.Errorf("%w (the operation stopped: %w)", cause, err)
 	}
 	return err
+}
+
+// slogWriter logs each line written to it with log/slog: recovery's
+// progress and its warnings about objects left in place.
+type slogWriter struct{}
+
+func (slogWriter) Write(p []byte) (int, error) {
+	for _, line := range strings.Split(strings.TrimSpace(string(p)), "\n") {
+		switch {
+		case line == "":
+		case strings.Contains(line, "warning:"):
+			slog.Warn(line)
+		default:
+			slog.Info(line)
+		}
+	}
+	return len(p), nil
 }

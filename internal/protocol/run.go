@@ -1,0 +1,140 @@
+package protocol
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/helm-autorecover/helm-autorecover/internal/recovery"
+)
+
+// Guarded is one helm operation run under a lock (Lock.Run): what recovery
+// may do first, the operation, and the door's own parts of the sequence.
+type Guarded struct {
+	// Procedure is the recovery run before the operation; its Next is the
+	// operation (install, upgrade, rollback, uninstall).
+	Procedure Procedure
+	// Decided is told recovery's outcome before the operation starts; an
+	// error it returns ends Run with that error, without the operation (a
+	// blocked release). nil lets every outcome but a Blocked one go on.
+	Decided func(Outcome) error
+	// Op is the operation. Its context is Run's.
+	Op func(ctx context.Context) error
+	// OnLost is called once when the lock is lost (taken over, not renewed
+	// before its renew deadline, held past its maximum hold) while Run
+	// holds it: the door stops the operation (the fence refuses its writes
+	// anyway).
+	OnLost func(error)
+	// Releasing, when set, is called just before the lock is given back,
+	// with Run's error so far, and reports whether the lock is deleted
+	// rather than released (an uninstall that kept no history, an
+	// operation that wrote no revision of a release that had none).
+	Releasing func(ctx context.Context, err error) (deleteLock bool)
+	// Released is told the error of giving the lock back (nil, or the lock
+	// was lost already, which is not an error: it runs out by itself).
+	Released func(err error)
+	// Log receives recovery's progress and the warnings about objects it
+	// left for after the operation.
+	Log io.Writer
+}
+
+// ErrBlocked is Run's refusal to run an operation on a release that is
+// pending and may not be recovered now (Guarded.Decided decides otherwise).
+var ErrBlocked = errors.New("release is pending and may not be recovered now")
+
+// Run is the guarded sequence every door runs around one helm operation:
+// renew the lock from the start (Keep), recover what an expired holder
+// left (Recover, when the storage driver keeps records), record the
+// revision the operation will write (SetRevision), run it, remove what
+// recovery left for after it that its revision does not render
+// (RemoveDeferred), and give the lock back (Release, which drains the
+// fence; or ReleaseAndDelete), on every path. It returns the first error:
+// recovery's, the door's (Decided), the lock's, the operation's.
+func (l *Lock) Run(ctx context.Context, g Guarded) (err error) {
+	keepCtx, stopKeep := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopKeep()
+	onLost := g.OnLost
+	if onLost == nil {
+		onLost = func(error) {}
+	}
+	go l.Keep(keepCtx, onLost)
+	defer func() {
+		stopKeep()
+		l.End(ctx, g, err)
+	}()
+
+	out := Outcome{Latest: 0}
+	if _, rerr := l.conn.Records(); rerr == nil {
+		p := g.Procedure
+		p.Log = g.Log
+		out, err = l.Recover(ctx, p)
+		if err != nil {
+			return err
+		}
+	}
+	decided := g.Decided
+	if decided == nil {
+		decided = func(o Outcome) error {
+			if o.Decision.Verdict == recovery.Blocked {
+				return fmt.Errorf("%w: %s", ErrBlocked, o.Decision.Reason)
+			}
+			return nil
+		}
+	}
+	if err := decided(out); err != nil {
+		return err
+	}
+	rev, err := l.NextRevision(ctx, g.Procedure.Next, out.Latest)
+	if err != nil {
+		return err
+	}
+	if err := l.SetRevision(ctx, rev); err != nil {
+		return err
+	}
+	err = g.Op(ctx)
+	if d := out.Converged.Deferred; !d.Empty() {
+		// What only the abandoned revision rendered goes once the
+		// operation's revision says it is not wanted; nothing on the
+		// happy path.
+		_, derr := l.conn.RemoveDeferred(context.WithoutCancel(ctx), l, d, g.Log)
+		switch {
+		case derr == nil, errors.Is(derr, recovery.ErrNoNewRevision):
+			// (the warning is written already)
+		case errors.Is(derr, ErrLost):
+			if err == nil {
+				err = derr
+			}
+		default:
+			if g.Log != nil {
+				fmt.Fprintf(g.Log, "helm-autorecover: warning: %v\n", derr)
+			}
+		}
+	}
+	return err
+}
+
+// End gives the lock back as Run does once the operation ended with err:
+// Releasing decides whether it is deleted, Released is told how that went.
+// A door that must end the process before Run returns (a signal, the
+// fail-stop) calls it itself; only the first call does anything. It
+// returns within 10 s even when ctx has ended.
+func (l *Lock) End(ctx context.Context, g Guarded, err error) {
+	l.endOnce.Do(func() {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		var rerr error
+		if g.Releasing != nil && g.Releasing(rctx, err) {
+			rerr = l.ReleaseAndDelete(rctx)
+		} else {
+			rerr = l.Release(rctx)
+		}
+		if errors.Is(rerr, ErrLost) {
+			rerr = nil
+		}
+		if g.Released != nil {
+			g.Released(rerr)
+		}
+	})
+}
