@@ -76,9 +76,14 @@ func firstSignal(t *testing.T, env *testenv.Env, ha string, c killCase, signame 
 		}
 	}
 	exitedAfter := time.Since(sentAt)
-	ms := func(d time.Duration) time.Duration { return d.Round(time.Millisecond) }
-	figure(t, "first %s %s: failed after %s, lock free after %s, exit %d after %s (0s: first seen at the exit)",
-		signame, c.name, ms(failedAfter), ms(freeAfter), code, ms(exitedAfter))
+	seen := func(d time.Duration) string {
+		if d == 0 {
+			return "at the exit"
+		}
+		return "after " + d.Round(time.Millisecond).String()
+	}
+	figure(t, "first %s %s: failed %s, lock free %s, exit %d after %s",
+		signame, c.name, seen(failedAfter), seen(freeAfter), code, exitedAfter.Round(time.Millisecond))
 	t.Logf("stderr:\n%s", p.Stderr.String())
 	if code != exitcode.Interrupted {
 		t.Errorf("exit code %d after %s; want %d", code, signame, exitcode.Interrupted)
