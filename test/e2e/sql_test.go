@@ -69,7 +69,7 @@ func TestSQLKillRecovers(t *testing.T) {
 			c.install(t, rel, flag[2:]...)
 			p := c.env.StartEnv(t, c.extra, c.ha, args(append([]string{"upgrade", rel, c.chart, "--wait", "--timeout", "5m", "--set", "message=v2"}, flag...), unschedulable)...)
 			testenv.WaitForLatest(t, c.ns+"/"+rel, c.history(t, rel), 2, "pending-upgrade", 60*time.Second)
-			time.Sleep(killLease / 2) // it renews at least once, as in real life
+			c.waitRenewed(t, rel) // as in real life
 			killAt := time.Now()
 			p.Kill(t)
 
@@ -192,6 +192,13 @@ func TestSQLUnlockForce(t *testing.T) {
 	c.wantHistory(t, rel, "1:superseded 2:failed 3:deployed")
 }
 
+// waitRenewed waits until the holder of the release's lock row has renewed
+// its lock.
+func (c sqlCase) waitRenewed(t *testing.T, rel string) {
+	t.Helper()
+	waitRenewed(t, func(a ...string) testenv.Result { return c.run(t, c.ha, a...) }, c.ns, rel, c.holder(t, rel))
+}
+
 // holder is the session the release's lock row names.
 func (c sqlCase) holder(t *testing.T, rel string) string {
 	t.Helper()
@@ -221,7 +228,7 @@ func TestSQLKilledRollbackOnFailureRecovers(t *testing.T) {
 	}
 	p := c.env.StartEnv(t, c.extra, c.ha, args([]string{"upgrade", rel, c.chart, "--rollback-on-failure", "--wait", "--timeout", "5m"}, flag, unschedulable, failingUpgrade)...)
 	testenv.WaitForLatest(t, c.ns+"/"+rel, c.history(t, rel), 3, "pending-rollback", 60*time.Second)
-	time.Sleep(killLease / 2) // it renews at least once, as in real life
+	c.waitRenewed(t, rel) // as in real life
 	killAt := time.Now()
 	p.Kill(t)
 
