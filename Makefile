@@ -129,8 +129,10 @@ chaos: build-chaos cluster-up
 
 ## bench-controller: the controller at scale (issue 12 item 7): 10,000 releases
 ## in 100 namespaces, 100 left stuck under dead holders' locks; time to sync,
-## memory, expiry-to-recovery delay, requests. BENCH_CONTROLLER_FLAGS=--steady=1m
-## shortens the steady state.
+## memory, expiry-to-recovery delay, requests; writes its section of
+## docs/benchmarks.md (between the benchcontroller markers).
+## BENCH_CONTROLLER_FLAGS=--steady=1m shortens the steady state; --doc= writes
+## no document, --doc=PATH another one (for a trial at a smaller scale).
 bench-controller: build cluster-up
 	KUBECONFIG=$(CURDIR)/.local-cluster/kubeconfig $(GO) run ./hack/benchcontroller --bin $(BIN) $(BENCH_CONTROLLER_FLAGS)
 

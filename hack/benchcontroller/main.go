@@ -22,11 +22,13 @@
 // the API server's apiserver_request_total cannot tell clients apart and
 // its audit log records only writes), the API server's own request
 // counters (all clients) and the audit log's writes by the controller's
-// user agent. It ends with a table, a Markdown section for
-// docs/benchmarks.md, and deletes its namespaces (--keep keeps them).
+// user agent. It ends with a table, writes its section of
+// docs/benchmarks.md (between the benchcontroller markers; --doc names
+// another document, --doc= none), and deletes its namespaces (--keep keeps
+// them).
 //
 //	make bench-controller
-//	go run ./hack/benchcontroller --bin bin/helm-autorecover [--steady 5m] [--keep]
+//	go run ./hack/benchcontroller --bin bin/helm-autorecover [--steady 5m] [--keep] [--doc docs/benchmarks.md]
 package main
 
 import (
@@ -61,8 +63,9 @@ type options struct {
 	ctrlWorkers                           int
 	leaseMin, leaseMax                    time.Duration
 	steady, recoverTimeout, cleanupWait   time.Duration
-	keep, direct                          bool
+	keep, direct, ownNamespaces           bool
 	lockBackend, auditLog, goMemLimit, md string
+	doc                                   string
 	ctrlEnv                               envList
 }
 
@@ -95,11 +98,13 @@ func main() {
 	flag.DurationVar(&o.recoverTimeout, "recover-timeout", 15*time.Minute, "how long after the longest lease every recovery must be seen")
 	flag.DurationVar(&o.cleanupWait, "cleanup-wait", 10*time.Minute, "how long to wait for the namespaces to be gone")
 	flag.BoolVar(&o.keep, "keep", false, "keep the namespaces")
+	flag.BoolVar(&o.ownNamespaces, "own-namespaces", false, "give the controller --namespaces with this run's namespaces only, so that it leaves others' pending releases alone (a trial on a cluster others use; its watches are then per namespace)")
 	flag.BoolVar(&o.direct, "direct", false, "connect the controller to the API server directly, not through the counting proxy (then its reads cannot be counted)")
 	flag.StringVar(&o.lockBackend, "lock-backend", protocol.BackendAuto, "the dead holders' --lock-backend (the CLI's default is auto)")
 	flag.StringVar(&o.auditLog, "audit-log", "", "the API server's audit log (default: $LOCAL_CLUSTER_DIR or .local-cluster, logs/audit.log)")
 	flag.StringVar(&o.goMemLimit, "gomemlimit", "90MiB", "GOMEMLIMIT of the controller, as the chart sets it (empty: unset)")
 	flag.StringVar(&o.md, "markdown", "", "also write the Markdown section to this file")
+	flag.StringVar(&o.doc, "doc", "docs/benchmarks.md", "write the figures into this document, between its benchcontroller markers (empty: do not)")
 	flag.Var(&o.ctrlEnv, "controller-env", "KEY=VALUE added to the controller's environment (repeatable), e.g. HELM_QPS=50")
 	flag.Parse()
 	if o.auditLog == "" {
@@ -204,7 +209,7 @@ func run(ctx context.Context, o options) error {
 	// every namespace and would recover those too.
 	if l, err := cs.CoreV1().Secrets("").List(ctx, metav1.ListOptions{
 		LabelSelector: "owner=helm,status in (pending-install,pending-upgrade,pending-rollback)", ResourceVersion: "0",
-	}); err == nil {
+	}); err == nil && !o.ownNamespaces {
 		f.foreign = len(l.Items)
 	}
 
@@ -274,7 +279,15 @@ func run(ctx context.Context, o options) error {
 	env = append(append(env, "HELM_DRIVER=secret"), o.ctrlEnv...)
 	logPath := filepath.Join(dir, "controller.log")
 	auditStart := auditSize(o.auditLog)
-	c, err := startController(o.bin, ctrlKubeconfig, logPath, env, []string{"--workers", fmt.Sprint(o.ctrlWorkers)})
+	ctrlArgs := []string{"--workers", fmt.Sprint(o.ctrlWorkers)}
+	if o.ownNamespaces {
+		names := make([]string, o.namespaces)
+		for i := range names {
+			names[i] = nsName(stamp, i)
+		}
+		ctrlArgs = append(ctrlArgs, "--namespaces", strings.Join(names, ","))
+	}
+	c, err := startController(o.bin, ctrlKubeconfig, logPath, env, ctrlArgs)
 	if err != nil {
 		return err
 	}
@@ -481,6 +494,12 @@ func run(ctx context.Context, o options) error {
 		cleaned = true
 	}
 	report(os.Stdout, f)
+	if o.doc != "" {
+		if err := writeDoc(o.doc, docSection(f)); err != nil {
+			return err
+		}
+		fmt.Fprintf(os.Stderr, "wrote the figures into %s\n", o.doc)
+	}
 	if o.md != "" {
 		var b strings.Builder
 		markdown(&b, f)

@@ -368,7 +368,7 @@ func markdown(w io.Writer, f *figures) {
 	p("| figure | value |\n| --- | --- |\n")
 	p("| set-up | %d Secrets in %s (%.0f/s, %d writers) |\n", f.records, f.setupTook.Round(time.Second), float64(f.records-len(f.pend))/f.setupTook.Seconds(), o.workers)
 	p("| dead holders | %d (%s backend, leases %s to %s) |\n", len(f.pend), f.backendWas, o.leaseMin, o.leaseMax)
-	p("| controller | --workers %d, GOMEMLIMIT=%s %s |\n", o.ctrlWorkers, o.goMemLimit, o.ctrlEnv.String())
+	p("| controller | %s |\n", strings.TrimSpace(fmt.Sprintf("--workers %d, GOMEMLIMIT=%s %s", o.ctrlWorkers, o.goMemLimit, o.ctrlEnv.String())))
 	p("| start to `/readyz` 200 | %s |\n", secs(f.toReady))
 	p("| start to \"Starting workers\" (cache synced) | %s |\n", orNA(f.workersSeen, secs(f.toWorkers)))
 	p("| start to every pending release judged | %s |\n", orNA(f.judgedSeen, secs(f.toJudged)))

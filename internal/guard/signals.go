@@ -74,6 +74,7 @@ func (r *run) handleSignals() (stop func()) {
 		}
 		r.ending = true
 		r.endMu.Unlock()
+		fmt.Fprintf(r.g.Stderr, "helm-autorecover: release %q in namespace %q: %s: %s\n", r.t.Release, r.t.Namespace, sig, CleanupStarted)
 		// Marking the release failed and releasing the lock can take up to
 		// their timeouts when the API server is slow; they run aside so that
 		// a second signal still ends the process at once.
@@ -94,6 +95,12 @@ func (r *run) handleSignals() (stop func()) {
 		close(quit)
 	}
 }
+
+// CleanupStarted is what the guard says on stderr when it starts marking
+// the release failed and releasing the lock itself after a first signal
+// (helm did not end the operation within the grace period, or does not
+// handle signals in it). Tests wait for it to know that path was taken.
+const CleanupStarted = "marking the release failed and releasing its lock (a second signal ends at once and leaves the lock to expire)"
 
 // groupSignalWindow is how long after the end of helm (the plugin's
 // parent) a signal to this process is taken for the same event: a signal

@@ -106,7 +106,7 @@ func TestIntegrationRaceOneWinner(t *testing.T) {
 		t0 := time.Now()
 		close(start)
 		wg.Wait()
-		elapsed := time.Since(t0)
+		elapsed := time.Since(t0) // a figure: the loser learns it lost without waiting (had it waited out the winner's lease, it would have won too)
 		winners := 0
 		for i := range clients {
 			if errs[i] == nil {
@@ -123,10 +123,6 @@ func TestIntegrationRaceOneWinner(t *testing.T) {
 		}
 		if winners != 1 {
 			t.Fatalf("round %d: %d winners, want exactly 1 (errors %v)", round, winners, errs)
-		}
-		// At once, not after waiting for the winner's 15 s lease.
-		if elapsed > 10*time.Second {
-			t.Errorf("round %d: the loser learned it lost after %v, want at once", round, elapsed)
 		}
 		if round == 0 {
 			for _, err := range errs {
@@ -178,8 +174,8 @@ func TestIntegrationTakeoverOnlyAfterExpiry(t *testing.T) {
 		if !errors.Is(err, lock.ErrLocked) {
 			t.Fatal(err)
 		}
-		if now.After(till.Add(10 * time.Second)) {
-			t.Fatalf("still locked 10s after LOCKED TILL: %v", err)
+		if now.After(till.Add(time.Minute)) {
+			t.Fatalf("still locked a minute after LOCKED TILL (generous; it is taken a lease and the margin after the holder's last write): %v", err)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
@@ -219,47 +215,66 @@ func TestIntegrationRenewAfterTakeoverIsLost(t *testing.T) {
 }
 
 // TestIntegrationKeepHoldsPastManyLeases (S3): a holder that keeps renewing
-// is never taken over, however long it holds.
+// is never taken over, however long it holds: a contender tries until the
+// holder's renewals have carried its LOCKED TILL three leases past the
+// first one.
 func TestIntegrationKeepHoldsPastManyLeases(t *testing.T) {
 	env := testenv.Get(t)
 	ns := env.Namespace(t)
 	a, b := newBackend(t, env, -10*time.Minute), newBackend(t, env, 10*time.Minute)
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	h, _, err := a.TryAcquire(ctx, request(ns, "web", 3*time.Second))
+	const lease = 3 * time.Second
+	h, _, err := a.TryAcquire(ctx, request(ns, "web", lease))
 	if err != nil {
 		t.Fatal(err)
 	}
+	firstTill := h.Record().LockedTill
 	go h.Keep(ctx, func(err error) { t.Errorf("lost while renewing: %v", err) })
-	end := time.Now().Add(10 * time.Second)
 	attempts := 0
-	for time.Now().Before(end) {
-		if _, _, err := b.TryAcquire(ctx, request(ns, "web", 3*time.Second)); !errors.Is(err, lock.ErrLocked) {
+	for !h.Record().LockedTill.After(firstTill.Add(3 * lease)) {
+		if ctx.Err() != nil {
+			t.Fatalf("the holder's renewals did not carry LOCKED TILL three leases on within 5 minutes: %v", h.Record().LockedTill)
+		}
+		if _, _, err := b.TryAcquire(ctx, request(ns, "web", lease)); !errors.Is(err, lock.ErrLocked) {
 			t.Fatalf("a live, renewing lock was taken: %v", err)
 		}
 		attempts++
-		time.Sleep(100 * time.Millisecond)
+		time.Sleep(100 * time.Millisecond) // the contender's pace
 	}
-	t.Logf("held for 10s (3.3 leases of 3s) against %d takeover attempts", attempts)
+	if attempts == 0 {
+		t.Fatal("no takeover was attempted")
+	}
+	t.Logf("held past 3 leases of %v against %d takeover attempts", lease, attempts)
 	if err := h.Release(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 }
 
-// TestIntegrationWaiterStartsWithinOneSecondOfRelease (S1, wait): a waiter
-// whose clock is 10 minutes behind acquires right after the holder releases.
+// TestIntegrationWaiterStartsWithinOneSecondOfRelease (S1, wait; the name
+// is older than the test, which asserts no time: sqlstore_integration_test.go
+// runs it by this name): a waiter whose clock is
+// 10 minutes behind takes the lock once the holder releases it: it finds it
+// free (not expired), in server time before the holder's LOCKED TILL (the
+// holder's lease is longer than the waiter's patience, so a waiter not
+// woken by the release gives up instead). How soon is a figure.
 func TestIntegrationWaiterStartsWithinOneSecondOfRelease(t *testing.T) {
 	env := testenv.Get(t)
 	ns := env.Namespace(t)
 	a, w := newBackend(t, env, 0), newBackend(t, env, -10*time.Minute)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	h, _, err := a.TryAcquire(ctx, request(ns, "web", 15*time.Second))
+	const holderLease = 10 * time.Minute
+	h, _, err := a.TryAcquire(ctx, request(ns, "web", holderLease))
 	if err != nil {
 		t.Fatal(err)
 	}
 	go h.Keep(ctx, nil)
-	got := make(chan time.Time, 1)
+	type took struct {
+		held *lock.Held
+		at   time.Time
+	}
+	got := make(chan took, 1)
 	var progress []string
 	var mu sync.Mutex
 	go func() {
@@ -272,35 +287,46 @@ func TestIntegrationWaiterStartsWithinOneSecondOfRelease(t *testing.T) {
 		})
 		if err != nil {
 			t.Error(err)
-			got <- time.Time{}
+			got <- took{}
 			return
 		}
-		got <- time.Now()
+		got <- took{wh, time.Now()}
 		_ = wh.Release(context.Background())
 	}()
 	waitQueued(t, a, ns, "web", 1)
-	time.Sleep(1500 * time.Millisecond) // let the waiter settle on its watch
+	// The waiter has judged the lock live and reported whom it waits for.
+	for {
+		mu.Lock()
+		n := len(progress)
+		mu.Unlock()
+		if n > 0 {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatal("the waiter reported no progress naming the holder")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	till := h.Record().LockedTill
 	released := time.Now()
 	if err := h.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	at := <-got
-	if at.IsZero() {
+	tk := <-got
+	if tk.held == nil {
 		t.FailNow()
 	}
-	d := at.Sub(released)
-	t.Logf("waiter acquired %v after the holder released", d)
-	// Woken by the release, not by the lease running out.
-	if d > 10*time.Second {
-		t.Errorf("waiter acquired %v after release, want it woken by the release", d)
+	t.Logf("FIGURE waiter acquired %v after the holder released", tk.at.Sub(released))
+	if tk.held.PreviousState != lock.Free {
+		t.Errorf("the waiter found the lock %v, want it free (released)", tk.held.PreviousState)
+	}
+	// AcquiredAt is the upper bound of the waiter's server-time estimate.
+	if acq := tk.held.Record().AcquiredAt; !acq.Before(till) {
+		t.Errorf("the waiter took the lock at %v, not before the holder's LOCKED TILL %v", acq, till)
 	}
 	mu.Lock()
 	defer mu.Unlock()
-	if len(progress) == 0 {
-		t.Error("no progress reported while waiting")
-	} else {
-		t.Logf("progress: %s", progress[len(progress)-1])
-	}
+	t.Logf("progress: %s", progress[len(progress)-1])
 }
 
 // TestIntegrationWaiterTakesOverDeadHolderAtExpiry (S2, S4): the holder
@@ -334,12 +360,16 @@ func TestIntegrationWaiterTakesOverDeadHolderAtExpiry(t *testing.T) {
 		got <- h
 	}()
 	waitQueued(t, a, ns, "web", 1)
-	// Let the holder renew a few times, then kill it just after a renewal.
-	time.Sleep(3 * time.Second)
+	// Let the holder renew twice with the waiter queued, then kill it just
+	// after a renewal.
 	last := dead.Record().RenewedAt
-	for dead.Record().RenewedAt.Equal(last) {
+	for renewals := 0; renewals < 2; {
 		if ctx.Err() != nil {
-			t.Fatalf("the holder did not renew again within the test's minute (lost its lock on a loaded machine?): %v", ctx.Err())
+			t.Fatalf("the holder renewed %d times within the test's minute, want 2 (lost its lock on a loaded machine?): %v", renewals, ctx.Err())
+		}
+		if r := dead.Record().RenewedAt; !r.Equal(last) {
+			last = r
+			renewals++
 		}
 		time.Sleep(time.Millisecond)
 	}
@@ -398,9 +428,9 @@ func TestIntegrationWaitersServedInArrivalOrder(t *testing.T) {
 		})
 		waitQueued(t, holder, ns, "web", i+1)
 	}
-	// Let the queue heartbeat a few times, conflicting with the holder's
-	// renewals, before releasing.
-	time.Sleep(5 * time.Second)
+	// Let every waiter refresh its queue entry and the holder renew twice,
+	// their writes conflicting, before releasing.
+	waitRefreshed(ctx, t, holder, h, ns, "web")
 	if err := h.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -412,6 +442,44 @@ func TestIntegrationWaitersServedInArrivalOrder(t *testing.T) {
 	st, err := holder.Inspect(ctx, ns, "web")
 	if err != nil || st.State != lock.Free || len(st.Waiters) != 0 {
 		t.Errorf("after all: %+v, %v", st, err)
+	}
+}
+
+// waitRefreshed waits until every waiter queued on the lock has refreshed
+// its entry (its ExpiresAt moved on) and the holder h has renewed twice.
+func waitRefreshed(ctx context.Context, t *testing.T, b *lock.Backend, h *lock.Held, ns, release string) {
+	t.Helper()
+	st, err := b.Inspect(ctx, ns, release)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := map[string]time.Time{}
+	for _, w := range st.Waiters {
+		first[w.Session] = w.ExpiresAt
+	}
+	renewed, renewals := h.Record().RenewedAt, 0
+	for {
+		if r := h.Record().RenewedAt; !r.Equal(renewed) {
+			renewed = r
+			renewals++
+		}
+		st, err := b.Inspect(ctx, ns, release)
+		if err != nil {
+			t.Fatal(err)
+		}
+		refreshed := 0
+		for _, w := range st.Waiters {
+			if at, ok := first[w.Session]; ok && w.ExpiresAt.After(at) {
+				refreshed++
+			}
+		}
+		if refreshed == len(first) && renewals >= 2 {
+			return
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("%d of %d waiters refreshed their entries and the holder renewed %d times, want all and 2: %v", refreshed, len(first), renewals, ctx.Err())
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }
 

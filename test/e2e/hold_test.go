@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os/exec"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -60,6 +61,7 @@ func TestLongHolderKeepsLock(t *testing.T) {
 	var (
 		mu       sync.Mutex
 		attempts []int
+		tried    []time.Time // when each attempt started
 		bad      []string
 	)
 	stop := make(chan struct{})
@@ -72,9 +74,11 @@ func TestLongHolderKeepsLock(t *testing.T) {
 				return
 			default:
 			}
+			at := time.Now()
 			code, stderr, err := runQuiet(env, ha, "upgrade", rel, chart, "-n", ns, "--set", "message=contender")
 			mu.Lock()
 			attempts = append(attempts, code)
+			tried = append(tried, at)
 			if err != nil || code != exitcode.Locked || !strings.Contains(stderr, rec.Session) {
 				bad = append(bad, fmt.Sprintf("exit %d, err %v: %s", code, err, stderr))
 			}
@@ -100,6 +104,7 @@ func TestLongHolderKeepsLock(t *testing.T) {
 		close(stop)
 		<-contended
 	}
+	var windows [][2]time.Time // each phase's, while the contender tries
 	for i, ph := range phases {
 		var pods []corev1.Pod
 		deadline := time.Now().Add(60 * time.Second)
@@ -114,10 +119,14 @@ func TestLongHolderKeepsLock(t *testing.T) {
 		}
 		began := time.Now()
 		if i == len(phases)-1 {
-			time.Sleep(phaseHold - time.Second)
+			time.Sleep(phaseHold - time.Second) // the phase's length: the scenario, not a synchronisation
+			windows = append(windows, [2]time.Time{began, time.Now()})
 			stopContender()
 		}
-		time.Sleep(time.Until(began.Add(phaseHold)))
+		time.Sleep(time.Until(began.Add(phaseHold))) // the phase's length
+		if i < len(phases)-1 {
+			windows = append(windows, [2]time.Time{began, time.Now()})
+		}
 		for _, p := range pods {
 			bind(t, env, ns, p, node)
 		}
@@ -128,8 +137,21 @@ func TestLongHolderKeepsLock(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("holder: exit %d\nstderr:\n%s", code, holder.Stderr.String())
 	}
-	waitLockFree(t, env, ns, rel, 5*time.Second)
-	time.Sleep(300 * time.Millisecond)
+	waitLockFree(t, env, ns, rel, 30*time.Second)
+	// Each watch delivers events in order: once it delivered the holder's
+	// release (the Lease) and its deployed revision (the Secrets), it
+	// delivered everything written before them.
+	for deadline := time.Now().Add(time.Minute); ; {
+		_, released := firstEvent(lw.snapshot(), func(e leaseEvent) bool { return e.holder == "" && e.rec != nil && e.rec.Session == rec.Session })
+		deployed := slices.Contains(sw.snapshot(), "2:deployed")
+		if released && deployed {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the watches did not deliver the holder's release (%v) and its deployed revision (%v) within a minute", released, deployed)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 
 	mu.Lock()
 	defer mu.Unlock()
@@ -138,8 +160,10 @@ func TestLongHolderKeepsLock(t *testing.T) {
 	if took < 2*timeout {
 		t.Errorf("the upgrade lasted %s; the scenario needs well over 2 x --timeout (%s)", took.Round(time.Millisecond), 2*timeout)
 	}
-	if len(attempts) < 10 {
-		t.Errorf("only %d contender attempts; want one every 500 ms", len(attempts))
+	for i, w := range windows {
+		if !slices.ContainsFunc(tried, func(at time.Time) bool { return !at.Before(w[0]) && at.Before(w[1]) }) {
+			t.Errorf("no contender attempt started during the %s phase; the scenario needs the lock contended in each", phases[i].name)
+		}
 	}
 	if len(bad) > 0 {
 		t.Errorf("%d contender attempts were not refused with exit %d naming session %s:\n%s", len(bad), exitcode.Locked, rec.Session, strings.Join(bad, "\n"))

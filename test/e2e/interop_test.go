@@ -104,48 +104,87 @@ func legacyStuckRelease(t *testing.T, backend string) {
 	ns := env.Namespace(t)
 	const rel = "legacy"
 	const legacyAfter = 20 * time.Second
-	legacy := []string{"--recover-legacy-after", legacyAfter.String(), "--lock-backend", backend}
+	flag := []string{"--lock-backend", backend}
 
 	mustRun(t, env, env.Helm4, "install", rel, chart, "-n", ns, "--wait", "--timeout", "60s")
 	p := env.Start(t, env.Helm4, args([]string{"upgrade", rel, chart, "-n", ns, "--wait", "--timeout", "5m", "--set", "message=v2"}, unschedulable)...)
 	env.WaitForStatus(t, ns, rel, 2, "pending-upgrade", 60*time.Second)
 	p.Kill(t)
-	// The Secret's creationTimestamp is whole server seconds; the server
-	// runs on this machine, so the local clock measures its age.
 	created := revisions(t, env, ns, rel)[1].CreationTimestamp
 	if l, _ := lease(t, env, ns, rel); l != nil {
 		t.Fatalf("stock helm left a lock lease %s; the release must have no lock record", l.Name)
 	}
 
-	refuse := func() {
-		t.Helper()
-		res := env.Run(t, ha, args([]string{"upgrade", rel, chart, "-n", ns, "--set", "message=v3"}, legacy)...)
-		age := time.Since(created)
-		if res.ExitCode != exitcode.Pending {
-			t.Fatalf("upgrade of a stock-helm pending revision aged %s: exit %d; want %d (pending, not recoverable yet)\nstderr:\n%s",
-				secs(age), res.ExitCode, exitcode.Pending, res.Stderr)
-		}
-		if !strings.Contains(res.Stderr, "--recover-legacy-after") {
-			t.Errorf("refusal does not name --recover-legacy-after:\n%s", res.Stderr)
-		}
-		figure(t, "legacy refused at age: %s (recover-legacy-after %s)", secs(age), legacyAfter)
+	up := func(after time.Duration) testenv.Result {
+		return env.Run(t, ha, args([]string{"upgrade", rel, chart, "-n", ns, "--set", "message=v3"}, flag, []string{"--recover-legacy-after", after.String()})...)
 	}
-	refuse()
-	// Just before the age is reached (the timestamp may be up to 1 s early).
-	time.Sleep(time.Until(created.Add(legacyAfter - 2*time.Second)))
-	refuse()
+	// Young by any measure: refused, naming the flag, history untouched.
+	young := up(time.Hour)
+	if young.ExitCode != exitcode.Pending || !strings.Contains(young.Stderr, "--recover-legacy-after") {
+		t.Fatalf("upgrade of a stock-helm pending revision younger than --recover-legacy-after 1h: exit %d; want %d (pending) naming --recover-legacy-after\nstderr:\n%s",
+			young.ExitCode, exitcode.Pending, young.Stderr)
+	}
 	if got := env.Summary(t, ns, rel); strings.Join(got, " ") != "1:deployed 2:pending-upgrade" {
-		t.Fatalf("history after the refusals = %v; want it untouched", got)
+		t.Fatalf("history after the refusal = %v; want it untouched", got)
 	}
-
-	// Past the age, plus the timestamp's resolution and the uncertainty of
-	// a fresh process's server-time estimate.
-	time.Sleep(time.Until(created.Add(legacyAfter + 3*time.Second)))
-	res := mustRun(t, env, ha, args([]string{"upgrade", rel, chart, "-n", ns, "--set", "message=v3"}, legacy)...)
-	figure(t, "legacy recovered at age: %s (recover-legacy-after %s)", secs(time.Since(created)-res.Elapsed), legacyAfter)
+	// Around the age: refused before it, recovered after it. The
+	// creationTimestamp is whole server seconds (the revision was written in
+	// the second after it); the server runs on this machine, so the local
+	// clock measures its age.
+	untilLegacyRecovered(t, func() testenv.Result { return up(legacyAfter) }, created, created.Add(time.Second), legacyAfter,
+		func() {
+			if got := env.Summary(t, ns, rel); strings.Join(got, " ") != "1:deployed 2:pending-upgrade" {
+				t.Fatalf("history after a refusal = %v; want it untouched", got)
+			}
+		})
 	revs := wantHistory(t, env, ns, rel, "1:superseded 2:failed 3:deployed")
 	if d := revs[1].Description; !strings.Contains(d, "Abandoned pending-upgrade with no lock record") {
 		t.Errorf("abandoned revision description = %q; want it to say it had no lock record", d)
 	}
 	t.Logf("abandoned revision 2: %s", revs[1].Description)
+}
+
+// legacyTryPace is how often untilLegacyRecovered tries again.
+const legacyTryPace = time.Second
+
+// untilLegacyRecovered runs try, an upgrade of a release stock helm left
+// pending with --recover-legacy-after legacyAfter, again and again until it
+// succeeds, and checks the outcome of each try against the revision's age,
+// knowing only that the revision was written between writtenAfter and
+// writtenBefore: a refusal must say pending and name the flag, and leave
+// what untouched checks untouched; a try that started when the revision
+// was older than legacyAfter by more than the slack of the server-time
+// estimate (2 s) must not be refused; and the recovery must end no sooner
+// than legacyAfter after writtenAfter (it decided no later than it ended).
+// A machine however slow changes how many tries are refused, never the
+// verdict.
+func untilLegacyRecovered(t *testing.T, try func() testenv.Result, writtenAfter, writtenBefore time.Time, legacyAfter time.Duration, untouched func()) {
+	t.Helper()
+	const slack = 2 * time.Second
+	limit := writtenBefore.Add(legacyAfter + 2*time.Minute)
+	var refusedAt []string
+	for {
+		started := time.Now()
+		res := try()
+		ended := time.Now()
+		if res.ExitCode == 0 {
+			if ended.Before(writtenAfter.Add(legacyAfter)) {
+				t.Fatalf("a stock-helm revision was recovered when at most %s old, before --recover-legacy-after %s\nstderr:\n%s", secs(ended.Sub(writtenAfter)), legacyAfter, res.Stderr)
+			}
+			figure(t, "legacy (--recover-legacy-after %s): refused at ages %s; recovered by age %s", legacyAfter, strings.Join(refusedAt, ", "), secs(ended.Sub(writtenAfter)))
+			return
+		}
+		if res.ExitCode != exitcode.Pending || !strings.Contains(res.Stderr, "--recover-legacy-after") {
+			t.Fatalf("upgrade of a stock-helm pending revision: exit %d; want 0, or %d (pending) naming --recover-legacy-after\nstderr:\n%s", res.ExitCode, exitcode.Pending, res.Stderr)
+		}
+		if age := started.Sub(writtenBefore); age > legacyAfter+slack {
+			t.Fatalf("a stock-helm revision at least %s old was refused with --recover-legacy-after %s\nstderr:\n%s", secs(age), legacyAfter, res.Stderr)
+		}
+		untouched()
+		refusedAt = append(refusedAt, secs(started.Sub(writtenAfter)))
+		if time.Now().After(limit) {
+			t.Fatalf("not recovered within 2 minutes of --recover-legacy-after %s: %d tries refused", legacyAfter, len(refusedAt))
+		}
+		time.Sleep(legacyTryPace) // the pace of the tries
+	}
 }

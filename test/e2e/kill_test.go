@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"encoding/json"
 	"strings"
 	"testing"
 	"time"
@@ -61,13 +62,8 @@ func killRecovers(t *testing.T, backend string, read lockReader) {
 	// one upgrade is also killed as soon as its pending revision is seen,
 	// while its estimate of server time (and so its LOCKED TILL) is still
 	// the least precise.
-	at := map[string]time.Duration{}
-	for _, c := range cases {
-		at[c.name] = killLease / 2
-	}
 	early := cases[0]
 	early.name = "upgrade-killed-at-once"
-	at[early.name] = 0
 	cases = append(cases, early)
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -81,7 +77,9 @@ func killRecovers(t *testing.T, backend string, read lockReader) {
 			p := env.Start(t, ha, sub(c.killed)...)
 			env.WaitForStatus(t, ns, rel, c.rev, c.status, 60*time.Second)
 			holder := waitForWriterIn(t, env, read, ns, rel, c.rev, 10*time.Second)
-			time.Sleep(at[c.name])
+			if c.name != early.name {
+				waitRenewed(t, func(a ...string) testenv.Result { return env.Run(t, ha, a...) }, ns, rel, holder.Session)
+			}
 			killAt := time.Now()
 			p.Kill(t)
 
@@ -118,6 +116,32 @@ func killRecovers(t *testing.T, backend string, read lockReader) {
 				t.Errorf("lease %s still exists after the uninstall: holder %q", l.Name, holderOf(l))
 			}
 		})
+	}
+}
+
+// waitRenewed waits until session, holding the lock of rel, has renewed it:
+// the LOCKED TILL that `helm-autorecover locks` shows has moved on from the
+// first one read, whichever store holds the lock. run runs the binary
+// (with the environment of the release's storage driver).
+func waitRenewed(t *testing.T, run func(args ...string) testenv.Result, ns, rel, session string) {
+	t.Helper()
+	till := func() time.Time {
+		res := run("locks", rel, "-n", ns, "-o", "json")
+		var rows []struct {
+			Session    string    `json:"session_id"`
+			LockedTill time.Time `json:"locked_till"`
+		}
+		if res.ExitCode != 0 || json.Unmarshal([]byte(res.Stdout), &rows) != nil || len(rows) != 1 || rows[0].Session != session {
+			t.Fatalf("locks %s -n %s -o json: exit %d; want one row held by session %s\n%s%s", rel, ns, res.ExitCode, session, res.Stdout, res.Stderr)
+		}
+		return rows[0].LockedTill
+	}
+	first := till()
+	for deadline := time.Now().Add(time.Minute); !till().After(first); {
+		if time.Now().After(deadline) {
+			t.Fatalf("session %s did not renew the lock of %s/%s within a minute (LOCKED TILL still %v)", session, ns, rel, first)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }
 

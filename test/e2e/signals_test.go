@@ -7,17 +7,15 @@ import (
 	"time"
 
 	"github.com/helm-autorecover/helm-autorecover/internal/exitcode"
+	"github.com/helm-autorecover/helm-autorecover/internal/guard"
 	"github.com/helm-autorecover/helm-autorecover/internal/testenv"
 )
 
-// signalBound is how soon after a first SIGINT the release must read failed
-// and its lock be free.
-const signalBound = 5 * time.Second
-
 // TestFirstSignal: a first SIGINT (Ctrl-C) or SIGTERM on each of the four
-// mutating operations, while helm waits, ends the release failed (never
-// pending) and frees the lock within 5 s, and the process ends with the
-// interrupted exit code.
+// mutating operations, while helm waits, ends the process with the
+// interrupted exit code, and by then the release reads failed (never
+// pending) and its lock is free: the process did both before it exited,
+// nobody else wrote. How soon is a figure, printed, not asserted.
 func TestFirstSignal(t *testing.T) {
 	env := testenv.Get(t)
 	ha := env.Bin(t)
@@ -31,6 +29,11 @@ func TestFirstSignal(t *testing.T) {
 	}
 }
 
+// signalExitLimit is how long a signalled process may take to exit before
+// the test gives up on it: generous for a loaded machine, well short of the
+// operation's own --timeout (5m), which would end it without the signal.
+const signalExitLimit = 2 * time.Minute
+
 func firstSignal(t *testing.T, env *testenv.Env, ha string, c killCase, signame string, sig syscall.Signal) {
 	ns := env.Namespace(t)
 	const rel = "interrupted"
@@ -39,15 +42,21 @@ func firstSignal(t *testing.T, env *testenv.Env, ha string, c killCase, signame 
 	}
 	p := env.Start(t, ha, withRelease(c.killed, rel, ns)...)
 	env.WaitForStatus(t, ns, rel, c.rev, c.status, 60*time.Second)
-	holder := waitForWriter(t, env, ns, rel, c.rev, 10*time.Second)
+	holder := waitForWriter(t, env, ns, rel, c.rev, 60*time.Second)
+	exited := make(chan int, 1)
+	go func() {
+		_ = p.Cmd.Wait()
+		exited <- p.Cmd.ProcessState.ExitCode()
+	}()
 
 	sentAt := time.Now()
 	p.Signal(t, sig)
+	// Until the process exits, note when the release first reads failed and
+	// the lock first reads free (figures only).
 	var failedAfter, freeAfter time.Duration
-	for failedAfter == 0 || freeAfter == 0 {
-		if time.Since(sentAt) > signalBound+5*time.Second {
-			break
-		}
+	code := -1
+	limit := time.After(signalExitLimit)
+	for code < 0 {
 		if failedAfter == 0 {
 			if revs := env.History(t, ns, rel); len(revs) > 0 && revs[len(revs)-1].Version == c.rev && revs[len(revs)-1].Status == "failed" {
 				failedAfter = time.Since(sentAt)
@@ -58,30 +67,35 @@ func firstSignal(t *testing.T, env *testenv.Env, ha string, c killCase, signame 
 				freeAfter = time.Since(sentAt)
 			}
 		}
-		time.Sleep(20 * time.Millisecond)
+		select {
+		case code = <-exited:
+		case <-limit:
+			_ = p.Cmd.Process.Kill()
+			t.Fatalf("the process did not exit within %s of %s\nstderr:\n%s", signalExitLimit, signame, p.Stderr.String())
+		case <-time.After(20 * time.Millisecond):
+		}
 	}
-	code := p.Wait(t, 30*time.Second)
 	exitedAfter := time.Since(sentAt)
-	ms := func(d time.Duration) time.Duration { return d.Round(time.Millisecond) }
-	figure(t, "first %s %s: failed after %s, lock free after %s, exit %d after %s",
-		signame, c.name, ms(failedAfter), ms(freeAfter), code, ms(exitedAfter))
+	seen := func(d time.Duration) string {
+		if d == 0 {
+			return "at the exit"
+		}
+		return "after " + d.Round(time.Millisecond).String()
+	}
+	figure(t, "first %s %s: failed %s, lock free %s, exit %d after %s",
+		signame, c.name, seen(failedAfter), seen(freeAfter), code, exitedAfter.Round(time.Millisecond))
 	t.Logf("stderr:\n%s", p.Stderr.String())
-	if failedAfter == 0 || failedAfter > signalBound {
-		t.Errorf("revision %d did not read failed within %s of %s; history %v", c.rev, signalBound, signame, env.Summary(t, ns, rel))
-	}
-	if freeAfter == 0 || freeAfter > signalBound {
-		l, rec := lease(t, env, ns, rel)
-		t.Errorf("the lock was not free within %s of %s: holder %q, record %+v", signalBound, signame, holderOf(l), rec)
-	}
 	if code != exitcode.Interrupted {
 		t.Errorf("exit code %d after %s; want %d", code, signame, exitcode.Interrupted)
 	}
-	// Never pending again: nothing rewrote it after the process ended.
+	// Read after the exit: what the process left, with nobody else writing.
 	revs := revisions(t, env, ns, rel)
 	if last := revs[len(revs)-1]; last.Revision != c.rev || last.Status != "failed" {
-		t.Errorf("after the process ended, history is\n%s", describe(revs))
+		t.Errorf("when the process had exited after %s, history is\n%s", signame, describe(revs))
 	}
-	if l, rec := lease(t, env, ns, rel); l != nil && rec != nil && rec.Session != holder.Session {
+	if l, rec := lease(t, env, ns, rel); holderOf(l) != "" {
+		t.Errorf("when the process had exited after %s, the lock was still held: holder %q, record %+v", signame, holderOf(l), rec)
+	} else if l != nil && rec != nil && rec.Session != holder.Session {
 		t.Errorf("the lease was taken by session %s after the interrupted holder %s", rec.Session, holder.Session)
 	}
 }
@@ -110,16 +124,14 @@ func TestSecondSignal(t *testing.T) {
 			// The first signal may have ended it already (it is not reaped
 			// yet, so the signal still finds it).
 			_ = p.Cmd.Process.Signal(syscall.SIGINT)
-			code := p.Wait(t, 30*time.Second)
+			// Ended by the second signal: the operation's own --timeout
+			// (5m) is far beyond this limit.
+			code := p.Wait(t, signalExitLimit)
 			took := time.Since(secondAt)
 			left := env.Summary(t, ns, rel)
 			figure(t, "second SIGINT %s: exit %d after %s (history left: %v)", c.name, code, took.Round(time.Millisecond), left)
 			if code != exitcode.Interrupted {
 				t.Errorf("exit code %d after two SIGINTs; want %d\nstderr:\n%s", code, exitcode.Interrupted, p.Stderr.String())
-			}
-			// At once, not after helm's --timeout or the API's stall.
-			if took > 30*time.Second {
-				t.Errorf("the process took %s to exit after the second SIGINT; want at once", took.Round(time.Millisecond))
 			}
 
 			exitedAt := time.Now()
@@ -173,30 +185,37 @@ func TestSecondSignalStalledAPI(t *testing.T) {
 
 			proxy.Stall()
 			p.Signal(t, syscall.SIGINT)
-			// Past the guard's 3 s grace for helm's own handling, into the
-			// guard's clean-up, which now hangs.
-			time.Sleep(4 * time.Second)
-			select {
-			case code := <-exited:
-				t.Fatalf("the process ended (exit %d) while its API server was stalled; the scenario needs it stuck in clean-up\nstderr:\n%s", code, p.Stderr.String())
-			default:
+			// The guard's own clean-up starts (after its grace for helm's
+			// handling of the signal, for upgrade) and hangs on the stalled
+			// API server; it says so before its first request.
+			limit := time.After(signalExitLimit)
+			for !strings.Contains(p.Stderr.String(), guard.CleanupStarted) {
+				select {
+				case code := <-exited:
+					t.Fatalf("the process ended (exit %d) before its clean-up started, while its API server was stalled; the scenario needs it stuck in clean-up\nstderr:\n%s", code, p.Stderr.String())
+				case <-limit:
+					t.Fatalf("the guard's clean-up did not start within %s of the first SIGINT (no %q on stderr)\nstderr:\n%s", signalExitLimit, guard.CleanupStarted, p.Stderr.String())
+				case <-time.After(20 * time.Millisecond):
+				}
 			}
 			secondAt := time.Now()
 			p.Signal(t, syscall.SIGINT)
+			// Ended by the second signal: the stalled API server never
+			// answers, and the operation's --timeout (5m) is far beyond this.
 			var code int
 			select {
 			case code = <-exited:
-			case <-time.After(30 * time.Second):
-				t.Fatalf("the process did not exit within 30s of the second SIGINT\nstderr:\n%s", p.Stderr.String())
+			case <-time.After(signalExitLimit):
+				t.Fatalf("the process did not exit within %s of the second SIGINT\nstderr:\n%s", signalExitLimit, p.Stderr.String())
 			}
 			took := time.Since(secondAt)
 			figure(t, "second SIGINT with stalled API %s: exit %d after %s", c.name, code, took.Round(time.Millisecond))
 			if code != exitcode.Interrupted {
 				t.Errorf("exit code %d; want %d\nstderr:\n%s", code, exitcode.Interrupted, p.Stderr.String())
 			}
-			// At once, not after helm's --timeout or the API's stall.
-			if took > 30*time.Second {
-				t.Errorf("the process took %s to exit after the second SIGINT; want at once", took.Round(time.Millisecond))
+			// The clean-up never finished: the second signal ended it.
+			if strings.Contains(p.Stderr.String(), "the release is marked failed and its lock released") {
+				t.Errorf("the clean-up finished although the API server was stalled; the second signal's path was not taken\nstderr:\n%s", p.Stderr.String())
 			}
 
 			left := env.Summary(t, ns, rel)

@@ -61,7 +61,7 @@ func TestConfigMapDriver(t *testing.T) {
 
 			// As in TestKillRecovers: let the holder renew, so the lock it
 			// leaves behind is a renewed one, as in real life.
-			time.Sleep(killLease / 2)
+			waitRenewed(t, func(a ...string) testenv.Result { return run(ha, a...) }, ns, rel, holder.Session)
 			killAt := time.Now()
 			p.Kill(t)
 			res := run(ha, args([]string{"upgrade", rel, chart, "-n", ns, "--lock-timeout", "30s", "--set", "message=v3"}, flag)...)
