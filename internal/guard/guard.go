@@ -143,21 +143,25 @@ func (g *Guard) take(ctx context.Context, conn *protocol.Conn, t Target) (*proto
 	// A signal while waiting, or the end of helm when this is its plugin,
 	// leaves the queue at once (rather than holding a place in it until the
 	// entry's lease runs out) and ends the command.
-	var interrupted func() bool
+	var interrupted atomic.Bool
 	var p *progress
 	waitCtx := func(ctx context.Context) (context.Context, context.CancelFunc) {
 		p = newProgress(g.Stderr, g.Clock, g.Options.LockTimeout)
-		sctx, stopSignals := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
-		sctx, stopParent := context.WithCancel(sctx)
+		signals := make(chan os.Signal, 1)
+		signal.Notify(signals, os.Interrupt, syscall.SIGTERM)
+		wctx, cancel := context.WithCancel(ctx)
+		stop := make(chan struct{})
 		go func() {
 			select {
+			case <-signals:
 			case <-parentwatch.Gone():
-				stopParent()
-			case <-sctx.Done():
+			case <-stop:
+				return
 			}
+			interrupted.Store(true)
+			cancel()
 		}()
-		interrupted = func() bool { return sctx.Err() != nil && ctx.Err() == nil }
-		return sctx, func() { p.done(); stopParent(); stopSignals() }
+		return wctx, func() { p.done(); signal.Stop(signals); close(stop); cancel() }
 	}
 	req := protocol.Request{
 		Release:       t.Release,
@@ -178,7 +182,7 @@ func (g *Guard) take(ctx context.Context, conn *protocol.Conn, t Target) (*proto
 	if err == nil {
 		return held, nil
 	}
-	if interrupted != nil && interrupted() {
+	if interrupted.Load() && ctx.Err() == nil {
 		return nil, &exitcode.Error{Code: exitcode.Interrupted, Err: fmt.Errorf("release %q in namespace %q: interrupted while waiting for the lock; nothing was written: %w", t.Release, t.Namespace, err)}
 	}
 	return nil, lockError(err, t, g.Options.LockBackend)

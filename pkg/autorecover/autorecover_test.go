@@ -97,15 +97,6 @@ func TestDecisionFrom(t *testing.T) {
 		fmt.Sprint(d.Stray) != "[5 4]" || d.Reason != "because" {
 		t.Fatalf("decisionFrom = %+v", d)
 	}
-	for v, want := range map[recovery.Verdict]Verdict{
-		recovery.NoRelease: VerdictNoRelease, recovery.Proceed: VerdictProceed, recovery.Recover: VerdictRecover,
-		recovery.RecoverThenRollback: VerdictRecoverThenRollback, recovery.Blocked: VerdictBlocked,
-		recovery.Verdict(99): VerdictBlocked,
-	} {
-		if got := verdictFrom(v); got != want {
-			t.Errorf("verdictFrom(%v) = %s, want %s", v, got, want)
-		}
-	}
 }
 
 // offlineClient is a Client for a server that is never contacted: the

@@ -55,25 +55,26 @@ func (p Policy) internal() recovery.Policy {
 	return recovery.Policy{Autorecover: true, LegacyAfter: p.LegacyAfter, Strategy: recovery.Strategy(p.Strategy)}
 }
 
-// Verdict is recovery's judgement of a release.
-type Verdict string
+// Verdict is recovery's judgement of a release (the one recovery decides
+// with).
+type Verdict = recovery.Verdict
 
 const (
 	// VerdictNoRelease: the release has no stored revision.
-	VerdictNoRelease Verdict = "no-release"
+	VerdictNoRelease = recovery.NoRelease
 	// VerdictProceed: the latest revision is not pending; nothing to recover.
-	VerdictProceed Verdict = "proceed"
+	VerdictProceed = recovery.Proceed
 	// VerdictRecover: the pending revision is abandoned and is (or, under
 	// DryRun, would be) marked failed.
-	VerdictRecover Verdict = "recover"
+	VerdictRecover = recovery.Recover
 	// VerdictRecoverThenRollback: as VerdictRecover, and the caller should
 	// then roll back to Decision.RollbackTo (Policy.Strategy rollback).
-	VerdictRecoverThenRollback Verdict = "recover-then-rollback"
+	VerdictRecoverThenRollback = recovery.RecoverThenRollback
 	// VerdictBlocked: the latest revision is pending and may not be
 	// recovered now: a live lock protects it, or it is a legacy revision
 	// younger than Policy.LegacyAfter (see RetryAfter) or whose hook Job or
 	// Pod still runs, or legacy recovery is off. Do not write the release.
-	VerdictBlocked Verdict = "blocked"
+	VerdictBlocked = recovery.Blocked
 )
 
 // Decision is the outcome of Recover.
@@ -108,25 +109,9 @@ type Decision struct {
 	Marked []int
 }
 
-func verdictFrom(v recovery.Verdict) Verdict {
-	switch v {
-	case recovery.NoRelease:
-		return VerdictNoRelease
-	case recovery.Proceed:
-		return VerdictProceed
-	case recovery.Recover:
-		return VerdictRecover
-	case recovery.RecoverThenRollback:
-		return VerdictRecoverThenRollback
-	case recovery.Blocked:
-		return VerdictBlocked
-	}
-	return VerdictBlocked
-}
-
 func decisionFrom(d recovery.Decision) Decision {
 	out := Decision{
-		Verdict:      verdictFrom(d.Verdict),
+		Verdict:      d.Verdict,
 		Reason:       d.Reason,
 		Revision:     d.Target.Release.Revision,
 		Status:       string(d.Target.Release.Status),
