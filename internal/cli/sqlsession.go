@@ -1,18 +1,16 @@
 package cli
 
 import (
-	"fmt"
 	"os"
 
 	"github.com/spf13/cobra"
 
 	"github.com/helm-autorecover/helm-autorecover/internal/protocol"
-	"github.com/helm-autorecover/helm-autorecover/internal/sqlstore"
 )
 
 // sqlSession chooses the lock session of a guarded command (install,
 // upgrade, rollback, uninstall) run with helm's sql driver, and puts it into
-// helm's connection string (sqlstore.WithSession) before helm reads it:
+// helm's connection string (protocol.NameSQLSession) before helm reads it:
 // helm opens its database when the command starts, before the guard runs,
 // and the database then refuses helm's writes once this session no longer
 // holds the release's lock row. Empty for any other command or driver.
@@ -28,12 +26,8 @@ func sqlSession(root *cobra.Command, args []string) (string, error) {
 		return "", nil
 	}
 	session := protocol.NewSession()
-	dsn, err := sqlstore.WithSession(os.Getenv(sqlstore.EnvConnectionString), session)
-	if err != nil {
-		return "", fmt.Errorf("HELM_DRIVER=sql: %w", err)
-	}
-	if err := os.Setenv(sqlstore.EnvConnectionString, dsn); err != nil {
-		return "", fmt.Errorf("HELM_DRIVER=sql: %w", err)
+	if err := protocol.NameSQLSession(session); err != nil {
+		return "", err
 	}
 	return session, nil
 }

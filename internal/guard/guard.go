@@ -26,7 +26,6 @@ import (
 	"github.com/helm-autorecover/helm-autorecover/internal/parentwatch"
 	"github.com/helm-autorecover/helm-autorecover/internal/protocol"
 	"github.com/helm-autorecover/helm-autorecover/internal/recovery"
-	"github.com/helm-autorecover/helm-autorecover/internal/sqlstore"
 )
 
 // Target is one mutating operation on one release.
@@ -126,15 +125,13 @@ func (g *Guard) Run(ctx context.Context, t Target, op func() error) error {
 // take takes the release's lock (protocol.Conn.Take), waiting up to
 // --lock-timeout for a live holder.
 func (g *Guard) take(ctx context.Context, conn *protocol.Conn, t Target) (*protocol.Lock, error) {
-	if st := conn.SQL(); st != nil {
-		// helm's writes to the sql driver's database are fenced by the
-		// session its connection string names (the CLI put this one
-		// there before helm opened it): make sure it arrived.
-		if err := st.CheckSession(ctx, g.Session); errors.Is(err, sqlstore.ErrNoSession) {
-			return nil, &exitcode.Error{Code: exitcode.Usage, Err: fmt.Errorf("release %q in namespace %q: HELM_DRIVER=sql: %w", t.Release, t.Namespace, err)}
-		} else if err != nil {
-			return nil, fmt.Errorf("release %q in namespace %q: HELM_DRIVER=sql: %w", t.Release, t.Namespace, err)
-		}
+	// helm's writes to the sql driver's database are fenced by the
+	// session its connection string names (the CLI put this one there
+	// before helm opened it): make sure it arrived.
+	if err := conn.CheckSQLSession(ctx, g.Session); errors.Is(err, protocol.ErrNoSQLSession) {
+		return nil, &exitcode.Error{Code: exitcode.Usage, Err: fmt.Errorf("release %q in namespace %q: HELM_DRIVER=sql: %w", t.Release, t.Namespace, err)}
+	} else if err != nil {
+		return nil, fmt.Errorf("release %q in namespace %q: HELM_DRIVER=sql: %w", t.Release, t.Namespace, err)
 	}
 	maxHold := g.Options.LockMaxHold
 	if maxHold == 0 {
@@ -345,17 +342,17 @@ func (r *run) operate(ctx context.Context, op func() error) error {
 		// The fence refused helm's write: the lock was lost or taken
 		// over (helm wraps the refusal in its own error).
 		err = r.lost(err)
-	case sqlstore.IsRefused(err):
+	case protocol.SQLRefused(err):
 		// The sql driver's database refused helm's write: this session
 		// no longer holds the release's lock row.
 		err = r.lost(fmt.Errorf("%w: %w", protocol.ErrLost, err))
 	case !errors.As(err, &coded):
 		err = r.failed(err)
 	}
-	if err == nil && r.conn.SQL() != nil {
+	if err == nil && r.conn.UsesSQL() {
 		err = r.checkSQLWritten(ctx)
 	}
-	if err != nil && r.conn.SQL() != nil {
+	if err != nil && r.conn.UsesSQL() {
 		// No write of helm's to the sql driver's database is seen here
 		// (the write fence sees the API server's): a failed operation may
 		// have left its own revision pending, which the release reads and

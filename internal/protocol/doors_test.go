@@ -12,11 +12,12 @@ import (
 
 // TestDoorsImportProtocolOnly: the doors (the CLI, the guarded commands,
 // the controller, the Go package) reach the lock through this package
-// alone, never the lock engine itself (docs/architecture.md): a door that
+// alone, never the lock engine or a store (docs/architecture.md): a door that
 // built its own lock request or armed its own fence would be a second copy
 // of the protocol.
 func TestDoorsImportProtocolOnly(t *testing.T) {
-	const engine = "github.com/helm-autorecover/helm-autorecover/internal/lock"
+	const module = "github.com/helm-autorecover/helm-autorecover/internal/"
+	forbidden := []string{module + "lock", module + "sqlstore"}
 	doors := []string{"../cli", "../guard", "../controller", "../../pkg/autorecover"}
 	checked := 0
 	for _, dir := range doors {
@@ -39,8 +40,10 @@ func TestDoorsImportProtocolOnly(t *testing.T) {
 			checked++
 			for _, imp := range parsed.Imports {
 				path, _ := strconv.Unquote(imp.Path.Value)
-				if path == engine || strings.HasPrefix(path, engine+"/") {
-					t.Errorf("%s imports %s: doors use package protocol", f, path)
+				for _, no := range forbidden {
+					if path == no || strings.HasPrefix(path, no+"/") {
+						t.Errorf("%s imports %s: doors use package protocol", f, path)
+					}
 				}
 			}
 		}
