@@ -46,6 +46,8 @@ type options struct {
 	mediumDeployments     int // the medium chart's Deployments (each with a Service and a ConfigMap)
 
 	runs, countRuns   int             // overhead: timed runs per client and cell; counted runs
+	cases             []string        // overhead: the cases to run (overheadCase.String); all when empty
+	trace             string          // overhead: file that gets every counted request, one a line
 	cycles            int             // recovery: kills per lease
 	stockCycles       int             // recovery: stock helm's kills per lease
 	leases            []time.Duration // recovery
@@ -96,6 +98,8 @@ func main() {
 	fs.IntVar(&o.mediumDeployments, "medium-deployments", o.mediumDeployments, "overhead: Deployments of the medium chart, each with a Service and a ConfigMap")
 	fs.IntVar(&o.runs, "runs", o.runs, "overhead: timed runs of each binary per case, alternating")
 	fs.IntVar(&o.countRuns, "count-runs", o.countRuns, "overhead: runs of each client per case through the counting proxy")
+	cases := fs.String("cases", "", "overhead: the cases to run, comma-separated as the table names them (\"upgrade small,install small --wait\"); all when empty")
+	fs.StringVar(&o.trace, "trace", "", "overhead: write every request of the counted runs, one a line, in order, to this file (what each request of a case is)")
 	fs.IntVar(&o.cycles, "cycles", o.cycles, "recovery: kill-and-retry cycles of helm-autorecover per lease")
 	fs.IntVar(&o.stockCycles, "stock-cycles", o.stockCycles, "recovery: kill-and-retry cycles of stock helm per lease")
 	leases := fs.String("leases", "3s,15s", "recovery: the --lease-duration values, comma-separated")
@@ -121,6 +125,7 @@ func main() {
 		os.Exit(2)
 	}
 	o.scenarios = splitList(*scen)
+	o.cases = splitList(*cases)
 	var err error
 	if o.leases, err = parseLeases(*leases); err != nil {
 		fmt.Fprintln(os.Stderr, "benchsuite:", err)

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"slices"
 	"sort"
@@ -98,7 +99,18 @@ func (s *suite) overhead(ctx context.Context) (*overheadResult, error) {
 		return nil, err
 	}
 	stock, ours, oursRelease := s.overheadClients()
-	res := &overheadResult{cases: overheadCases(), clients: []benchClient{stock, ours, oursRelease}}
+	cases, err := pickCases(overheadCases(), s.o.cases)
+	if err != nil {
+		return nil, err
+	}
+	res := &overheadResult{cases: cases, clients: []benchClient{stock, ours, oursRelease}}
+	var trace *os.File
+	if s.o.trace != "" {
+		if trace, err = os.Create(s.o.trace); err != nil {
+			return nil, fmt.Errorf("--trace: %w", err)
+		}
+		defer func() { _ = trace.Close() }()
+	}
 	seq := 0
 	for _, c := range res.cases {
 		fmt.Fprintf(os.Stderr, "  %s: %d runs each, alternating\n", c, s.o.runs)
@@ -177,11 +189,58 @@ func (s *suite) overhead(ctx context.Context) (*overheadResult, error) {
 				counts := s.px.Count(func(rq countproxy.Request) bool { return rq.Phase == phase && rq.Client == cl.id },
 					func(k countproxy.Key) countproxy.Key { k.Client, k.Phase = "", ""; return k })
 				res.counts = append(res.counts, overheadCount{c, cl.id, r, counts})
+				if trace != nil {
+					writeTrace(trace, fmt.Sprintf("%s | %s | run %d", c, cl.name, r),
+						s.px.Requests(func(rq countproxy.Request) bool { return rq.Phase == phase && rq.Client == cl.id }))
+				}
 				res.runs = append(res.runs, overheadRun{c, cl.id, r, p.elapsed().Seconds(), true})
 			}
 		}
 	}
 	return res, nil
+}
+
+// pickCases keeps the cases named (all when names is empty), in the order
+// of all.
+func pickCases(all []overheadCase, names []string) ([]overheadCase, error) {
+	if len(names) == 0 {
+		return all, nil
+	}
+	var out []overheadCase
+	for _, c := range all {
+		if slices.Contains(names, c.String()) {
+			out = append(out, c)
+		}
+	}
+	if len(out) != len(names) {
+		known := make([]string, len(all))
+		for i, c := range all {
+			known[i] = c.String()
+		}
+		return nil, fmt.Errorf("--cases %q: unknown case (known: %s)", strings.Join(names, ","), strings.Join(known, ", "))
+	}
+	return out, nil
+}
+
+// writeTrace writes the requests of one counted run, one a line: the
+// offset from the first, verb, resource (+meta for a metadata-only
+// request), name, label selector, the rest of the query, the answer's
+// code and how long it took.
+func writeTrace(w io.Writer, title string, rqs []countproxy.Request) {
+	fmt.Fprintf(w, "## %s: %d requests\n", title, len(rqs))
+	for i, rq := range rqs {
+		res := rq.Resource
+		if rq.Meta {
+			res += "+meta"
+		}
+		dur := "open"
+		if !rq.End.IsZero() {
+			dur = fmt.Sprintf("%.1fms", float64(rq.End.Sub(rq.Start).Microseconds())/1000)
+		}
+		fmt.Fprintf(w, "%3d %8.1fms %-7s %-32s %-40s sel=%q q=%q %d %s\n", i+1,
+			float64(rq.Start.Sub(rqs[0].Start).Microseconds())/1000, rq.Verb, res, rq.Name, rq.Selector, rq.Query, rq.Code, dur)
+	}
+	fmt.Fprintln(w)
 }
 
 // seconds are the timed (direct) runs of a case by a client.

@@ -102,7 +102,7 @@ const unreadableHolder = "unreadable-lock-record"
 // record (see Held.reread); it never writes its lock back.
 func NewReleaseBackend(client kubernetes.Interface, est *servertime.Estimator, clk clock.Clock, driver records.Driver) *Backend {
 	store := records.New(client, driver)
-	bt := beats{client: client, kind: store.Kind()}
+	bt := beats{client: client, kind: store.Kind(), unlisted: &atomic.Bool{}}
 	seen := &lastReads{}
 	noPatch := &atomic.Bool{}
 	return &Backend{
@@ -192,11 +192,13 @@ func splitRV(rv string) (gate, beat, list string) {
 //
 // One metadata list of the objects labelled with the release's name
 // returns both, from one snapshot: helm's records (also labelled
-// owner=helm) and the beat (labelled with the name since this version, see
-// beatLabels); other objects a user labelled so are ignored. A beat the
-// list does not show (none yet, or one an earlier version wrote without
-// the label) is read by name after it; so it is after a floored list
-// (records.Floored), which may be served older than a read by name. The
+// owner=helm) and the beat (labelled with the name, see beatLabels); other
+// objects a user labelled so are ignored. A beat the list does not show
+// does not exist: nothing more is read for it. After a floored list
+// (records.Floored), which asks for the records alone and may be served
+// older than a read by name, the beat is read by name; so it is once a
+// create of the beat found one the list did not show (its label removed
+// by hand: beats.unlisted), until a write of ours labels it again. The
 // gate is then read first: a claim lands on the beat before its gate, so a
 // gate read first is never newer than the beat read after it.
 func (s *releaseStore) read(ctx context.Context, release string) (records.Record, bool, string, beatObj, error) {
@@ -226,7 +228,7 @@ func (s *releaseStore) read(ctx context.Context, release string) (records.Record
 		// from the newest record alone (see Held.Newest).
 		markUnlabelled(&gate, "true")
 	}
-	if !beat.exists {
+	if !beat.exists && (floored || s.beats.isUnlisted()) {
 		if beat, err = s.beats.get(ctx, s.ns, LeaseName(release)); err != nil {
 			return records.Record{}, false, "", beatObj{}, fmt.Errorf("reading the lock's beat %s of release %q in namespace %q: %w", LeaseName(release), release, s.ns, err)
 		}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -245,6 +246,11 @@ func decodeWaiters(s string) []Waiter {
 type beats struct {
 	client kubernetes.Interface
 	kind   string
+	// unlisted is set once a create of a beat found one already there
+	// that the release's list did not show (its name label removed):
+	// from then on the beat is read by name (releaseStore.read), and the
+	// next write of ours labels it again.
+	unlisted *atomic.Bool
 }
 
 // beatObj is a beat object's metadata; exists is false when there is none.
@@ -252,6 +258,9 @@ type beatObj struct {
 	meta   metav1.ObjectMeta
 	exists bool
 }
+
+// isUnlisted reports whether the beat is to be read by name (unlisted).
+func (b beats) isUnlisted() bool { return b.unlisted != nil && b.unlisted.Load() }
 
 func (o beatObj) rv() string {
 	if !o.exists {
@@ -346,6 +355,9 @@ func (b beats) put(ctx context.Context, cur beatObj, meta metav1.ObjectMeta) (be
 		}
 	}
 	if apierrors.IsAlreadyExists(err) {
+		if b.unlisted != nil {
+			b.unlisted.Store(true)
+		}
 		return beatObj{}, apierrors.NewConflict(leaseResource, meta.Name, err)
 	}
 	if err != nil {

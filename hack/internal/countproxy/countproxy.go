@@ -48,7 +48,10 @@ type Key struct {
 type Request struct {
 	Key
 	Namespace, Name, Selector string
-	UserAgent                 string
+	// Query is the request's query string but for the label selector
+	// (resourceVersion, resourceVersionMatch, fieldManager, ...).
+	Query     string
+	UserAgent string
 	// Start is when the request reached the proxy, End when its answer
 	// was passed on (a watch's end; zero while it is open).
 	Start, End time.Time
@@ -189,9 +192,17 @@ func newRequest(r *http.Request, client string) Request {
 		},
 		Namespace: ns, Name: name,
 		Selector:  r.URL.Query().Get("labelSelector"),
+		Query:     otherQuery(r),
 		UserAgent: r.Header.Get("User-Agent"),
 		Start:     time.Now(),
 	}
+}
+
+// otherQuery is the request's query but for its label selector, sorted.
+func otherQuery(r *http.Request) string {
+	q := r.URL.Query()
+	q.Del("labelSelector")
+	return q.Encode()
 }
 
 // statusWriter remembers the status code of an answer; it flushes, so
