@@ -116,7 +116,7 @@ func run(ctx context.Context, o options) (*results, error) {
 					return res, err
 				}
 				if err := s.recoverCluster(ctx); err != nil {
-					return res, fmt.Errorf("%s failed (%v), and the cluster could not be brought back for the groups after it: %w", name, res.failed[name], err)
+					return res, fmt.Errorf("%s failed (%w), and the cluster could not be brought back for the groups after it: %w", name, res.failed[name], err)
 				}
 				continue
 			}
