@@ -1,0 +1,217 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/helm-autorecover/helm-autorecover/internal/testenv"
+)
+
+// localCluster runs hack/local-cluster.sh for a cluster of the test's own
+// (never the shared one: these tests stop its processes).
+type localCluster struct {
+	t   *testing.T
+	dir string
+}
+
+func (c localCluster) cmd(ctx context.Context, extraEnv []string, args ...string) *exec.Cmd {
+	cmd := exec.CommandContext(ctx, filepath.Join(testenv.RepoRoot(), "hack", "local-cluster.sh"), args...)
+	cmd.Env = append(append(os.Environ(), "LOCAL_CLUSTER_DIR="+c.dir), extraEnv...)
+	return cmd
+}
+
+func (c localCluster) run(args ...string) string {
+	c.t.Helper()
+	out, err := c.cmd(context.Background(), nil, args...).CombinedOutput()
+	if err != nil {
+		c.t.Fatalf("local-cluster.sh %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
+
+func (c localCluster) pid(component string) int {
+	c.t.Helper()
+	b, err := os.ReadFile(filepath.Join(c.dir, "pids", component+".pid"))
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	return pid
+}
+
+// ports are etcd's client and peer ports and the API server's.
+func (c localCluster) ports() []int {
+	c.t.Helper()
+	b, err := os.ReadFile(filepath.Join(c.dir, "ports"))
+	if err != nil {
+		c.t.Fatalf("the cluster records no ports: %v", err)
+	}
+	var out []int
+	for _, f := range strings.Fields(string(b)) {
+		p, err := strconv.Atoi(f)
+		if err != nil {
+			c.t.Fatalf("ports file %q: %v", b, err)
+		}
+		out = append(out, p)
+	}
+	if len(out) != 3 {
+		c.t.Fatalf("ports file %q: want 3 ports", b)
+	}
+	return out
+}
+
+// gone reports whether pid has exited (gone, or a zombie).
+func gone(pid int) bool {
+	st, err := procState(pid)
+	return err != nil || st == 'Z'
+}
+
+// takePort makes an outgoing connection from 127.0.0.1:port to target, as
+// any client's connection may when port is in the kernel's ephemeral
+// range, retrying until port is free to take (or limit).
+func takePort(ctx context.Context, port, target int) (*net.TCPConn, error) {
+	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: port}}
+	var conn net.Conn
+	err := waitFor(ctx, fmt.Sprintf("port %d to be free to take", port), time.Minute, time.Millisecond, func() (bool, error) {
+		var err error
+		conn, err = d.DialContext(ctx, "tcp", fmt.Sprintf("127.0.0.1:%d", target))
+		return err == nil, nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return conn.(*net.TCPConn), nil
+}
+
+// release closes c at once, without TIME_WAIT (a reset), as a client that
+// ends its connection would leave the port after a while.
+func release(c *net.TCPConn) {
+	_ = c.SetLinger(0)
+	_ = c.Close()
+}
+
+// TestLocalClusterPortsAndRestart checks, on a cluster of its own, what
+// stopped make chaos at 5029685 (etcd could not listen again on its client
+// port, taken by a client's connection, "bind: address already in use"):
+// the ports are chosen below the kernel's ephemeral range and kept; a
+// restart whose port a connection holds waits until it is free and then
+// starts the component on it; one that stays taken fails naming the port
+// and the process holding it, and `up` then brings the cluster back on the
+// same ports.
+func TestLocalClusterPortsAndRestart(t *testing.T) {
+	testenv.Get(t) // the binaries; the shared cluster is left alone
+	c := localCluster{t: t, dir: t.TempDir()}
+	t.Cleanup(func() {
+		if out, err := c.cmd(context.Background(), nil, "down").CombinedOutput(); err != nil {
+			t.Errorf("down: %v\n%s", err, out)
+		}
+	})
+	c.run("up")
+
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		t.Fatal(err)
+	}
+	low, err := strconv.Atoi(strings.Fields(string(b))[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	ports := c.ports()
+	for _, p := range ports {
+		if p < 20000 || p >= low {
+			t.Errorf("port %d of %v: want one in 20000-%d, below the ephemeral range", p, ports, low-1)
+		}
+	}
+	etcdClient, apiPort := ports[0], ports[2]
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+
+	// A connection takes etcd's client port as soon as etcd is gone, and
+	// lets it go only once the restart says it waits for it.
+	old := c.pid("etcd")
+	var out syncBuffer
+	restart := c.cmd(ctx, nil, "restart", "etcd")
+	restart.Stdout, restart.Stderr = &out, &out
+	if err := restart.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- restart.Wait() }()
+	if err := waitFor(ctx, "etcd to stop", time.Minute, 5*time.Millisecond, func() (bool, error) { return gone(old), nil }); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := takePort(ctx, etcdClient, apiPort)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waiting := fmt.Sprintf("port %d (etcd) is still in use", etcdClient)
+	err = waitFor(ctx, "the restart to wait for the port", 2*time.Minute, 50*time.Millisecond, func() (bool, error) {
+		select {
+		case err := <-done:
+			return false, fmt.Errorf("restart ended (%w) while the port was taken:\n%s", err, out.String())
+		default:
+		}
+		return strings.Contains(out.String(), waiting), nil
+	})
+	release(conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("restart etcd after the port was free again: %v\n%s", err, out.String())
+	}
+	if now := c.pid("etcd"); now == old || gone(now) {
+		t.Fatalf("etcd's pid %d after the restart (was %d): want a new, running one", now, old)
+	}
+	if got := c.ports(); !slices.Equal(got, ports) {
+		t.Errorf("ports after the restart %v; want the same %v", got, ports)
+	}
+	c.run("status")
+
+	// A port that stays taken: the restart gives up, naming the port and
+	// this process; `up` brings the cluster back on the same ports.
+	old = c.pid("etcd")
+	out = syncBuffer{}
+	restart = c.cmd(ctx, []string{"LOCAL_CLUSTER_PORT_WAIT=2"}, "restart", "etcd")
+	restart.Stdout, restart.Stderr = &out, &out
+	if err := restart.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { done <- restart.Wait() }()
+	if err := waitFor(ctx, "etcd to stop", time.Minute, 5*time.Millisecond, func() (bool, error) { return gone(old), nil }); err != nil {
+		t.Fatal(err)
+	}
+	if conn, err = takePort(ctx, etcdClient, apiPort); err != nil {
+		t.Fatal(err)
+	}
+	err = <-done
+	release(conn)
+	if err == nil {
+		t.Fatalf("restart etcd with its port held throughout succeeded:\n%s", out.String())
+	}
+	for _, want := range []string{
+		fmt.Sprintf("error: port %d on 127.0.0.1 (etcd) is still in use 2s after it stopped", etcdClient),
+		fmt.Sprintf("pid=%d,", os.Getpid()),
+	} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("restart's output lacks %q:\n%s", want, out.String())
+		}
+	}
+	c.run("up")
+	if got := c.ports(); !slices.Equal(got, ports) {
+		t.Errorf("ports after up %v; want the same %v", got, ports)
+	}
+	c.run("status")
+}
