@@ -215,3 +215,70 @@ func TestLocalClusterPortsAndRestart(t *testing.T) {
 	}
 	c.run("status")
 }
+
+// TestChaosGoesOnAfterAFailedGroup: a group that cannot run to its end (as
+// the restart group at 5029685) no longer stops the run: it is written as
+// failed, the groups after it run, and the run fails naming it.
+func TestChaosGoesOnAfterAFailedGroup(t *testing.T) {
+	env := testenv.Get(t)
+	dir := t.TempDir()
+	// A copy of the admin kubeconfig in a folder of its own: the suite does
+	// not take it for a cluster of hack/local-cluster.sh and leaves the
+	// shared cluster alone (it only waits for /readyz).
+	b, err := os.ReadFile(env.Kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kc := filepath.Join(dir, "kubeconfig")
+	if err := os.WriteFile(kc, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	saved := map[string]func(*suite, context.Context) (*chaosResult, error){"restart": chaosScenarios["restart"], "pause": chaosScenarios["pause"]}
+	t.Cleanup(func() {
+		for n, fn := range saved {
+			chaosScenarios[n] = fn
+		}
+	})
+	chaosScenarios["restart"] = func(*suite, context.Context) (*chaosResult, error) {
+		r := &chaosResult{}
+		r.line("restart etcd release ok")
+		r.tally(true)
+		return r, fmt.Errorf("restart kube-apiserver (release): etcd could not listen again")
+	}
+	pauseRan := false
+	chaosScenarios["pause"] = func(*suite, context.Context) (*chaosResult, error) {
+		pauseRan = true
+		r := &chaosResult{markdown: "### Pause\n\nfigures"}
+		r.tally(true)
+		return r, nil
+	}
+	o := defaults()
+	o.family = chaosFamily
+	o.kubeconfig = kc
+	o.doc, o.data = filepath.Join(dir, "reliability.md"), filepath.Join(dir, "reliability")
+	o.chaos.auditLog = filepath.Join(dir, "audit.log")
+	o.scenarios = []string{"restart", "pause"}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	res, err := run(ctx, o)
+	if err == nil || !strings.Contains(err.Error(), "1 of 2 groups did not run to their end (restart)") {
+		t.Errorf("run: %v; want it to fail naming the restart group", err)
+	}
+	if !pauseRan {
+		t.Fatal("the pause group did not run after the restart group failed")
+	}
+	sum, violations := chaosSummary(res)
+	if violations != 0 || !strings.Contains(sum, "| restart | 1 | 0 | **no**: restart kube-apiserver (release): etcd could not listen again |") ||
+		!strings.Contains(sum, "| pause | 1 | 0 | yes |") {
+		t.Errorf("summary (violations %d):\n%s", violations, sum)
+	}
+	doc, err := os.ReadFile(o.doc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"**The restart group did not run to its end**", "etcd could not listen again", "restart etcd release ok", "### Pause\n\nfigures"} {
+		if !strings.Contains(string(doc), want) {
+			t.Errorf("%s lacks %q:\n%s", o.doc, want, doc)
+		}
+	}
+}
