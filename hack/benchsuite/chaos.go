@@ -157,7 +157,7 @@ func chaosSummary(res *results) (string, int) {
 			total += r.violations
 		}
 		if err != nil {
-			row[3] = "**no**: " + tail(err.Error(), 200)
+			row[3] = "**no**: " + strings.ReplaceAll(groupError(err.Error()), "|", "\\|")
 		}
 		rows = append(rows, row)
 	}
@@ -168,13 +168,30 @@ func chaosSummary(res *results) (string, int) {
 // end: what stopped it, and the cases it finished before.
 func (s *suite) chaosFailedSection(name string, err error, r *chaosResult) section {
 	var b strings.Builder
-	fmt.Fprintf(&b, "**The %s group did not run to its end** (%s): %s\n", name, time.Now().UTC().Format("2006-01-02 15:04 UTC"), err)
+	fmt.Fprintf(&b, "**The %s group did not run to its end** (%s): %s\n\n```\n%s\n```\n", name, time.Now().UTC().Format("2006-01-02 15:04 UTC"), groupError(err.Error()), strings.TrimSpace(err.Error()))
 	sum := fmt.Sprintf("chaos %s: FAILED: %v", name, err)
 	if r != nil && r.cases > 0 {
 		fmt.Fprintf(&b, "\nCases it finished before (%d, %d violations):\n\n```\n%s\n```\n", r.cases, r.violations, strings.Join(r.lines, "\n"))
 		sum = fmt.Sprintf("chaos %s: FAILED after %d cases, %d violations: %v", name, r.cases, r.violations, err)
 	}
 	return section{markdown: b.String(), summary: sum}
+}
+
+// groupError is the line of a group's error that says what went wrong: a
+// script's "error: ..." line (hack/lib.sh's die) when there is one, else
+// its first line.
+func groupError(msg string) string {
+	lines := strings.Split(strings.TrimSpace(msg), "\n")
+	line := lines[0]
+	for _, l := range lines {
+		if _, after, ok := strings.Cut(l, "] error: "); ok {
+			line = after
+		}
+	}
+	if line = strings.TrimSpace(line); len(line) > 300 {
+		line = line[:300] + "..."
+	}
+	return line
 }
 
 // recoverCluster makes sure the cluster is ready for the next group after

@@ -282,3 +282,21 @@ func TestChaosGoesOnAfterAFailedGroup(t *testing.T) {
 		}
 	}
 }
+
+func TestGroupError(t *testing.T) {
+	for _, c := range []struct{ msg, want string }{
+		{"restart kube-apiserver (release): etcd could not listen again", "restart kube-apiserver (release): etcd could not listen again"},
+		{
+			"restart etcd (release): hack/local-cluster.sh restart etcd: exit status 1: [19:55:32] stopping etcd (pid 8152)\n" +
+				"[19:55:42] sockets on port 28604:\n  ESTAB 0 0 127.0.0.1:28604 127.0.0.1:28606 users:((\"python3\",pid=24461,fd=3))\n" +
+				"[19:55:42] error: port 28604 on 127.0.0.1 (etcd) is still in use 5s after it stopped\n",
+			"port 28604 on 127.0.0.1 (etcd) is still in use 5s after it stopped",
+		},
+		{"first line\nsecond line", "first line"},
+		{strings.Repeat("x", 301), strings.Repeat("x", 300) + "..."},
+	} {
+		if got := groupError(c.msg); got != c.want {
+			t.Errorf("groupError(%q) = %q; want %q", c.msg, got, c.want)
+		}
+	}
+}
