@@ -126,7 +126,11 @@ bench: build cluster-up
 ## kills at every step, skewed clocks and servers, failing servers, restarts,
 ## pauses, contention; writes docs/reliability.md. Not part of make test (a
 ## smoke subset is: TestChaosSmoke). CHAOS_FLAGS='--scenarios=kill' runs one
-## group (see go run ./hack/benchsuite --help).
+## group (see go run ./hack/benchsuite --help). The restart group stops and
+## starts the cluster's etcd and kube-apiserver: where others share the
+## cluster, give it one of its own (LOCAL_CLUSTER_DIR=/tmp/chaos-cluster make
+## chaos). A group that fails is written as such and the next ones still run;
+## the exit status is non-zero after a failed group or a violation.
 CHAOS_FLAGS ?=
 chaos: build-chaos cluster-up
 	KUBECONFIG=$(LOCAL_CLUSTER_DIR)/kubeconfig $(GO) run ./hack/benchsuite --suite chaos \
