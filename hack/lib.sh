@@ -89,15 +89,49 @@ finally:
 PY
 }
 
-# port_holders PORT prints the sockets on local port PORT and their
-# processes, one a line (ss's view), or says it cannot tell.
+# port_holders PORT prints the TCP sockets on local port PORT (any address),
+# one a line: state, local and remote address, and the processes that have
+# it open (pid and name). It reads /proc, so it needs no ss.
 port_holders() {
-  local out
-  if out=$(ss -Htanp "( sport = :$1 )" 2>/dev/null) && [[ -n $out ]]; then
-    echo "$out"
-  else
-    echo "(no socket on port $1 seen by ss; another network namespace, or ss is missing)"
-  fi
+  python3 - "$1" <<'PY'
+import os, socket, struct, sys
+port = int(sys.argv[1])
+states = {"01": "ESTABLISHED", "02": "SYN_SENT", "03": "SYN_RECV", "04": "FIN_WAIT1", "05": "FIN_WAIT2",
+          "06": "TIME_WAIT", "07": "CLOSE", "08": "CLOSE_WAIT", "09": "LAST_ACK", "0A": "LISTEN", "0B": "CLOSING"}
+def addr(h):
+    ip, p = h.split(":")
+    if len(ip) == 8:
+        return "%s:%d" % (socket.inet_ntop(socket.AF_INET, struct.pack("<I", int(ip, 16))), int(p, 16))
+    return "[%s]:%d" % (socket.inet_ntop(socket.AF_INET6, b"".join(struct.pack("<I", int(ip[k:k + 8], 16)) for k in range(0, 32, 8))), int(p, 16))
+socks = {}
+for f in ("/proc/net/tcp", "/proc/net/tcp6"):
+    try:
+        lines = open(f).read().splitlines()[1:]
+    except OSError:
+        continue
+    for l in lines:
+        x = l.split()
+        if int(x[1].split(":")[1], 16) == port:
+            socks[x[9]] = "%s %s -> %s" % (states.get(x[3], x[3]), addr(x[1]), addr(x[2]))
+owners = {}
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        fds = os.listdir("/proc/%s/fd" % pid)
+        comm = open("/proc/%s/comm" % pid).read().strip()
+    except OSError:
+        continue
+    for fd in fds:
+        try:
+            t = os.readlink("/proc/%s/fd/%s" % (pid, fd))
+        except OSError:
+            continue
+        if t.startswith("socket:[") and t[8:-1] in socks:
+            owners.setdefault(t[8:-1], set()).add("pid=%s (%s)" % (pid, comm))
+for ino, desc in socks.items():
+    print(desc, " ".join(sorted(owners.get(ino, ()))) or "(no process: the kernel holds it, as in TIME_WAIT)")
+if not socks:
+    print("(no TCP socket on port %d seen in /proc/net/tcp)" % port)
+PY
 }
 
 # wait_port_free PORT TIMEOUT WHAT: waits until PORT can be listened on, at

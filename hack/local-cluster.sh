@@ -376,8 +376,13 @@ listen_ports() {
   esac
 }
 
-# listening PORT: something listens on 127.0.0.1:PORT.
-listening() { [[ -n $(ss -Hltn "( sport = :$1 )" 2>/dev/null) ]]; }
+# listening PORT: a socket listens on 127.0.0.1:PORT (state 0A of
+# /proc/net/tcp; the address in hex, little-endian).
+listening() {
+  local want
+  want=$(printf '0100007F:%04X' "$1")
+  awk -v a="$want" '$2 == a && $4 == "0A" { found = 1 } END { exit !found }' /proc/net/tcp
+}
 
 # start_again NAME ARGS...: starts NAME on its ports once they are free:
 # waits for each (generously: a connection in the way may live for a

@@ -203,7 +203,7 @@ func TestLocalClusterPortsAndRestart(t *testing.T) {
 	}
 	for _, want := range []string{
 		fmt.Sprintf("error: port %d on 127.0.0.1 (etcd) is still in use 2s after it stopped", etcdClient),
-		fmt.Sprintf("pid=%d,", os.Getpid()),
+		fmt.Sprintf("ESTABLISHED 127.0.0.1:%d -> 127.0.0.1:%d pid=%d (", etcdClient, apiPort, os.Getpid()),
 	} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("restart's output lacks %q:\n%s", want, out.String())
