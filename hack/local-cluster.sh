@@ -210,6 +210,15 @@ sa_ready() {
   api GET /api/v1/namespaces/default/serviceaccounts/default >/dev/null 2>&1
 }
 
+# lock_ports takes the machine's ports lock on fd 8 (see PORTS_LOCK), saying
+# so when it has to wait for it.
+lock_ports() {
+  exec 8>"$PORTS_LOCK"
+  flock -n 8 && return 0
+  log "waiting for $PORTS_LOCK: another local cluster is choosing its ports or restarting a component"
+  flock 8
+}
+
 # choose_ports prints etcd's client and peer ports and the API server's:
 # those of $PORTS_FILE when they are all below the ephemeral range and free,
 # else new ones (see free_ports), which it records there.
@@ -262,8 +271,7 @@ cmd_up() {
   write_configs
 
   local etcd_client etcd_peer api_port
-  exec 8>"$PORTS_LOCK"
-  flock 8
+  lock_ports
   local ports
   ports=$(choose_ports)
   read -r etcd_client etcd_peer api_port <<< "$ports"
@@ -436,8 +444,7 @@ cmd_restart() {
   local args=()
   mapfile -d '' args < "/proc/$pid/cmdline"
   local t0=$SECONDS
-  exec 8>"$PORTS_LOCK"
-  flock 8
+  lock_ports
   log "stopping $name (pid $pid)"
   stop "$name" || true
   log "starting $name again (its earlier log: $LOGS/$name.log.prev)"
