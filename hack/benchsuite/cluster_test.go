@@ -78,21 +78,57 @@ func gone(pid int) bool {
 	return err != nil || st == 'Z'
 }
 
-// takePort makes an outgoing connection from 127.0.0.1:port to target, as
-// any client's connection may when port is in the kernel's ephemeral
-// range, retrying until port is free to take (or limit).
-func takePort(ctx context.Context, port, target int) (*net.TCPConn, error) {
+// restartWithPortTaken runs `restart etcd` and, as soon as the old etcd
+// is gone, makes an outgoing connection from its client port to target, as
+// any client's connection may when the port is in the kernel's ephemeral
+// range. When the new etcd listens on the port before the connection takes
+// it (the restart won the race: nothing to test), it runs again, three
+// times at most.
+func (c localCluster) restartWithPortTaken(ctx context.Context, env []string, port, target int) (*net.TCPConn, *syncBuffer, <-chan error) {
+	c.t.Helper()
 	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: port}}
-	var conn net.Conn
-	err := waitFor(ctx, fmt.Sprintf("port %d to be free to take", port), time.Minute, time.Millisecond, func() (bool, error) {
-		var err error
-		conn, err = d.DialContext(ctx, "tcp", fmt.Sprintf("127.0.0.1:%d", target))
-		return err == nil, nil
-	})
-	if err != nil {
-		return nil, err
+	for range 3 {
+		old := c.pid("etcd")
+		out := &syncBuffer{}
+		restart := c.cmd(ctx, env, "restart", "etcd")
+		restart.Stdout, restart.Stderr = out, out
+		if err := restart.Start(); err != nil {
+			c.t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() { done <- restart.Wait() }()
+		if err := waitFor(ctx, "etcd to stop", time.Minute, 5*time.Millisecond, func() (bool, error) { return gone(old), nil }); err != nil {
+			c.t.Fatal(err)
+		}
+		var conn net.Conn
+		var ended error
+		lost := false
+		err := waitFor(ctx, fmt.Sprintf("port %d to be free to take", port), time.Minute, time.Millisecond, func() (bool, error) {
+			var err error
+			if conn, err = d.DialContext(ctx, "tcp", fmt.Sprintf("127.0.0.1:%d", target)); err == nil {
+				return true, nil
+			}
+			select {
+			case ended = <-done:
+				lost = true
+				return true, nil
+			default:
+				return false, nil
+			}
+		})
+		if err != nil {
+			c.t.Fatal(err)
+		}
+		if !lost {
+			return conn.(*net.TCPConn), out, done
+		}
+		if ended != nil {
+			c.t.Fatalf("restart etcd: %v\n%s", ended, out.String())
+		}
+		c.t.Logf("etcd listened again before the port could be taken; once more")
 	}
-	return conn.(*net.TCPConn), nil
+	c.t.Fatal("etcd listened again before its port could be taken, 3 times")
+	return nil, nil, nil
 }
 
 // release closes c at once, without TIME_WAIT (a reset), as a client that
@@ -141,21 +177,7 @@ func TestLocalClusterPortsAndRestart(t *testing.T) {
 	// A connection takes etcd's client port as soon as etcd is gone, and
 	// lets it go only once the restart says it waits for it.
 	old := c.pid("etcd")
-	var out syncBuffer
-	restart := c.cmd(ctx, nil, "restart", "etcd")
-	restart.Stdout, restart.Stderr = &out, &out
-	if err := restart.Start(); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- restart.Wait() }()
-	if err := waitFor(ctx, "etcd to stop", time.Minute, 5*time.Millisecond, func() (bool, error) { return gone(old), nil }); err != nil {
-		t.Fatal(err)
-	}
-	conn, err := takePort(ctx, etcdClient, apiPort)
-	if err != nil {
-		t.Fatal(err)
-	}
+	conn, out, done := c.restartWithPortTaken(ctx, nil, etcdClient, apiPort)
 	waiting := fmt.Sprintf("port %d (etcd) is still in use", etcdClient)
 	err = waitFor(ctx, "the restart to wait for the port", 2*time.Minute, 50*time.Millisecond, func() (bool, error) {
 		select {
@@ -182,20 +204,7 @@ func TestLocalClusterPortsAndRestart(t *testing.T) {
 
 	// A port that stays taken: the restart gives up, naming the port and
 	// this process; `up` brings the cluster back on the same ports.
-	old = c.pid("etcd")
-	out = syncBuffer{}
-	restart = c.cmd(ctx, []string{"LOCAL_CLUSTER_PORT_WAIT=2"}, "restart", "etcd")
-	restart.Stdout, restart.Stderr = &out, &out
-	if err := restart.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() { done <- restart.Wait() }()
-	if err := waitFor(ctx, "etcd to stop", time.Minute, 5*time.Millisecond, func() (bool, error) { return gone(old), nil }); err != nil {
-		t.Fatal(err)
-	}
-	if conn, err = takePort(ctx, etcdClient, apiPort); err != nil {
-		t.Fatal(err)
-	}
+	conn, out, done = c.restartWithPortTaken(ctx, []string{"LOCAL_CLUSTER_PORT_WAIT=2"}, etcdClient, apiPort)
 	err = <-done
 	release(conn)
 	if err == nil {
