@@ -44,7 +44,7 @@ alive() {
   # stops reading after its match, and a long command line (kube-apiserver's)
   # then reads as "not running".
   local cmd
-  cmd=$(tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null) || return 1
+  cmd=$(tr '\0' ' ' 2>/dev/null < "/proc/$pid/cmdline") || return 1
   [[ $cmd == *"$BIN_CACHE/$1"* ]]
 }
 
