@@ -48,7 +48,8 @@ const chaosIntro = `## Fault-injection suite (issue 14)
 functions in every other build) and attacks the invariants S1-S7 on the local
 control plane, in namespaces ` + "`bench-suite-chaos-*`" + ` it deletes afterwards. Each
 client runs as its own impersonated user, so the API server's audit log
-(` + "`.local-cluster/logs/audit.log`" + `, written in blocking mode) tells every
+(` + "`logs/audit.log`" + ` in the cluster's folder, ` + "`$LOCAL_CLUSTER_DIR`" + `, by default
+` + "`.local-cluster/`" + `; written in blocking mode) tells every
 client's writes apart: a holder's span is its first to its last write of the
 release's records and Lease, and two spans of one release never overlap.
 A smoke subset runs in ` + "`make test`" + ` (` + "`TestChaosSmoke`" + `, ` + "`./hack/benchsuite`" + `).
