@@ -372,7 +372,7 @@ flag_value() {
 # listen_ports NAME ARGS...: the 127.0.0.1 ports NAME listens on, by its
 # command line ARGS.
 listen_ports() {
-  local name=$1 u urls; shift
+  local name=$1 f u urls; shift
   case $name in
     etcd)
       for f in listen-client-urls listen-peer-urls; do
