@@ -12,7 +12,16 @@
 #                                  the same flags and ports; wait until ready
 #
 # State lives in $LOCAL_CLUSTER_DIR (default .local-cluster/ in the repo):
-# kubeconfig, pki/, logs/ (one per component, plus audit.log), pids/.
+# kubeconfig, pki/, logs/ (one per component, plus audit.log), pids/, and
+# ports (etcd's client and peer ports and the API server's, on 127.0.0.1).
+# The ports are chosen below the kernel's ephemeral range (see lib.sh) and
+# kept: `up` after `down` takes the same ones again while they are free, so
+# a kubeconfig stays valid. Clusters with folders of their own run side by
+# side. LOCAL_CLUSTER_PORT_MIN (default 20000) is the lowest port chosen;
+# LOCAL_CLUSTER_PORT_WAIT (default 120) is how many seconds `restart` waits
+# for a port of the stopped process to be free (a client's connection that
+# happened to take it, or its TIME_WAIT of 60 s) before it gives up, naming
+# the port and the process holding it.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 
@@ -20,6 +29,10 @@ PKI="$CLUSTER_DIR/pki"
 LOGS="$CLUSTER_DIR/logs"
 PIDS="$CLUSTER_DIR/pids"
 KUBECONFIG_FILE="$CLUSTER_DIR/kubeconfig"
+PORTS_FILE="$CLUSTER_DIR/ports"
+# Held by whoever chooses ports or has a listener of its cluster down, so
+# that no other cluster takes a port in between (one lock per machine).
+PORTS_LOCK="${TMPDIR:-/tmp}/helm-autorecover-local-cluster-ports.lock"
 COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok)
 
 # alive NAME: the recorded process for NAME is running and is still our binary.
@@ -31,7 +44,7 @@ alive() {
   # stops reading after its match, and a long command line (kube-apiserver's)
   # then reads as "not running".
   local cmd
-  cmd=$(tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null) || return 1
+  cmd=$(tr '\0' ' ' 2>/dev/null < "/proc/$pid/cmdline") || return 1
   [[ $cmd == *"$BIN_CACHE/$1"* ]]
 }
 
@@ -109,7 +122,7 @@ EOF
 # to logs/NAME.log, recording its PID.
 start() {
   local name=$1; shift
-  setsid "$BIN_CACHE/$name" "$@" >"$LOGS/$name.log" 2>&1 < /dev/null 9>&- &
+  setsid "$BIN_CACHE/$name" "$@" >"$LOGS/$name.log" 2>&1 < /dev/null 8>&- 9>&- &
   local pid=$! i
   echo "$pid" > "$PIDS/$name.pid"
   # Until the forked shell has exec'd the binary, its command line is this
@@ -197,6 +210,49 @@ sa_ready() {
   api GET /api/v1/namespaces/default/serviceaccounts/default >/dev/null 2>&1
 }
 
+# lock_ports takes the machine's ports lock on fd 8 (see PORTS_LOCK), saying
+# so when it has to wait for it.
+lock_ports() {
+  exec 8>"$PORTS_LOCK"
+  flock -n 8 && return 0
+  log "waiting for $PORTS_LOCK: another local cluster is choosing its ports or restarting a component"
+  flock 8
+}
+
+# choose_ports prints etcd's client and peer ports and the API server's:
+# those of $PORTS_FILE when they are all below the ephemeral range and free,
+# else new ones (see free_ports), which it records there.
+choose_ports() {
+  local lo p ok=1 ports=()
+  lo=$(ephemeral_low)
+  if [[ -f $PORTS_FILE ]]; then
+    read -r -a ports < "$PORTS_FILE" || true
+    ((${#ports[@]} == 3)) || ok=0
+    for p in "${ports[@]}"; do
+      if ! [[ $p =~ ^[0-9]+$ ]] || ((p < PORT_MIN || p >= lo)); then
+        log "port $p of $PORTS_FILE is not in $PORT_MIN-$((lo - 1)) (below the ephemeral range): choosing new ports"
+        ok=0
+        break
+      fi
+      if ! port_bindable "$p"; then
+        log "port $p of $PORTS_FILE is in use: choosing new ports"
+        port_holders "$p" | sed 's/^/  /' >&2
+        ok=0
+        break
+      fi
+    done
+  else
+    ok=0
+  fi
+  if ((!ok)); then
+    local chosen
+    chosen=$(free_ports 3 "$CLUSTER_DIR")
+    read -r -a ports <<< "$chosen"
+    echo "${ports[*]}" > "$PORTS_FILE"
+  fi
+  echo "${ports[*]}"
+}
+
 cmd_up() {
   # Test binaries of several packages may call `up` at once: one at a time.
   mkdir -p "$CLUSTER_DIR"
@@ -215,7 +271,10 @@ cmd_up() {
   write_configs
 
   local etcd_client etcd_peer api_port
-  etcd_client=$(free_port); etcd_peer=$(free_port); api_port=$(free_port)
+  lock_ports
+  local ports
+  ports=$(choose_ports)
+  read -r etcd_client etcd_peer api_port <<< "$ports"
   local server="https://127.0.0.1:$api_port"
 
   log "starting etcd on 127.0.0.1:$etcd_client"
@@ -242,6 +301,7 @@ cmd_up() {
   kubeconfig "$CLUSTER_DIR/scheduler.kubeconfig" scheduler "$server"
   kubeconfig "$CLUSTER_DIR/kwok.kubeconfig" kwok "$server"
   wait_for kube-apiserver 60 ready
+  flock -u 8
 
   log "starting kube-controller-manager, kube-scheduler and kwok"
   start kube-controller-manager --kubeconfig "$CLUSTER_DIR/controller-manager.kubeconfig" \
@@ -309,10 +369,67 @@ flag_value() {
   return 1
 }
 
+# listen_ports NAME ARGS...: the 127.0.0.1 ports NAME listens on, by its
+# command line ARGS.
+listen_ports() {
+  local name=$1 f u urls; shift
+  case $name in
+    etcd)
+      for f in listen-client-urls listen-peer-urls; do
+        urls=$(flag_value "$f" "$@") || die "etcd has no --$f"
+        for u in ${urls//,/ }; do echo "${u##*:}"; done
+      done
+      ;;
+    kube-apiserver) flag_value secure-port "$@" || die "kube-apiserver has no --secure-port" ;;
+  esac
+}
+
+# listening PORT: a socket listens on 127.0.0.1:PORT (state 0A of
+# /proc/net/tcp; the address in hex, little-endian).
+listening() {
+  local want
+  want=$(printf '0100007F:%04X' "$1")
+  awk -v a="$want" '$2 == a && $4 == "0A" { found = 1 } END { exit !found }' /proc/net/tcp
+}
+
+# start_again NAME ARGS...: starts NAME on its ports once they are free:
+# waits for each (generously: a connection in the way may live for a
+# while) and, when NAME still finds one taken (a client took it in
+# between), waits and starts it again, three times at most.
+start_again() {
+  local name=$1 attempt p ports all; shift
+  mapfile -t ports < <(listen_ports "$name" "$@")
+  ((${#ports[@]})) || die "no ports in the command line of $name"
+  for attempt in 1 2 3; do
+    for p in "${ports[@]}"; do
+      wait_port_free "$p" "${LOCAL_CLUSTER_PORT_WAIT:-120}" "$name"
+    done
+    start "$name" "$@"
+    local deadline=$((SECONDS + 60))
+    while alive "$name"; do
+      all=1
+      for p in "${ports[@]}"; do listening "$p" || { all=0; break; }; done
+      ((all)) && return 0
+      ((SECONDS < deadline)) || die "$name does not listen on ports ${ports[*]} after 60s; see $LOGS/$name.log"
+      sleep 0.2
+    done
+    if ! grep -q 'address already in use' "$LOGS/$name.log" 2>/dev/null; then
+      tail -n 5 "$LOGS/$name.log" >&2 || true
+      die "$name exited as it started again; see $LOGS/$name.log"
+    fi
+    log "$name found a port taken as it started (attempt $attempt of 3):"
+    grep 'address already in use' "$LOGS/$name.log" | tail -n 1 >&2
+    mv -f "$LOGS/$name.log" "$LOGS/$name.log.attempt$attempt"
+  done
+  die "$name could not listen on its ports ${ports[*]} in 3 attempts (address already in use); see $LOGS/$name.log.attempt*"
+}
+
 # cmd_restart NAME: stops the one component NAME (etcd or kube-apiserver) by
 # its recorded PID and starts it again with the same command line (so the
 # same flags, ports and data), then waits until it and the API server are
-# ready. The other components keep running.
+# ready. The other components keep running. It holds the machine's ports
+# lock meanwhile, so no other cluster's `up` takes the ports it leaves free
+# for a moment.
 cmd_restart() {
   local name=${1:-} pid url
   case $name in
@@ -327,11 +444,13 @@ cmd_restart() {
   local args=()
   mapfile -d '' args < "/proc/$pid/cmdline"
   local t0=$SECONDS
+  lock_ports
   log "stopping $name (pid $pid)"
   stop "$name" || true
   log "starting $name again (its earlier log: $LOGS/$name.log.prev)"
   mv -f "$LOGS/$name.log" "$LOGS/$name.log.prev" 2>/dev/null || true
-  start "$name" "${args[@]:1}"
+  start_again "$name" "${args[@]:1}"
+  flock -u 8
   if [[ $name == etcd ]]; then
     url=$(flag_value listen-client-urls "${args[@]:1}") || die "etcd has no --listen-client-urls"
     wait_for etcd 30 etcd_healthy "${url##*:}"

@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"sort"
@@ -47,7 +48,8 @@ const chaosIntro = `## Fault-injection suite (issue 14)
 functions in every other build) and attacks the invariants S1-S7 on the local
 control plane, in namespaces ` + "`bench-suite-chaos-*`" + ` it deletes afterwards. Each
 client runs as its own impersonated user, so the API server's audit log
-(` + "`.local-cluster/logs/audit.log`" + `, written in blocking mode) tells every
+(` + "`logs/audit.log`" + ` in the cluster's folder, ` + "`$LOCAL_CLUSTER_DIR`" + `, by default
+` + "`.local-cluster/`" + `; written in blocking mode) tells every
 client's writes apart: a holder's span is its first to its last write of the
 release's records and Lease, and two spans of one release never overlap.
 A smoke subset runs in ` + "`make test`" + ` (` + "`TestChaosSmoke`" + `, ` + "`./hack/benchsuite`" + `).
@@ -68,11 +70,27 @@ type chaosOptions struct {
 // operation reaches them.
 var chaosPoints = []string{"before-lock", "after-lock", "after-pending-write", "pre-hook", "apply", "wait", "post-hook", "after-final-write", "before-release", "recovery"}
 
-func chaosDefaults() chaosOptions {
+// defaultAuditLog is the audit log of the cluster whose admin kubeconfig
+// is kubeconfig: logs/audit.log beside it when there is one (the layout of
+// hack/local-cluster.sh, whatever its LOCAL_CLUSTER_DIR), else under
+// $LOCAL_CLUSTER_DIR (default .local-cluster). The spans must come from the
+// log of the cluster the clients write to: another cluster's would show no
+// writes, so no overlaps, whatever happened.
+func defaultAuditLog(kubeconfig string) string {
+	if kubeconfig != "" {
+		p := filepath.Join(filepath.Dir(kubeconfig), "logs", "audit.log")
+		if _, err := os.Stat(p); err == nil {
+			return p
+		}
+	}
 	dir := os.Getenv("LOCAL_CLUSTER_DIR")
 	if dir == "" {
 		dir = ".local-cluster"
 	}
+	return filepath.Join(dir, "logs", "audit.log")
+}
+
+func chaosDefaults() chaosOptions {
 	return chaosOptions{
 		// 6 s: with 3 s (renew deadline 2 s) a loaded 2-core machine cuts
 		// off a write now and then, which is the fail-stop working, not a
@@ -82,7 +100,6 @@ func chaosDefaults() chaosOptions {
 		ops:      []string{"install", "upgrade", "rollback", "uninstall"},
 		points:   chaosPoints,
 		chart:    "hack/benchsuite/testdata/charts/hooks",
-		auditLog: filepath.Join(dir, "logs", "audit.log"),
 		parallel: 4,
 	}
 }
@@ -94,7 +111,7 @@ func (c *chaosOptions) flags(fs *flag.FlagSet) {
 	fs.Func("chaos-points", "chaos kill: kill points, comma-separated (default all: "+strings.Join(chaosPoints, ",")+")", func(v string) error { c.points = splitList(v); return nil })
 	fs.StringVar(&c.chart, "chaos-chart", c.chart, "chaos: the chart (a ConfigMap, a Deployment, pre- and post- hooks on every event)")
 	fs.IntVar(&c.parallel, "chaos-parallel", c.parallel, "chaos kill: cases run at once")
-	fs.StringVar(&c.auditLog, "audit-log", c.auditLog, "chaos: the API server's audit log (default $LOCAL_CLUSTER_DIR/logs/audit.log)")
+	fs.StringVar(&c.auditLog, "audit-log", c.auditLog, "chaos: the API server's audit log (default: logs/audit.log beside the --kubeconfig, else $LOCAL_CLUSTER_DIR/logs/audit.log)")
 }
 
 // chaosResult is what a group found: one line per case, and the figures.
@@ -124,15 +141,91 @@ func (s *suite) chaosScenario(ctx context.Context, name string, res *results) (s
 	}, nil
 }
 
-// chaosSummary is the table printed at the end of a chaos run.
-func chaosSummary(res *results) string {
+// chaosSummary is the table printed at the end of a chaos run, and the
+// total of violations.
+func chaosSummary(res *results) (string, int) {
 	var rows [][]string
+	total := 0
 	for _, n := range chaosScenarioNames {
-		if r, ok := res.chaos[n]; ok {
-			rows = append(rows, []string{n, fmt.Sprint(r.cases), fmt.Sprint(r.violations)})
+		r, ran := res.chaos[n]
+		err := res.failed[n]
+		if !ran && err == nil {
+			continue
+		}
+		row := []string{n, "0", "0", "yes"}
+		if ran {
+			row[1], row[2] = fmt.Sprint(r.cases), fmt.Sprint(r.violations)
+			total += r.violations
+		}
+		if err != nil {
+			row[3] = "**no**: " + strings.ReplaceAll(groupError(err.Error()), "|", "\\|")
+		}
+		rows = append(rows, row)
+	}
+	return table([]string{"scenario", "cases", "violations", "ran to its end"}, rows), total
+}
+
+// chaosFailedSection is the section of a group that could not run to its
+// end: what stopped it, and the cases it finished before.
+func (s *suite) chaosFailedSection(name string, err error, r *chaosResult) section {
+	var b strings.Builder
+	fmt.Fprintf(&b, "**The %s group did not run to its end** (%s): %s\n\n```\n%s\n```\n", name, time.Now().UTC().Format("2006-01-02 15:04 UTC"), groupError(err.Error()), strings.TrimSpace(err.Error()))
+	sum := fmt.Sprintf("chaos %s: FAILED: %v", name, err)
+	if r != nil && r.cases > 0 {
+		fmt.Fprintf(&b, "\nCases it finished before (%d, %d violations):\n\n```\n%s\n```\n", r.cases, r.violations, strings.Join(r.lines, "\n"))
+		sum = fmt.Sprintf("chaos %s: FAILED after %d cases, %d violations: %v", name, r.cases, r.violations, err)
+	}
+	return section{markdown: b.String(), summary: sum}
+}
+
+// groupError is the line of a group's error that says what went wrong: a
+// script's "error: ..." line (hack/lib.sh's die) when there is one, else
+// its first line.
+func groupError(msg string) string {
+	lines := strings.Split(strings.TrimSpace(msg), "\n")
+	line := lines[0]
+	for _, l := range lines {
+		if _, after, ok := strings.Cut(l, "] error: "); ok {
+			line = after
 		}
 	}
-	return table([]string{"scenario", "cases", "violations"}, rows)
+	if line = strings.TrimSpace(line); len(line) > 300 {
+		line = line[:300] + "..."
+	}
+	return line
+}
+
+// recoverCluster makes sure the cluster is ready for the next group after
+// one failed (it may have left a component stopped): a cluster of
+// hack/local-cluster.sh (its kubeconfig beside pids/) is brought up again
+// with `up`, which keeps its data and, while they are free, its ports; any
+// other must answer /readyz within a minute. The suite then connects again,
+// in case the server's address changed.
+func (s *suite) recoverCluster(ctx context.Context) error {
+	kc, err := filepath.Abs(s.o.kubeconfig)
+	if err != nil {
+		return err
+	}
+	dir := filepath.Dir(kc)
+	if _, err := os.Stat(filepath.Join(dir, "pids")); err == nil {
+		script, err := filepath.Abs(restartScript)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(os.Stderr, "benchsuite: bringing the cluster in %s up again for the next group\n", dir)
+		up := exec.CommandContext(ctx, script, "up")
+		up.Env = append(os.Environ(), "LOCAL_CLUSTER_DIR="+dir)
+		up.Stdout, up.Stderr = os.Stderr, os.Stderr
+		if err := up.Run(); err != nil {
+			return fmt.Errorf("%s up (LOCAL_CLUSTER_DIR=%s): %w", script, dir, err)
+		}
+		if err := s.connect(); err != nil {
+			return err
+		}
+	}
+	return waitFor(ctx, "the API server to be ready", time.Minute, time.Second, func() (bool, error) {
+		return s.cs.Discovery().RESTClient().Get().AbsPath("/readyz").Do(ctx).Error() == nil, nil
+	})
 }
 
 // tally counts a case that ended, ok or not, and returns its verdict for

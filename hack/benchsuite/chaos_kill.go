@@ -330,10 +330,11 @@ func pct(n, of int) string {
 // chaosFooter ends a group's section: when, where, with what, and the
 // command that runs it again.
 func (s *suite) chaosFooter(scenario string, flags ...string) string {
-	cmd := "go run ./hack/benchsuite --suite chaos --scenarios=" + scenario
+	cmd := "make chaos CHAOS_FLAGS='--scenarios=" + scenario
 	if fl := slices.DeleteFunc(slices.Clone(flags), func(f string) bool { return f == "" }); len(fl) > 0 {
 		cmd += " " + strings.Join(fl, " ")
 	}
-	return fmt.Sprintf("Measured %s on %s; %s. Rerun: `make build-chaos cluster-up && KUBECONFIG=$PWD/.local-cluster/kubeconfig %s` (`make chaos` runs every group).\n",
+	cmd += "'"
+	return fmt.Sprintf("Measured %s on %s; %s. Rerun: `%s` (`make chaos` runs every group; `LOCAL_CLUSTER_DIR` chooses the cluster).\n",
 		time.Now().UTC().Format("2006-01-02 15:04 UTC"), s.machine.hardware(), s.machine.versions(), cmd)
 }

@@ -135,11 +135,18 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	res, err := run(ctx, o)
 	stop()
+	violations := 0
 	if o.family.word == chaosFamily.word && res != nil {
-		fmt.Print("\n" + chaosSummary(res))
+		var sum string
+		sum, violations = chaosSummary(res)
+		fmt.Print("\n" + sum)
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "benchsuite:", err)
+		os.Exit(1)
+	}
+	if violations > 0 {
+		fmt.Fprintf(os.Stderr, "benchsuite: %d violations (the cases marked VIOLATION above, and %s)\n", violations, o.doc)
 		os.Exit(1)
 	}
 }

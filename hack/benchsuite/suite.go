@@ -49,6 +49,7 @@ type results struct {
 	handoff    *handoffResult
 	contention *contentionResult
 	chaos      map[string]*chaosResult
+	failed     map[string]error // chaos groups that could not run to their end
 }
 
 // run runs the scenarios o asks for and writes their figures.
@@ -65,20 +66,15 @@ func run(ctx context.Context, o options) (*results, error) {
 		}
 		*p = abs
 	}
-	cfg, err := clientcmd.BuildConfigFromFlags("", o.kubeconfig)
-	if err != nil {
-		return nil, fmt.Errorf("kubeconfig %q (set --kubeconfig or KUBECONFIG): %w", o.kubeconfig, err)
+	if o.family.word == chaosFamily.word && o.chaos.auditLog == "" {
+		o.chaos.auditLog = defaultAuditLog(o.kubeconfig)
 	}
-	cfg.QPS, cfg.Burst = -1, 0 // the bench's own reads are not throttled
-	cs, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
+	s := &suite{o: o}
+	var err error
+	if err = s.connect(); err != nil {
 		return nil, err
 	}
-	s := &suite{o: o, cs: cs, kubeconfigs: map[string]string{}}
-	if s.px, err = countproxy.Start(rest.CopyConfig(cfg)); err != nil {
-		return nil, err
-	}
-	defer s.px.Close()
+	defer func() { s.px.Close() }()
 	if s.dir, err = os.MkdirTemp("", "benchsuite-"); err != nil {
 		return nil, err
 	}
@@ -92,8 +88,8 @@ func run(ctx context.Context, o options) (*results, error) {
 		"HELM_DATA_HOME="+filepath.Join(s.dir, "helm", "data"),
 		"XDG_CACHE_HOME="+filepath.Join(s.dir, "xdg-cache"),
 	)
-	s.machine = readMachine(ctx, cs, o)
-	res := &results{machine: s.machine, chaos: map[string]*chaosResult{}}
+	s.machine = readMachine(ctx, s.cs, o)
+	res := &results{machine: s.machine, chaos: map[string]*chaosResult{}, failed: map[string]error{}}
 	fmt.Fprintf(os.Stderr, "benchsuite: %s\n", s.machine.summary())
 	for _, name := range o.scenarios {
 		start := time.Now()
@@ -110,6 +106,20 @@ func run(ctx context.Context, o options) (*results, error) {
 			sec, err = measure(ctx, &res.contention, s.contention, s.contentionReport)
 		default:
 			sec, err = s.chaosScenario(ctx, name, res)
+			if err != nil && ctx.Err() == nil {
+				// One group that cannot run to its end does not stop
+				// the others: its failure is written and kept for the
+				// exit status, and the cluster is brought back first.
+				fmt.Fprintf(os.Stderr, "benchsuite: %s FAILED: %v\n", name, err)
+				res.failed[name] = err
+				if err := s.writeSection(name, s.chaosFailedSection(name, err, res.chaos[name])); err != nil {
+					return res, err
+				}
+				if err := s.recoverCluster(ctx); err != nil {
+					return res, fmt.Errorf("%s failed (%w), and the cluster could not be brought back for the groups after it: %w", name, res.failed[name], err)
+				}
+				continue
+			}
 		}
 		if err != nil {
 			return res, fmt.Errorf("%s: %w", name, err)
@@ -119,7 +129,41 @@ func run(ctx context.Context, o options) (*results, error) {
 		}
 		fmt.Fprintf(os.Stderr, "benchsuite: %s done in %s\n%s\n", name, time.Since(start).Round(time.Second), sec.summary)
 	}
+	if len(res.failed) > 0 {
+		var names []string
+		for _, n := range o.scenarios {
+			if res.failed[n] != nil {
+				names = append(names, n)
+			}
+		}
+		return res, fmt.Errorf("%d of %d groups did not run to their end (%s); their errors are above and in %s", len(names), len(o.scenarios), strings.Join(names, ", "), o.doc)
+	}
 	return res, nil
+}
+
+// connect (again) makes the suite's client and counting proxy from the
+// admin kubeconfig, and forgets the kubeconfigs made from it.
+func (s *suite) connect() error {
+	cfg, err := clientcmd.BuildConfigFromFlags("", s.o.kubeconfig)
+	if err != nil {
+		return fmt.Errorf("kubeconfig %q (set --kubeconfig or KUBECONFIG): %w", s.o.kubeconfig, err)
+	}
+	cfg.QPS, cfg.Burst = -1, 0 // the bench's own reads are not throttled
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return err
+	}
+	px, err := countproxy.Start(rest.CopyConfig(cfg))
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.px != nil {
+		s.px.Close()
+	}
+	s.cs, s.px, s.kubeconfigs = cs, px, map[string]string{}
+	return nil
 }
 
 // measure runs a scenario, keeps its result (what it measured before it
