@@ -127,8 +127,11 @@ const DescriptionOwnUnsettled = "Failed %s: the operation ended without recordin
 // again after a conflict while marking it failed.
 const maxSettleAttempts = 3
 
-// Joint is the underlying set of locks.
-func (l *Lock) Joint() *lock.Joint { return l.joint }
+// Taken describes the holder this lock was taken from and how it was
+// found: Free when it released, Expired when this lock took it over (an
+// abandoned holder handed on already stands in for it, lock.Found). The
+// record is nil when there was none or it was unreadable.
+func (l *Lock) Taken() (*Record, State) { return l.joint.Previous() }
 
 // Session is the lock's session ID.
 func (l *Lock) Session() string { return l.joint.Session() }

@@ -426,7 +426,7 @@ func (l *Lock) Holder() Holder {
 // pending, and Recover recovers it). The holder is nil when there was none
 // or its record was unreadable.
 func (l *Lock) Previous() (*Holder, LockState) {
-	rec, st := l.held.Joint().Previous() // an abandoned holder handed on already stands in (protocol.Found)
+	rec, st := l.held.Taken()
 	return holderFrom(rec), stateFrom(st, false)
 }
 
