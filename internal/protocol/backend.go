@@ -93,18 +93,9 @@ func (c *Conn) chooseAuto(ctx context.Context, ns string) Choice {
 // gate beside helm's records first (the lock on the release records, or
 // the lock row in the sql driver's database; every client takes it, so
 // clients of either backend exclude each other), then the Lease for the
-// lease backend. It returns the backend chosen (auto resolved). With the
-// sql driver every choice takes the lock row and the Lease.
+// lease backend. It returns the backend chosen (auto resolved).
 func (c *Conn) Stores(ctx context.Context, ns, choice string) (string, Stores, error) {
 	gate, gateErr := c.GateBackend()
-	if c.sql != nil && (choice == BackendAuto || choice == BackendRelease) {
-		// With the sql driver, earlier versions took the Lease alone, and
-		// their writes name no session the database could fence: only the
-		// Lease keeps them out. Every backend therefore takes it too, as
-		// those versions needed it (and auto needs no access review, whose
-		// failure would pick release).
-		choice = BackendLease
-	}
 	if choice == BackendAuto {
 		ch := c.chooseAuto(ctx, ns)
 		choice = ch.Backend

@@ -290,15 +290,18 @@ func TestRowsWrittenBeforeTheTrigger(t *testing.T) {
 func TestLockTakenInRows(t *testing.T) {
 	f := newFixture(t)
 	ctx := context.Background()
-	// Every backend takes the lock row and then the Lease: earlier
-	// versions took the Lease alone with sql, unfenced by the database.
-	for _, b := range []string{protocol.BackendRelease, protocol.BackendLease, protocol.BackendAuto} {
+	// The release backend takes the lock row alone, the lease backend the
+	// lock row and then the Lease.
+	for b, want := range map[string][]string{
+		protocol.BackendRelease: {string(lock.StoreSQL)},
+		protocol.BackendLease:   {string(lock.StoreSQL), string(lock.StoreLease)},
+	} {
 		chosen, got, err := f.conn.Stores(ctx, f.ns, b)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if kinds := got.Kinds(); chosen != protocol.BackendLease || !slices.Equal(kinds, []string{string(lock.StoreSQL), string(lock.StoreLease)}) {
-			t.Fatalf("--lock-backend=%s with sql = %s %v, want the lock row then the Lease", b, chosen, kinds)
+		if kinds := got.Kinds(); chosen != b || !slices.Equal(kinds, want) {
+			t.Fatalf("--lock-backend=%s with sql = %s %v, want %v", b, chosen, kinds, want)
 		}
 	}
 	// The lock row alone excludes a second client too.
