@@ -302,7 +302,7 @@ func (r *run) do(ctx context.Context, op func() error) (err error) {
 		Log:      r.g.Stderr,
 	}
 	err = r.held.Run(ctx, r.guarded)
-	if err != nil && r.interrupted.Load() && !errors.As(err, new(*exitcode.Error)) {
+	if err != nil && r.interrupted.Load() {
 		// Helm's install and upgrade handle the first signal themselves
 		// (they cancel, mark the release failed and return an error); the
 		// process must still end with the documented interrupted code.

@@ -78,8 +78,10 @@ type Lock struct {
 	release, namespace string
 	// fence is the write fence Take armed for the lock (Fence).
 	fence *helmx.WriteFence
-	// endOnce makes End give the lock back once.
+	// endOnce makes End give the lock back once; unfence stops the fence
+	// judging writes by this lock (End).
 	endOnce sync.Once
+	unfence func()
 
 	// floorGiven is set once ReadFloor has given the take's floor;
 	// newestGiven once NewestAtTake has said what the take read.
@@ -311,10 +313,13 @@ func (l *Lock) drain() {
 // lock is released naming this holder as abandoned instead of deleted.
 func (l *Lock) ReleaseAndDelete(ctx context.Context) error {
 	l.drain()
-	if l.joint.Valid() == nil {
-		if done, err := l.settleOwn(ctx); done {
-			return err
-		}
+	if err := l.joint.Valid(); err != nil {
+		// Lost: nothing is written (the lock may be on a revision that
+		// landed meanwhile, which the next client must find).
+		return err
+	}
+	if done, err := l.settleOwn(ctx); done {
+		return err
 	}
 	return l.joint.ReleaseAndDelete(ctx)
 }
@@ -457,7 +462,8 @@ func IsLocked(err error) (*lock.LockedError, bool) {
 
 // Hold renews the lock while the caller works under it (a lock command, the
 // controller's recovery); the function it returns stops renewing and
-// releases the lock, within 10 s even when ctx has ended. It returns the
+// releases the lock, within 10 s of the fence's drain even when ctx has
+// ended. It returns the
 // release's error, nil for a lock already lost (it is not written: it runs
 // out by itself).
 func (l *Lock) Hold(ctx context.Context) (release func() error) {
@@ -465,6 +471,9 @@ func (l *Lock) Hold(ctx context.Context) (release func() error) {
 	go l.Keep(keepCtx, func(error) {})
 	return func() error {
 		stopKeep()
+		// Drained first: the release's 10 s start once no write let
+		// through the fence can land any more.
+		l.drain()
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 		defer cancel()
 		if err := l.Release(rctx); err != nil && !errors.Is(err, lock.ErrLost) {

@@ -116,12 +116,17 @@ func (l *Lock) Run(ctx context.Context, g Guarded) (err error) {
 }
 
 // End gives the lock back as Run does once the operation ended with err:
-// Releasing decides whether it is deleted, Released is told how that went.
-// A door that must end the process before Run returns (a signal, the
-// fail-stop) calls it itself; only the first call does anything. It
-// returns within 10 s even when ctx has ended.
+// it first drains the lock's write fence (no write let through it can land
+// any more: a create answered 5xx may still commit until its deadline),
+// then Releasing decides whether the lock is deleted, with what that write
+// left in place to read, and Released is told how giving it back went;
+// last, the fence stops judging writes by this lock. A door that must end
+// the process before Run returns (a signal, the fail-stop) calls it itself;
+// only the first call does anything. Once drained, it gives the lock back
+// within 10 s even when ctx has ended.
 func (l *Lock) End(ctx context.Context, g Guarded, err error) {
 	l.endOnce.Do(func() {
+		l.drain()
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 		defer cancel()
 		var rerr error
@@ -132,6 +137,9 @@ func (l *Lock) End(ctx context.Context, g Guarded, err error) {
 		}
 		if errors.Is(rerr, ErrLost) {
 			rerr = nil
+		}
+		if l.unfence != nil {
+			l.unfence()
 		}
 		if g.Released != nil {
 			g.Released(rerr)

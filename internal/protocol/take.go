@@ -108,9 +108,11 @@ func (c *Conn) Take(ctx context.Context, req Request) (*Lock, error) {
 	}
 	l.fence = fence
 	if recs, rerr := c.Records(); rerr == nil {
-		// The fence stays on for the lock's whole life: once the lock is
-		// released or lost, Valid refuses every write that goes through it.
-		fence.Guard(helmx.GuardedWrites{Namespace: req.Namespace, Release: req.Release, Resource: recs.Resource(), Lock: l})
+		// The fence stays on for the lock's whole life (End turns it off
+		// once the lock is given back, for a fence shared by a process's
+		// successive locks): once the lock is released or lost, Valid
+		// refuses every write that goes through it.
+		l.unfence = fence.Guard(helmx.GuardedWrites{Namespace: req.Namespace, Release: req.Release, Resource: recs.Resource(), Lock: l})
 	}
 	return l, nil
 }
