@@ -43,8 +43,7 @@ func TestEndDrainsBeforeDeciding(t *testing.T) {
 	}
 	rec1 := helmx.ReleaseSecretName("web", 1)
 	landed := make(chan struct{})
-	helmCfg := settleProxy(t, env, nil, nil)
-	helmCfg = env.Proxy(t, func(w http.ResponseWriter, r *http.Request, forward http.Handler) {
+	helmCfg := env.Proxy(t, func(w http.ResponseWriter, r *http.Request, forward http.Handler) {
 		if r.Method != http.MethodPost || !strings.HasSuffix(r.URL.Path, "/secrets") {
 			forward.ServeHTTP(w, r)
 			return
