@@ -677,6 +677,38 @@ func (h *Held) writeLocked(ctx context.Context, release bool, mutate func(*Recor
 	return fmt.Errorf("renew lock on release %q in namespace %q: lease changed %d times; retry", h.req.Release, h.req.Namespace, maxConflicts)
 }
 
+// fenceKey is the context key of a write's fence (withFence).
+type fenceKey struct{}
+
+// withFence returns ctx carrying valid, the check that the lock a write
+// belongs to (a take's new record, a holder's renewal) may still be
+// written: nil while its renew deadline has not passed, on the local clock
+// and in the API server's (Held.Valid). A store that sends several
+// requests for one write of the lock (the release store: it reads, then
+// claims the beat, then writes the gate) checks it right before each
+// write request it sends (fenced), so that none leaves once that deadline
+// has passed, however long the process stood still in between: a read
+// held up by a pause or a system sleep, say (the simulation, seeds 302
+// and 842).
+func withFence(ctx context.Context, valid func() error) context.Context {
+	return context.WithValue(ctx, fenceKey{}, valid)
+}
+
+// fenced runs the check ctx carries (withFence); nil when it carries none.
+func fenced(ctx context.Context) error {
+	if valid, ok := ctx.Value(fenceKey{}).(func() error); ok {
+		return valid()
+	}
+	return nil
+}
+
+// withDeadline bounds ctx by the renew deadline d, on the backend's clock
+// (a test build's offset clock, an embedder's): no request of the write,
+// client-go's retries of a throttled one included, is sent after it.
+func (b *Backend) withDeadline(ctx context.Context, d time.Time) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, max(d.Sub(b.clock.Now()), 0))
+}
+
 // firstProbeAfter bounds how long a holder waits, once it holds the lock,
 // before its first server-time probe (see Keep).
 const firstProbeAfter = time.Second

@@ -575,7 +575,7 @@ func (b *Backend) attempt(ctx context.Context, req *Request, w *waitState, maybe
 		cur, err := b.leases(req.Namespace).Get(ctx, name, metav1.GetOptions{})
 		if apierrors.IsNotFound(err) {
 			h, err := b.create(ctx, req, maybe)
-			if apierrors.IsAlreadyExists(err) || retry(err) {
+			if apierrors.IsAlreadyExists(err) || retry(err) || errors.Is(err, errLate) {
 				continue
 			}
 			if err != nil {
@@ -604,7 +604,7 @@ func (b *Backend) attempt(ctx context.Context, req *Request, w *waitState, maybe
 		// expired lock is (waiters that queued meanwhile come first).
 		if maybe.any() && holderOf(&cur.Spec) == req.Session && (v.state == Live || waitersAhead(v.live, req.Session) == 0) {
 			h, err := b.adopt(ctx, req, v, now, maybe)
-			if changed(err) || retry(err) {
+			if changed(err) || retry(err) || errors.Is(err, errLate) {
 				continue
 			}
 			if err != nil {
@@ -614,7 +614,7 @@ func (b *Backend) attempt(ctx context.Context, req *Request, w *waitState, maybe
 		}
 		if v.state != Live && ahead == 0 {
 			h, err := b.take(ctx, req, v, maybe)
-			if changed(err) || retry(err) {
+			if changed(err) || retry(err) || errors.Is(err, errLate) {
 				continue
 			}
 			if err != nil {
@@ -858,15 +858,25 @@ func (b *Backend) create(ctx context.Context, req *Request, maybe *maybeTaken) (
 		return nil, err
 	}
 	l.Spec.LeaseTransitions = ptr(int32(0))
-	created, err := b.leases(req.Namespace).Create(ctx, l, metav1.CreateOptions{})
+	h := b.newHeld(req, nil, rec, sent, nil, Free)
+	wctx, cancel, late := b.takeFence(ctx, h) // as take's
+	defer cancel()
+	if err := fenced(wctx); err != nil {
+		return nil, late(err)
+	}
+	created, err := b.leases(req.Namespace).Create(wctx, l, metav1.CreateOptions{})
 	if err != nil {
 		if apierrors.IsAlreadyExists(err) {
+			return nil, err
+		}
+		if err := late(err); errors.Is(err, errLate) {
 			return nil, err
 		}
 		err = maybe.note(err, maybeWrite{sent: sent, rec: rec, prevState: Free})
 		return nil, fmt.Errorf("lock release %q in namespace %q: create %s: %w", req.Release, req.Namespace, b.object(l.Name), err)
 	}
-	return b.newHeld(req, created, rec, sent, nil, Free), nil
+	h.lease = created
+	return h, nil
 }
 
 // take updates a Free or Expired Lease to name the caller as holder,
@@ -916,15 +926,61 @@ func (b *Backend) take(ctx context.Context, req *Request, v view, maybe *maybeTa
 	if v.recErr != nil {
 		prev = nil
 	}
-	updated, err := b.leases(req.Namespace).Update(ctx, l, metav1.UpdateOptions{})
+	// The take is held to its own renew deadline from its first request
+	// to its last: on the release store it claims the beat, then writes
+	// the gate, and a gate written after the claim expired would take a
+	// release someone else may have taken since (the simulation, seed
+	// 302: a system sleep between the two).
+	h := b.newHeld(req, nil, rec, sent, prev, v.state)
+	wctx, cancel, late := b.takeFence(ctx, h)
+	defer cancel()
+	if err := fenced(wctx); err != nil {
+		return nil, late(err)
+	}
+	updated, err := b.leases(req.Namespace).Update(wctx, l, metav1.UpdateOptions{})
 	if err != nil {
 		if apierrors.IsConflict(err) {
+			return nil, err
+		}
+		if err := late(err); errors.Is(err, errLate) {
 			return nil, err
 		}
 		err = maybe.note(err, maybeWrite{sent: sent, rec: rec, prev: prev, prevState: v.state})
 		return nil, fmt.Errorf("lock release %q in namespace %q: update %s: %w", req.Release, req.Namespace, b.object(l.Name), err)
 	}
-	return b.newHeld(req, updated, rec, sent, prev, v.state), nil
+	h.lease = updated
+	return h, nil
+}
+
+// errLate marks a take that stopped before one of its writes because its
+// renew deadline had passed (on this process's clock, or in the API
+// server's): it sent nothing more, and the caller reads the lock again and
+// decides anew.
+var errLate = errors.New("its renew deadline passed before its next write was sent")
+
+// takeFence bounds the writes of a take whose lock h stands for (not yet
+// stored) by h's renew deadline: each write request is checked against it
+// right before it is sent (withFence), and the context ends at it, so that
+// no request is sent or retried after it. late turns the error of a write
+// that the check stopped into one marked errLate, and leaves any other as
+// it is.
+func (b *Backend) takeFence(ctx context.Context, h *Held) (context.Context, context.CancelFunc, func(error) error) {
+	stopped := false
+	fence := func() error {
+		err := h.Valid()
+		if err != nil {
+			stopped = true
+		}
+		return err
+	}
+	wctx, cancel := b.withDeadline(withFence(ctx, fence), h.Deadline())
+	late := func(err error) error {
+		if !stopped {
+			return err
+		}
+		return fmt.Errorf("take the lock of release %q in namespace %q: %w (%w)", h.req.Release, h.req.Namespace, errLate, err)
+	}
+	return wctx, cancel, late
 }
 
 // enqueue makes sure the waiter has a fresh entry in the queue, writing only

@@ -142,6 +142,10 @@ var regressions = []struct {
 	{5070, "S2: a joint lock named the Lease's stale holder, for its higher revision, over the gate's, and the gate holder's revision was left for stock helm's (the first part is preferred)"},
 	{92122, "S2: a joint lock whose gate was released but whose queue held a dead waiter's entry (written 30 s ahead) read its Lease only once the gate was its: the dead holder's Lease was confirmed expired a lease after that (the later parts are read while waiters ahead keep us waiting too)"},
 	{96108, "S2: the same, with the Lease of a holder that died long before"},
+	{302, "S5: a take claimed the beat, its machine slept 31 s while it checked the anchor, and it wrote the gate 16 s after the claim expired (a take's every write is held to its claim's renew deadline, on the local clock and in the API server's; past it the take reads the lock again)"},
+	{80, "S5: the same, the claimant paused between its claim and its gate write"},
+	{100, "S5 and S2: the same, paused; its late claim write also looked like a renewal and refused clients"},
+	{56, "S5: the same, the gate write landing after the claim's expiry on a slow network alone (the take's requests are bounded by the claim's deadline)"},
 	{389, "S2: with a clock 10 min behind, the beat of a first install was never written (a context deadline on the wrong clock); the holder died before its first renewal and its gate was judged by the 24 h bound"},
 }
 
