@@ -2,6 +2,7 @@ package lock
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -79,5 +80,36 @@ func TestTakeStopsAtItsDeadline(t *testing.T) {
 	}
 	if err := h.Valid(); err != nil {
 		t.Errorf("the lock taken is not valid: %v", err)
+	}
+}
+
+// TestHolderWriteStopsAtItsDeadline: a holder's write of the lock (here
+// SetRevision, a write of the beat) whose read of the lock is held up past
+// the renew deadline sends no write: it fails with ErrLost (the
+// simulation, seed 842).
+func TestHolderWriteStopsAtItsDeadline(t *testing.T) {
+	const lease = 15 * time.Second
+	w := newRWorld(t)
+	ctx := context.Background()
+	h, _, err := w.b.TryAcquire(ctx, req(OpUpgrade, lease))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stalled := false
+	log := logWrites(w, func(a k8stesting.Action) {
+		if a.GetVerb() == "list" && !stalled {
+			stalled = true
+			w.clk.Step(lease)
+		}
+	})
+	// Valid passes before the write: the clock moves during its read.
+	if err := h.SetRevision(ctx, 7); !errors.Is(err, ErrLost) {
+		t.Errorf("SetRevision = %v, want ErrLost", err)
+	}
+	if !stalled {
+		t.Fatal("the write read nothing: the test stalls nothing")
+	}
+	if len(*log) != 0 {
+		t.Errorf("writes sent after the renew deadline: %+v", *log)
 	}
 }

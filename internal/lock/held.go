@@ -196,7 +196,7 @@ func (h *Held) Carry(write func(Record) error) error {
 			// a clock 10 min behind, the context had always expired, the
 			// beat was never written, and a holder that died before its
 			// first renewal left its gate judged by the 24 h bound.
-			ctx, cancel := context.WithTimeout(context.Background(), max(h.Deadline().Sub(h.b.clock.Now()), 0))
+			ctx, cancel := h.b.withDeadline(withFence(context.Background(), h.Valid), h.Deadline())
 			if beatRV, err := e.ensureBeat(ctx, rec); err == nil {
 				// The lock as this holder knows it now has that beat: a
 				// release that deletes it (the first revision was never
@@ -602,6 +602,17 @@ func (h *Held) writeLocked(ctx context.Context, release bool, mutate func(*Recor
 	}
 	cur := h.lease
 	h.mu.Unlock()
+	if !release {
+		// Every request this write sends is checked against the renew
+		// deadline right before it leaves, and none is sent or retried
+		// after it (the simulation, seed 842: a read held up by a system
+		// sleep, then the beat written 20 s after the lock expired). A
+		// release is conditional on this session still holding the lock:
+		// it may go after the deadline.
+		var cancel context.CancelFunc
+		ctx, cancel = h.b.withDeadline(withFence(ctx, h.Valid), h.Deadline())
+		defer cancel()
+	}
 	leases := h.b.leases(h.req.Namespace)
 	for range maxConflicts {
 		h.mu.Lock()
@@ -622,6 +633,12 @@ func (h *Held) writeLocked(ctx context.Context, release bool, mutate func(*Recor
 		now, err := h.b.serverNow(ctx)
 		if err != nil {
 			return fmt.Errorf("lock on release %q in namespace %q: %w", h.req.Release, h.req.Namespace, err)
+		}
+		if !release {
+			// serverNow may have asked the API server: check again.
+			if err := fenced(ctx); err != nil {
+				return err
+			}
 		}
 		mutate(&rec)
 		rec.Revision = max(rec.Revision, wrote) // see Wrote
@@ -797,9 +814,7 @@ func (h *Held) Keep(ctx context.Context, onLost func(error)) {
 			}
 			continue
 		}
-		rctx, cancel := context.WithTimeout(ctx, max(h.Deadline().Sub(now), 0))
-		err = h.Renew(rctx)
-		cancel()
+		err = h.Renew(ctx) // bounded by its deadline (writeLocked)
 		switch {
 		case err == nil:
 			nextRenew = time.Time{}

@@ -146,6 +146,9 @@ var regressions = []struct {
 	{80, "S5: the same, the claimant paused between its claim and its gate write"},
 	{100, "S5 and S2: the same, paused; its late claim write also looked like a renewal and refused clients"},
 	{56, "S5: the same, the gate write landing after the claim's expiry on a slow network alone (the take's requests are bounded by the claim's deadline)"},
+	{842, "S5: a holder's read of its lock was held up by a 35 s system sleep, and the beat write naming its revision went out 20 s after the lock expired (every request of a holder's write is checked against its renew deadline right before it leaves)"},
+	{145, "S5: a holder's beat write, held up by a pause, landed after the lock expired (a holder's write carries a context deadline at its renew deadline)"},
+	{3053, "S5: the same, a Lease renewal"},
 	{389, "S2: with a clock 10 min behind, the beat of a first install was never written (a context deadline on the wrong clock); the holder died before its first renewal and its gate was judged by the 24 h bound"},
 }
 
