@@ -149,6 +149,8 @@ var regressions = []struct {
 	{842, "S5: a holder's read of its lock was held up by a 35 s system sleep, and the beat write naming its revision went out 20 s after the lock expired (every request of a holder's write is checked against its renew deadline right before it leaves)"},
 	{145, "S5: a holder's beat write, held up by a pause, landed after the lock expired (a holder's write carries a context deadline at its renew deadline)"},
 	{3053, "S5: the same, a Lease renewal"},
+	{4136, "S5 (model): the simulated clock's Elapsed left out a system sleep read at its end, the same reading as at its start: a recovery write sent the instant a 4.5 s sleep ended was judged on the clock alone, 1.6 s after the lock expired (a sleep read at either end counts)"},
+	{1050, "S5 (model): the same after a pause and a 41 s sleep, a record marked failed 26 s after the lock expired"},
 	{389, "S2: with a clock 10 min behind, the beat of a first install was never written (a context deadline on the wrong clock); the holder died before its first renewal and its gate was judged by the 24 h bound"},
 }
 
