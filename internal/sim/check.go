@@ -128,9 +128,11 @@ func (c *checker) write(w Write) {
 // expiry (S5), a renewal (S5 after a takeover) and a release.
 func (c *checker) lock(w Write, part *partLog, rec, lease, beat, holder, exempt bool) {
 	takes := false
-	// S3: a take must come after the previous holder's expiry.
-	if holder && !part.held(w.Client) && part.startsTenure(w) {
-		if prev := part.current(); prev != "" {
+	// S3: a take must come after the previous holder's expiry. A Lease
+	// write of its current holder that starts a new tenure (retakes) is a
+	// take too.
+	if holder && (!part.held(w.Client) || lease && part.retakes(w)) && part.startsTenure(w) {
+		if prev := part.current(); prev != "" && prev != w.Client {
 			if e := part.expiry[prev]; !part.released[prev] && w.At.Before(e) {
 				c.add("S3", "%s took the %s lock at %s (write #%d) while %s's ran until %s and was not released", w.Client, part.name, c.since(w.At), w.Seq, prev, c.since(e))
 			}
@@ -194,6 +196,15 @@ func (c *checker) pastExpiry(w Write, p *partLog, rec, beat, takes bool) {
 	if t := p.cur[w.Client]; t != nil && !t.released && !takes {
 		if beat && !c.carries(w, p.acquired[w.Client]) {
 			return // a new claim, after a tenure taken over
+		}
+		if beat && !c.renews(w, p) {
+			// The beat written with the holder's record as it stood
+			// renews nothing: a queue write of a waiter that is the
+			// holder itself (its take's answer was lost, its own lock
+			// expired, and waiters came first: lock.Backend.attempt
+			// queues it behind them; seed 79). As for a claim below,
+			// only a write of a later renewedAt is the holder's.
+			return
 		}
 		expiry = t.expiry
 	} else if p.name == "gate" && (beat && c.renews(w, p) || takes) && c.carries(w, p.acquired[w.Client]) {
@@ -518,6 +529,22 @@ func (p *partLog) startsTenure(w Write) bool {
 	}
 	for _, r := range lockRecords(w) {
 		if _, lost := p.lost[w.Client][r.AcquiredAt.UnixMilli()]; r.Session == w.Client && r.ReleasedAt.IsZero() && !lost {
+			return true
+		}
+	}
+	return false
+}
+
+// retakes reports whether w, a write naming its writer as holder, carries
+// an unreleased record of the writer acquired later than its latest: a new
+// tenure, though the writer holds the part already. Only a take stamps a
+// new acquiredAt (a renewal keeps it), and it is conditional on the lock it
+// read: a take whose answer was lost, which found its own lock expired and
+// took it again (lock.Backend.adopt; seed 372), is a take like any other,
+// not a renewal of the tenure it found expired.
+func (p *partLog) retakes(w Write) bool {
+	for _, r := range lockRecords(w) {
+		if r.Session == w.Client && r.ReleasedAt.IsZero() && r.AcquiredAt.After(p.acquired[w.Client]) {
 			return true
 		}
 	}

@@ -69,6 +69,11 @@ func TestCheck(t *testing.T) {
 	blind := func(w Write) Write { w.Cond = ""; return w }
 	verb := func(w Write, v string) Write { w.Verb = v; return w }
 	sent := func(w Write, at time.Duration) Write { w.Sent = t0.Add(at); return w }
+	// again is w written once more, as write seq at at, unchanged.
+	again := func(w Write, seq int64, at time.Duration) Write {
+		w.Seq, w.At, w.Sent = seq, t0.Add(at), t0.Add(at)
+		return w
+	}
 
 	// A client's result for S2: op, started and ended at, its error.
 	result := func(id string, backend autorecover.Backend, from, to time.Duration, err error) Result {
@@ -134,6 +139,19 @@ func TestCheck(t *testing.T) {
 		{"beat renewals in time", Outcome{Writes: join(dead, []Write{
 			onBeat(write(3, s(1.5), "a", 0, false)), onBeat(write(4, s(3), "a", 0, false)), gate(write(5, s(3.5), "a", 0, true)),
 		})}, nil},
+		// A waiter that is the expired holder itself queues on the
+		// beat, which carries its record as it stood: nothing renewed.
+		{"the holder's record carried unchanged on the beat after its expiry", Outcome{Writes: join(dead, []Write{
+			again(onBeat(write(1, 0, "a", 0, false)), 3, s(2.5)),
+		})}, nil},
+		// The holder's take whose answer was lost, taken again once its
+		// own lock expired: a new acquiredAt, a take.
+		{"the holder taking its own expired Lease again", Outcome{Writes: []Write{
+			write(1, 0, "a", 0, false), write(2, 5*time.Second, "a", 5*time.Second, false), write(3, 6*time.Second, "a", 5*time.Second, false),
+		}}, nil},
+		{"the holder taking its own expired Lease again, then renewing it late", Outcome{Writes: []Write{
+			write(1, 0, "a", 0, false), write(2, 5*time.Second, "a", 5*time.Second, false), write(3, 8*time.Second, "a", 5*time.Second, false),
+		}}, []string{"S5"}},
 		{"a beat renewal after the holder's expiry", Outcome{Writes: join(dead, []Write{
 			onBeat(write(3, s(2.5), "a", 0, false)),
 		})}, []string{"S5"}},
