@@ -153,6 +153,8 @@ var regressions = []struct {
 	{1050, "S5 (model): the same after a pause and a 41 s sleep, a record marked failed 26 s after the lock expired"},
 	{372, "S5 (checker): a take whose answer was lost, which found its own Lease expired and took it again (a new acquiredAt, conditional on what it read), counted as a renewal after the holder's expiry (a write of the current holder that starts a new tenure is a take)"},
 	{79, "S5 (checker): a waiter that was the expired holder itself queued on the beat, which carried its record unchanged, and this counted as a holder's write after its expiry (a beat write that renews nothing is not the holder's)"},
+	{1280, "S2: a client that does not wait found a dead holder's lock expired and waited a lease to confirm it; a waiter that arrived meanwhile queued, and it was refused for that waiter (only the waiters queued when it first read the lock come before it)"},
+	{1790, "S2: the same"},
 	{389, "S2: with a clock 10 min behind, the beat of a first install was never written (a context deadline on the wrong clock); the holder died before its first renewal and its gate was judged by the 24 h bound"},
 }
 
