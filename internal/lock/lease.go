@@ -379,7 +379,7 @@ func (b *Backend) decode(l *coordinationv1.Lease, now servertime.Bounds, self st
 		judged = nil
 	}
 	v.state = Judge(judged, &l.Spec, now, b.margin())
-	v.confirmAt = b.confirm(&v, judged, l, self)
+	v.confirmAt = b.confirm(&v, judged, l, self, now)
 	gateSession := ""
 	if v.rec != nil {
 		gateSession = v.rec.Session
@@ -485,7 +485,7 @@ func (b *Backend) confirmWaiters(l *coordinationv1.Lease, live []Waiter, self st
 // but not yet confirmed. A lock held by self (our own take whose answer was
 // lost) is judged in server time alone: this process knows it is not
 // writing.
-func (b *Backend) confirm(v *view, judged *Record, l *coordinationv1.Lease, self string) time.Time {
+func (b *Backend) confirm(v *view, judged *Record, l *coordinationv1.Lease, self string, now servertime.Bounds) time.Time {
 	key := b.sightKey(l.Namespace, l.Name)
 	holder, renewed := renewalOf(l)
 	if v.state == Free || holder == "" {
@@ -518,8 +518,22 @@ func (b *Backend) confirm(v *view, judged *Record, l *coordinationv1.Lease, self
 		// (docs/protocol.md, "Residual risks").
 		seenAs += "\x00beat@" + l.Annotations[annotationClaim] + "@" + l.Annotations[annotationClaimedFrom]
 	}
+	state := v.state
+	if silent && state == Live && !now.IsZero() && now.Earliest.After(judged.RenewedAt.Add(judged.LeaseDuration.Duration+b.margin())) {
+		// A silent gate is judged by the long bound it was written with
+		// in server time, but its holder, if alive, writes its beat back
+		// within a third of its lease: past its own renewedAt + lease in
+		// server time it is Expired there too, to be confirmed on this
+		// process's clock like any expired lock (seen unchanged, its
+		// beat included, for a lease and the margin). A client that
+		// does not wait then waits for that confirmation (confirmTake)
+		// instead of being refused for 24 hours (the simulation, seed
+		// 170: a first install's holder that never wrote its beat and
+		// stopped); a waiter took it after that confirmation already.
+		state = Expired
+	}
 	var at time.Time
-	v.state, at, v.confirming = b.confirmSeen(key, seenAs, renewed, till, v.state, s)
+	v.state, at, v.confirming = b.confirmSeen(key, seenAs, renewed, till, state, s)
 	return at
 }
 

@@ -155,6 +155,7 @@ var regressions = []struct {
 	{79, "S5 (checker): a waiter that was the expired holder itself queued on the beat, which carried its record unchanged, and this counted as a holder's write after its expiry (a beat write that renews nothing is not the holder's)"},
 	{1280, "S2: a client that does not wait found a dead holder's lock expired and waited a lease to confirm it; a waiter that arrived meanwhile queued, and it was refused for that waiter (only the waiters queued when it first read the lock come before it)"},
 	{1790, "S2: the same"},
+	{170, "S2: a first install's holder never wrote its beat and stopped; a client that does not wait was refused by the gate's 24 h bound (a silent gate past its own renewedAt + lease in server time is expired there, to be confirmed on the reader's clock, as a waiter already did)"},
 	{389, "S2: with a clock 10 min behind, the beat of a first install was never written (a context deadline on the wrong clock); the holder died before its first renewal and its gate was judged by the 24 h bound"},
 }
 
