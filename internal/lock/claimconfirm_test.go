@@ -181,6 +181,45 @@ func TestSilentBeatBoundsTheGate(t *testing.T) {
 	}
 }
 
+// TestSilentGatePastItsLeaseIsConfirmed: a silent gate (a first install's
+// holder that never wrote its beat) whose own renewedAt + lease has passed
+// in server time is expired there too, waiting to be confirmed on this
+// process's clock: a client that does not wait then waits for that
+// confirmation rather than be refused for the gate's long bound (the
+// simulation, seed 170). Before that, it is live, and not confirming: a
+// live holder is still within its first lease.
+func TestSilentGatePastItsLeaseIsConfirmed(t *testing.T) {
+	t0 := time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)
+	lease := 15 * time.Second
+	holder := Record{Schema: SchemaVersion, Session: "A", Release: "web", Namespace: "shop", Operation: OpInstall, LeaseDuration: metav1.Duration{Duration: lease}, AcquiredAt: t0, RenewedAt: t0, LockedTill: t0.Add(lease)}
+	l := (&releaseStore{ns: "shop"}).virtual("web", firstInstallGate(t, holder), beatObj{}, "9")
+	for _, tc := range []struct {
+		name       string
+		at         time.Duration // server time after t0
+		confirming bool
+	}{
+		{"within the holder's lease", 10 * time.Second, false},
+		{"past the holder's lease and the margin", 20 * time.Second, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clk := clocktesting.NewFakeClock(t0)
+			b := &Backend{Margin: TakeoverMargin, clock: clk, Sightings: NewSightings()}
+			now := servertime.Bounds{Earliest: t0.Add(tc.at), Latest: t0.Add(tc.at + 100*time.Millisecond)}
+			v := b.decode(l, now, "C")
+			if v.state != Live || v.confirming != tc.confirming {
+				t.Fatalf("state %s confirming %v, want live, confirming %v", v.state, v.confirming, tc.confirming)
+			}
+			if !tc.confirming {
+				return
+			}
+			clk.Step(lease + TakeoverMargin)
+			if v := b.decode(l, now, "C"); v.state == Live {
+				t.Fatalf("state %s after a lease and the margin, want expired", v.state)
+			}
+		})
+	}
+}
+
 // TestClaimConfirmedBesideItsGate: a dead gate holder (15 s lease) and a
 // dead claimant taking it over (60 s lease), both expired in server time,
 // are confirmed together from the first read: the claim's confirmation

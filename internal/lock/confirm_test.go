@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/clock"
 
 	"github.com/helm-autorecover/helm-autorecover/internal/servertime"
@@ -286,4 +287,58 @@ func TestNoWaitTakerConfirmsOnARealClock(t *testing.T) {
 	if !confirming || h.PreviousState != Expired || h.Previous == nil || h.Previous.Session != dead.Session() {
 		t.Errorf("confirmed %v, previous %v %+v", confirming, h.PreviousState, h.Previous)
 	}
+}
+
+// TestConfirmingTakerKeepsItsTurn: a client that does not wait finds a
+// dead holder's lock expired and waits a lease to confirm it on its own
+// clock; meanwhile a waiter arrives and queues. The first client came
+// first: it takes the lock once confirmed, and the waiter waits behind it
+// (the simulation, seeds 1280, 1790, 2254, 2534, 4828: it was refused for
+// the waiter that came after it).
+func TestConfirmingTakerKeepsItsTurn(t *testing.T) {
+	w := newWorld(t)
+	a, b, c := w.dated(0, 0), w.dated(0, 0), w.dated(0, 0)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	dead, _, err := a.b.TryAcquire(ctx, req(OpUpgrade, 3*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.advance(5 * time.Second) // expired in server time
+	done := tryAsync(ctx, b, req(OpUpgrade, 3*time.Second))
+	if res, ok := settle(t, b, done); ok {
+		t.Fatalf("took over a lock it had not yet seen unchanged for a lease: %+v", res)
+	}
+	// The waiter arrives a second later: it has seen the lock unchanged
+	// for a second less when b's confirmation is due.
+	w.advance(time.Second)
+	if res, ok := settle(t, b, done); ok {
+		t.Fatalf("took over before a lease and the margin on its own clock: %+v", res)
+	}
+	wctx, stopWaiting := context.WithCancel(ctx)
+	defer stopWaiting()
+	waited := waitAsync(wctx, c, req(OpUpgrade, 15*time.Second))
+	eventually(t, "the waiter queued", func() bool {
+		l, err := a.b.leases(ns).Get(ctx, LeaseName("web"), metav1.GetOptions{})
+		return err == nil && len(decodeQueue(l.Annotations[AnnotationQueue])) == 1
+	})
+	if res, ok := settle(t, b, done); ok {
+		t.Fatalf("took over before a lease and the margin on its own clock: %+v", res)
+	}
+	waitTimers(t, c, 1)
+	w.advance(3 * time.Second)
+	var res tryResult
+	select {
+	case res = <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no takeover a lease and the margin after the lock was first seen")
+	}
+	if res.err != nil {
+		t.Fatalf("refused though it came before the waiter: %v", res.err)
+	}
+	if res.held.Previous == nil || res.held.Previous.Session != dead.Session() {
+		t.Errorf("previous = %+v, want the dead holder", res.held.Previous)
+	}
+	stopWaiting()
+	<-waited
 }

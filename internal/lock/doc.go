@@ -32,7 +32,14 @@
 // Every write to the Lease is conditional on the resourceVersion last read
 // (Create for a missing Lease, Update carrying resourceVersion, Delete with a
 // resourceVersion precondition). On a conflict the Lease is read again and the
-// decision is made again; nothing is ever overwritten blindly.
+// decision is made again; nothing is ever overwritten blindly. A take, a
+// renewal and a revision write are each held to their renew deadline: every
+// write request they send is checked against it right before it leaves (a
+// store that reads before it writes, such as the release store, checks
+// between the two), and its context ends at it, so no request is sent or
+// retried after it. A take stopped so reads the lock again; a holder stops.
+// Only a release, conditional on this session still holding the lock, may
+// be sent after the deadline.
 //
 // # Residual risk
 //

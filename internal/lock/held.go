@@ -196,7 +196,7 @@ func (h *Held) Carry(write func(Record) error) error {
 			// a clock 10 min behind, the context had always expired, the
 			// beat was never written, and a holder that died before its
 			// first renewal left its gate judged by the 24 h bound.
-			ctx, cancel := context.WithTimeout(context.Background(), max(h.Deadline().Sub(h.b.clock.Now()), 0))
+			ctx, cancel := h.b.withDeadline(withFence(context.Background(), h.Valid), h.Deadline())
 			if beatRV, err := e.ensureBeat(ctx, rec); err == nil {
 				// The lock as this holder knows it now has that beat: a
 				// release that deletes it (the first revision was never
@@ -602,6 +602,17 @@ func (h *Held) writeLocked(ctx context.Context, release bool, mutate func(*Recor
 	}
 	cur := h.lease
 	h.mu.Unlock()
+	if !release {
+		// Every request this write sends is checked against the renew
+		// deadline right before it leaves, and none is sent or retried
+		// after it (the simulation, seed 842: a read held up by a system
+		// sleep, then the beat written 20 s after the lock expired). A
+		// release is conditional on this session still holding the lock:
+		// it may go after the deadline.
+		var cancel context.CancelFunc
+		ctx, cancel = h.b.withDeadline(withFence(ctx, h.Valid), h.Deadline())
+		defer cancel()
+	}
 	leases := h.b.leases(h.req.Namespace)
 	for range maxConflicts {
 		h.mu.Lock()
@@ -622,6 +633,12 @@ func (h *Held) writeLocked(ctx context.Context, release bool, mutate func(*Recor
 		now, err := h.b.serverNow(ctx)
 		if err != nil {
 			return fmt.Errorf("lock on release %q in namespace %q: %w", h.req.Release, h.req.Namespace, err)
+		}
+		if !release {
+			// serverNow may have asked the API server: check again.
+			if err := fenced(ctx); err != nil {
+				return err
+			}
 		}
 		mutate(&rec)
 		rec.Revision = max(rec.Revision, wrote) // see Wrote
@@ -675,6 +692,38 @@ func (h *Held) writeLocked(ctx context.Context, release bool, mutate func(*Recor
 		}
 	}
 	return fmt.Errorf("renew lock on release %q in namespace %q: lease changed %d times; retry", h.req.Release, h.req.Namespace, maxConflicts)
+}
+
+// fenceKey is the context key of a write's fence (withFence).
+type fenceKey struct{}
+
+// withFence returns ctx carrying valid, the check that the lock a write
+// belongs to (a take's new record, a holder's renewal) may still be
+// written: nil while its renew deadline has not passed, on the local clock
+// and in the API server's (Held.Valid). A store that sends several
+// requests for one write of the lock (the release store: it reads, then
+// claims the beat, then writes the gate) checks it right before each
+// write request it sends (fenced), so that none leaves once that deadline
+// has passed, however long the process stood still in between: a read
+// held up by a pause or a system sleep, say (the simulation, seeds 302
+// and 842).
+func withFence(ctx context.Context, valid func() error) context.Context {
+	return context.WithValue(ctx, fenceKey{}, valid)
+}
+
+// fenced runs the check ctx carries (withFence); nil when it carries none.
+func fenced(ctx context.Context) error {
+	if valid, ok := ctx.Value(fenceKey{}).(func() error); ok {
+		return valid()
+	}
+	return nil
+}
+
+// withDeadline bounds ctx by the renew deadline d, on the backend's clock
+// (a test build's offset clock, an embedder's): no request of the write,
+// client-go's retries of a throttled one included, is sent after it.
+func (b *Backend) withDeadline(ctx context.Context, d time.Time) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, max(d.Sub(b.clock.Now()), 0))
 }
 
 // firstProbeAfter bounds how long a holder waits, once it holds the lock,
@@ -765,9 +814,7 @@ func (h *Held) Keep(ctx context.Context, onLost func(error)) {
 			}
 			continue
 		}
-		rctx, cancel := context.WithTimeout(ctx, max(h.Deadline().Sub(now), 0))
-		err = h.Renew(rctx)
-		cancel()
+		err = h.Renew(ctx) // bounded by its deadline (writeLocked)
 		switch {
 		case err == nil:
 			nextRenew = time.Time{}

@@ -59,6 +59,14 @@ type Request struct {
 	// nextRevision is the revision a part taken first (AcquireJoint) found
 	// the operation will write, for the parts after it (see nextRevision).
 	nextRevision int
+	// arrived, when set (TryAcquire, after its first read), holds the
+	// sessions queued when this client first read the lock: only they
+	// came before it. A waiter that queued while this client waited for
+	// an expired lock to be confirmed came after it, and is not ahead of
+	// it (the simulation, seeds 1280, 1790, 2254, 2534, 4828: a client
+	// that does not wait was refused for a waiter that arrived seconds
+	// after it). Told by what this client read, not by comparing clocks.
+	arrived map[string]bool
 	// Timeout is the operation's --timeout, recorded for humans.
 	Timeout time.Duration
 	// LeaseDuration defaults to DefaultLeaseDuration and must exceed twice
@@ -250,6 +258,12 @@ func (b *Backend) TryAcquire(ctx context.Context, req Request) (*Held, *Record, 
 	}
 	maybe := &maybeTaken{}
 	res, err := b.attempt(ctx, &req, nil, maybe)
+	if err == nil && res.seen != nil {
+		req.arrived = map[string]bool{}
+		for _, w := range decodeQueue(res.seen.Annotations[AnnotationQueue]) {
+			req.arrived[w.Session] = true
+		}
+	}
 	if err == nil && res.locked != nil && b.Settled(ctx, res.locked.State, res.locked.LockedTill) {
 		// The holder's lock had already expired; the first look could not
 		// tell yet.
@@ -365,7 +379,7 @@ func (b *Backend) decode(l *coordinationv1.Lease, now servertime.Bounds, self st
 		judged = nil
 	}
 	v.state = Judge(judged, &l.Spec, now, b.margin())
-	v.confirmAt = b.confirm(&v, judged, l, self)
+	v.confirmAt = b.confirm(&v, judged, l, self, now)
 	gateSession := ""
 	if v.rec != nil {
 		gateSession = v.rec.Session
@@ -471,7 +485,7 @@ func (b *Backend) confirmWaiters(l *coordinationv1.Lease, live []Waiter, self st
 // but not yet confirmed. A lock held by self (our own take whose answer was
 // lost) is judged in server time alone: this process knows it is not
 // writing.
-func (b *Backend) confirm(v *view, judged *Record, l *coordinationv1.Lease, self string) time.Time {
+func (b *Backend) confirm(v *view, judged *Record, l *coordinationv1.Lease, self string, now servertime.Bounds) time.Time {
 	key := b.sightKey(l.Namespace, l.Name)
 	holder, renewed := renewalOf(l)
 	if v.state == Free || holder == "" {
@@ -504,8 +518,22 @@ func (b *Backend) confirm(v *view, judged *Record, l *coordinationv1.Lease, self
 		// (docs/protocol.md, "Residual risks").
 		seenAs += "\x00beat@" + l.Annotations[annotationClaim] + "@" + l.Annotations[annotationClaimedFrom]
 	}
+	state := v.state
+	if silent && state == Live && !now.IsZero() && now.Earliest.After(judged.RenewedAt.Add(judged.LeaseDuration.Duration+b.margin())) {
+		// A silent gate is judged by the long bound it was written with
+		// in server time, but its holder, if alive, writes its beat back
+		// within a third of its lease: past its own renewedAt + lease in
+		// server time it is Expired there too, to be confirmed on this
+		// process's clock like any expired lock (seen unchanged, its
+		// beat included, for a lease and the margin). A client that
+		// does not wait then waits for that confirmation (confirmTake)
+		// instead of being refused for 24 hours (the simulation, seed
+		// 170: a first install's holder that never wrote its beat and
+		// stopped); a waiter took it after that confirmation already.
+		state = Expired
+	}
 	var at time.Time
-	v.state, at, v.confirming = b.confirmSeen(key, seenAs, renewed, till, v.state, s)
+	v.state, at, v.confirming = b.confirmSeen(key, seenAs, renewed, till, state, s)
 	return at
 }
 
@@ -575,7 +603,7 @@ func (b *Backend) attempt(ctx context.Context, req *Request, w *waitState, maybe
 		cur, err := b.leases(req.Namespace).Get(ctx, name, metav1.GetOptions{})
 		if apierrors.IsNotFound(err) {
 			h, err := b.create(ctx, req, maybe)
-			if apierrors.IsAlreadyExists(err) || retry(err) {
+			if apierrors.IsAlreadyExists(err) || retry(err) || errors.Is(err, errLate) {
 				continue
 			}
 			if err != nil {
@@ -591,7 +619,11 @@ func (b *Backend) attempt(ctx context.Context, req *Request, w *waitState, maybe
 			return attemptResult{}, fmt.Errorf("lock release %q in namespace %q: %w", req.Release, req.Namespace, err)
 		}
 		v := b.decode(cur, now, req.Session)
-		ahead := waitersAhead(v.live, req.Session)
+		live := v.live
+		if req.arrived != nil {
+			live = slices.DeleteFunc(slices.Clone(live), func(w Waiter) bool { return !req.arrived[w.Session] })
+		}
+		ahead := waitersAhead(live, req.Session)
 		// While this part keeps us waiting (a holder, or waiters ahead of
 		// us, dead ones included), the later parts are read too, so that
 		// a dead holder's expiry there is confirmed meanwhile, not only
@@ -602,9 +634,9 @@ func (b *Backend) attempt(ctx context.Context, req *Request, w *waitState, maybe
 		// Our own lock whose take may have committed is adopted while it is
 		// live; once expired it is taken again only in its turn, as any
 		// expired lock is (waiters that queued meanwhile come first).
-		if maybe.any() && holderOf(&cur.Spec) == req.Session && (v.state == Live || waitersAhead(v.live, req.Session) == 0) {
+		if maybe.any() && holderOf(&cur.Spec) == req.Session && (v.state == Live || ahead == 0) {
 			h, err := b.adopt(ctx, req, v, now, maybe)
-			if changed(err) || retry(err) {
+			if changed(err) || retry(err) || errors.Is(err, errLate) {
 				continue
 			}
 			if err != nil {
@@ -614,7 +646,7 @@ func (b *Backend) attempt(ctx context.Context, req *Request, w *waitState, maybe
 		}
 		if v.state != Live && ahead == 0 {
 			h, err := b.take(ctx, req, v, maybe)
-			if changed(err) || retry(err) {
+			if changed(err) || retry(err) || errors.Is(err, errLate) {
 				continue
 			}
 			if err != nil {
@@ -858,15 +890,25 @@ func (b *Backend) create(ctx context.Context, req *Request, maybe *maybeTaken) (
 		return nil, err
 	}
 	l.Spec.LeaseTransitions = ptr(int32(0))
-	created, err := b.leases(req.Namespace).Create(ctx, l, metav1.CreateOptions{})
+	h := b.newHeld(req, nil, rec, sent, nil, Free)
+	wctx, cancel, late := b.takeFence(ctx, h) // as take's
+	defer cancel()
+	if err := fenced(wctx); err != nil {
+		return nil, late(err)
+	}
+	created, err := b.leases(req.Namespace).Create(wctx, l, metav1.CreateOptions{})
 	if err != nil {
 		if apierrors.IsAlreadyExists(err) {
+			return nil, err
+		}
+		if err := late(err); errors.Is(err, errLate) {
 			return nil, err
 		}
 		err = maybe.note(err, maybeWrite{sent: sent, rec: rec, prevState: Free})
 		return nil, fmt.Errorf("lock release %q in namespace %q: create %s: %w", req.Release, req.Namespace, b.object(l.Name), err)
 	}
-	return b.newHeld(req, created, rec, sent, nil, Free), nil
+	h.lease = created
+	return h, nil
 }
 
 // take updates a Free or Expired Lease to name the caller as holder,
@@ -916,15 +958,61 @@ func (b *Backend) take(ctx context.Context, req *Request, v view, maybe *maybeTa
 	if v.recErr != nil {
 		prev = nil
 	}
-	updated, err := b.leases(req.Namespace).Update(ctx, l, metav1.UpdateOptions{})
+	// The take is held to its own renew deadline from its first request
+	// to its last: on the release store it claims the beat, then writes
+	// the gate, and a gate written after the claim expired would take a
+	// release someone else may have taken since (the simulation, seed
+	// 302: a system sleep between the two).
+	h := b.newHeld(req, nil, rec, sent, prev, v.state)
+	wctx, cancel, late := b.takeFence(ctx, h)
+	defer cancel()
+	if err := fenced(wctx); err != nil {
+		return nil, late(err)
+	}
+	updated, err := b.leases(req.Namespace).Update(wctx, l, metav1.UpdateOptions{})
 	if err != nil {
 		if apierrors.IsConflict(err) {
+			return nil, err
+		}
+		if err := late(err); errors.Is(err, errLate) {
 			return nil, err
 		}
 		err = maybe.note(err, maybeWrite{sent: sent, rec: rec, prev: prev, prevState: v.state})
 		return nil, fmt.Errorf("lock release %q in namespace %q: update %s: %w", req.Release, req.Namespace, b.object(l.Name), err)
 	}
-	return b.newHeld(req, updated, rec, sent, prev, v.state), nil
+	h.lease = updated
+	return h, nil
+}
+
+// errLate marks a take that stopped before one of its writes because its
+// renew deadline had passed (on this process's clock, or in the API
+// server's): it sent nothing more, and the caller reads the lock again and
+// decides anew.
+var errLate = errors.New("its renew deadline passed before its next write was sent")
+
+// takeFence bounds the writes of a take whose lock h stands for (not yet
+// stored) by h's renew deadline: each write request is checked against it
+// right before it is sent (withFence), and the context ends at it, so that
+// no request is sent or retried after it. late turns the error of a write
+// that the check stopped into one marked errLate, and leaves any other as
+// it is.
+func (b *Backend) takeFence(ctx context.Context, h *Held) (context.Context, context.CancelFunc, func(error) error) {
+	stopped := false
+	fence := func() error {
+		err := h.Valid()
+		if err != nil {
+			stopped = true
+		}
+		return err
+	}
+	wctx, cancel := b.withDeadline(withFence(ctx, fence), h.Deadline())
+	late := func(err error) error {
+		if !stopped {
+			return err
+		}
+		return fmt.Errorf("take the lock of release %q in namespace %q: %w (%w)", h.req.Release, h.req.Namespace, errLate, err)
+	}
+	return wctx, cancel, late
 }
 
 // enqueue makes sure the waiter has a fresh entry in the queue, writing only

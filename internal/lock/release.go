@@ -575,6 +575,9 @@ func (s *releaseStore) Update(ctx context.Context, l *coordinationv1.Lease, _ me
 		writeBeat = true
 	}
 	if writeBeat {
+		if err := fenced(ctx); err != nil {
+			return nil, err
+		}
 		if beat, err = s.beats.put(ctx, beat, *meta); err != nil {
 			return nil, err
 		}
@@ -612,6 +615,9 @@ func (s *releaseStore) Update(ctx context.Context, l *coordinationv1.Lease, _ me
 // it whole. A record changed or deleted since rv is a Conflict on the
 // virtual Lease: the caller reads again.
 func (s *releaseStore) writeGate(ctx context.Context, rel, name, rv string, want Record) (records.Record, error) {
+	if err := fenced(ctx); err != nil {
+		return records.Record{}, err
+	}
 	g := gateForm(want)
 	enc, err := g.Encode()
 	if err != nil {
@@ -646,6 +652,9 @@ func (s *releaseStore) writeGate(ctx context.Context, rel, name, rv string, want
 	}
 	full.Meta.Annotations[AnnotationRecord] = enc
 	delete(full.Meta.Annotations, AnnotationQueue)
+	if err := fenced(ctx); err != nil {
+		return records.Record{}, err
+	}
 	return s.records.Update(ctx, full, FieldManager)
 }
 
@@ -814,6 +823,9 @@ func (s *releaseStore) ensureBeat(ctx context.Context, rec Record) (string, erro
 		meta.Annotations[AnnotationBeat] = enc
 		meta.Annotations[annotationClaimedFrom] = rec.Session // holding (see Update)
 		delete(meta.Annotations, annotationClaimedOn)
+		if err := fenced(ctx); err != nil {
+			return "", err
+		}
 		written, err := s.beats.put(ctx, beat, *meta)
 		if err == nil {
 			return written.rv(), nil

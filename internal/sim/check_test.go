@@ -1,6 +1,8 @@
 package sim
 
 import (
+	"encoding/json"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -8,13 +10,19 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/helm-autorecover/helm-autorecover/internal/lock"
+	"github.com/helm-autorecover/helm-autorecover/pkg/autorecover"
 )
 
-// TestCheck is the table of the checker on hand-made histories of Lease
-// writes: it must flag what breaks an invariant, and only that.
+// TestCheck is the table of the checker on hand-made histories: every
+// invariant it claims (S1, S2, S3, S5, S7) fires on a history that breaks
+// it, through each kind of write it reads (the Lease, a record, the beat),
+// and stays silent on one that does not.
 func TestCheck(t *testing.T) {
 	t0 := time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)
 	lease := 2 * time.Second
+	s := func(d float64) time.Duration { return time.Duration(d * float64(time.Second)) }
+	// write is a conditional update of the Lease at at, carrying client's
+	// record of the tenure taken at acquired, renewed at at.
 	write := func(seq int64, at time.Duration, client string, acquired time.Duration, released bool) Write {
 		rec := lock.Record{
 			Schema: lock.SchemaVersion, Session: client, Release: Release, Namespace: "sim", Operation: lock.OpUpgrade,
@@ -29,46 +37,220 @@ func TestCheck(t *testing.T) {
 		}
 		return Write{
 			Seq: seq, At: t0.Add(at), Sent: t0.Add(at), Client: client, Verb: "update", Res: "leases.coordination.k8s.io", NS: "sim", Name: lock.LeaseName(Release),
-			Object: map[string]any{"metadata": map[string]any{"annotations": map[string]any{lock.AnnotationRecord: enc}}},
+			Object: map[string]any{"metadata": map[string]any{"annotations": map[string]any{lock.AnnotationRecord: enc}}}, Cond: "rv=1",
 		}
 	}
-	// onRecord moves a write onto the release's first record (a gate).
-	onRecord := func(w Write) Write {
-		w.Res, w.Name = "secrets", recordPrefix+"1"
+	// onRecord moves a write onto the release's record of revision rev (a
+	// gate), with status in its labels.
+	onRecord := func(w Write, rev, status string) Write {
+		w.Res, w.Name = "secrets", recordPrefix+rev
+		metaOf(w.Object)["labels"] = map[string]any{"status": status}
 		return w
 	}
+	gate := func(w Write) Write { return onRecord(w, "1", "deployed") }
+	// onBeat moves a write's record onto the beat, as its heartbeat.
+	onBeat := func(w Write) Write {
+		r, err := lock.DecodeRecord(metaOf(w.Object)["annotations"].(map[string]any)[lock.AnnotationRecord].(string))
+		if err != nil {
+			t.Fatal(err)
+		}
+		hb := map[string]any{"s": r.Session, "d": r.LeaseDuration.Milliseconds(), "a": r.AcquiredAt.UnixMilli(), "t": r.RenewedAt.UnixMilli(), "x": r.LockedTill.UnixMilli()}
+		if !r.ReleasedAt.IsZero() {
+			hb["rel"] = r.ReleasedAt.UnixMilli()
+		}
+		b, err := json.Marshal(hb)
+		if err != nil {
+			t.Fatal(err)
+		}
+		w.Res, w.Name = "secrets", lock.LeaseName(Release)
+		w.Object = map[string]any{"metadata": map[string]any{"annotations": map[string]any{lock.AnnotationBeat: string(b)}}}
+		return w
+	}
+	blind := func(w Write) Write { w.Cond = ""; return w }
+	verb := func(w Write, v string) Write { w.Verb = v; return w }
+	sent := func(w Write, at time.Duration) Write { w.Sent = t0.Add(at); return w }
+	// again is w written once more, as write seq at at, unchanged.
+	again := func(w Write, seq int64, at time.Duration) Write {
+		w.Seq, w.At, w.Sent = seq, t0.Add(at), t0.Add(at)
+		return w
+	}
+
+	// A client's result for S2: op, started and ended at, its error.
+	result := func(id string, backend autorecover.Backend, from, to time.Duration, err error) Result {
+		return Result{Plan: Plan{ID: id, Op: autorecover.OpUpgrade, Backend: backend, Lease: lease}, Started: t0.Add(from), Ended: t0.Add(to), Err: err}
+	}
+	rel := autorecover.BackendRelease
+	locked := errors.New(`release "app" in namespace "sim" is locked by a`)
+	// dead is a holder of the gate that took it at 0 and never renewed:
+	// its lock stands expired from 2 s on.
+	dead := []Write{onBeat(write(1, 0, "a", 0, false)), gate(write(2, s(0.1), "a", 0, false))}
+	// takeover is b taking the gate over at at.
+	takeover := func(seq int64, at time.Duration) []Write {
+		return []Write{onBeat(write(seq, at, "b", at, false)), gate(write(seq+1, at+s(0.1), "b", at, false))}
+	}
+	join := func(ws ...[]Write) []Write {
+		var out []Write
+		for _, w := range ws {
+			out = append(out, w...)
+		}
+		return out
+	}
+
 	for _, tc := range []struct {
-		name   string
-		writes []Write
-		want   []string // the invariants flagged, in order
+		name    string
+		outcome Outcome
+		want    []string // the invariants flagged, in order
 	}{
-		{"a clean handover", []Write{
-			write(1, 0, "a", 0, false), write(2, time.Second, "a", 0, false), write(3, 1500*time.Millisecond, "a", 0, true),
+		// S1, S3, S5 on the Lease.
+		{"a clean handover", Outcome{Writes: []Write{
+			write(1, 0, "a", 0, false), write(2, time.Second, "a", 0, false), write(3, s(1.5), "a", 0, true),
 			write(4, 2*time.Second, "b", 2*time.Second, false),
-		}, nil},
-		{"a take after the holder's expiry", []Write{
+		}}, nil},
+		{"a take after the holder's expiry", Outcome{Writes: []Write{
 			write(1, 0, "a", 0, false), write(2, 5*time.Second, "b", 5*time.Second, false),
-		}, nil},
-		{"a take before the holder's expiry", []Write{
+		}}, nil},
+		{"a take before the holder's expiry", Outcome{Writes: []Write{
 			write(1, 0, "a", 0, false), write(2, time.Second, "b", time.Second, false),
-		}, []string{"S3"}},
-		{"a renewal after a takeover", []Write{
+		}}, []string{"S3"}},
+		{"a renewal after a takeover", Outcome{Writes: []Write{
 			write(1, 0, "a", 0, false), write(2, 5*time.Second, "b", 5*time.Second, false), write(3, 6*time.Second, "a", 0, false),
-		}, []string{"S5", "S1"}},
+		}}, []string{"S5", "S5", "S1"}},
 		// A helm write of a lost tenure that lands late, after its taker
 		// released: no new take (it carries the lost tenure's record), so
 		// its writer's span overlaps the taker's (found by review).
-		{"a late record write of a lost tenure", []Write{
-			onRecord(write(1, 0, "a", 0, false)), onRecord(write(2, 5*time.Second, "b", 5*time.Second, false)),
-			onRecord(write(3, 6*time.Second, "b", 5*time.Second, true)), onRecord(write(4, 7*time.Second, "a", 0, false)),
-		}, []string{"S1"}},
-		{"the same session taking the lock again after the taker released it", []Write{
+		{"a late record write of a lost tenure", Outcome{Writes: []Write{
+			gate(write(1, 0, "a", 0, false)), gate(write(2, 5*time.Second, "b", 5*time.Second, false)),
+			gate(write(3, 6*time.Second, "b", 5*time.Second, true)), gate(write(4, 7*time.Second, "a", 0, false)),
+		}}, []string{"S5", "S1"}},
+		{"the same session taking the lock again after the taker released it", Outcome{Writes: []Write{
 			write(1, 0, "a", 0, false), write(2, 5*time.Second, "b", 5*time.Second, false), write(3, 6*time.Second, "b", 5*time.Second, true),
 			write(4, 7*time.Second, "a", 7*time.Second, false), write(5, 8*time.Second, "a", 7*time.Second, false),
+		}}, nil},
+		// S5: a write past the writer's own expiry, nobody taking over.
+		{"a Lease renewal in time", Outcome{Writes: []Write{
+			write(1, 0, "a", 0, false), write(2, s(1.9), "a", 0, false), write(3, s(3.8), "a", 0, true),
+		}}, nil},
+		{"a Lease renewal after the holder's expiry", Outcome{Writes: []Write{
+			write(1, 0, "a", 0, false), write(2, s(2.5), "a", 0, false),
+		}}, []string{"S5"}},
+		{"a Lease renewal sent in time that lands after the expiry", Outcome{Writes: []Write{
+			write(1, 0, "a", 0, false), sent(write(2, s(2.5), "a", 0, false), s(0.9)),
+		}}, []string{"S5"}},
+		{"beat renewals in time", Outcome{Writes: join(dead, []Write{
+			onBeat(write(3, s(1.5), "a", 0, false)), onBeat(write(4, s(3), "a", 0, false)), gate(write(5, s(3.5), "a", 0, true)),
+		})}, nil},
+		// A waiter that is the expired holder itself queues on the
+		// beat, which carries its record as it stood: nothing renewed.
+		{"the holder's record carried unchanged on the beat after its expiry", Outcome{Writes: join(dead, []Write{
+			again(onBeat(write(1, 0, "a", 0, false)), 3, s(2.5)),
+		})}, nil},
+		// The holder's take whose answer was lost, taken again once its
+		// own lock expired: a new acquiredAt, a take.
+		{"the holder taking its own expired Lease again", Outcome{Writes: []Write{
+			write(1, 0, "a", 0, false), write(2, 5*time.Second, "a", 5*time.Second, false), write(3, 6*time.Second, "a", 5*time.Second, false),
+		}}, nil},
+		{"the holder taking its own expired Lease again, then renewing it late", Outcome{Writes: []Write{
+			write(1, 0, "a", 0, false), write(2, 5*time.Second, "a", 5*time.Second, false), write(3, 8*time.Second, "a", 5*time.Second, false),
+		}}, []string{"S5"}},
+		{"a beat renewal after the holder's expiry", Outcome{Writes: join(dead, []Write{
+			onBeat(write(3, s(2.5), "a", 0, false)),
+		})}, []string{"S5"}},
+		{"a record write after the holder's expiry", Outcome{Writes: join(dead, []Write{
+			onRecord(write(3, s(2.5), "a", 0, false), "2", "failed"),
+		})}, []string{"S5"}},
+		{"a take of the gate on a claim of the beat that expired", Outcome{Writes: []Write{
+			onBeat(write(1, 0, "a", 0, false)), gate(write(2, s(2.5), "a", 0, false)),
+		}}, []string{"S5"}},
+		// S5: a release must be conditional to be exempt.
+		{"a conditional release after the holder's expiry", Outcome{Writes: []Write{
+			write(1, 0, "a", 0, false), write(2, 5*time.Second, "a", 0, true),
+		}}, nil},
+		{"a release of the Lease without a precondition", Outcome{Writes: []Write{
+			write(1, 0, "a", 0, false), blind(write(2, time.Second, "a", 0, true)),
+		}}, []string{"S5"}},
+		{"a release of the gate without a precondition", Outcome{Writes: join(dead, []Write{
+			blind(gate(write(3, time.Second, "a", 0, true))),
+		})}, []string{"S5"}},
+		{"a conditional delete of the holder's Lease", Outcome{Writes: []Write{
+			write(1, 0, "a", 0, false), verb(write(2, time.Second, "a", 0, false), "delete"),
+		}}, nil},
+		{"a delete of the holder's Lease without a precondition", Outcome{Writes: []Write{
+			write(1, 0, "a", 0, false), blind(verb(write(2, time.Second, "a", 0, false), "delete")),
+		}}, []string{"S5"}},
+		// S7.
+		{"a history that supersedes", Outcome{Writes: []Write{
+			onRecord(write(1, 0, "a", 0, false), "1", "deployed"), onRecord(write(2, s(0.1), "a", 0, false), "2", "pending-upgrade"),
+			onRecord(write(3, s(0.2), "a", 0, false), "1", "superseded"), onRecord(write(4, s(0.3), "a", 0, false), "2", "deployed"),
+		}}, nil},
+		{"two revisions deployed", Outcome{Writes: []Write{
+			onRecord(write(1, 0, "a", 0, false), "1", "deployed"), onRecord(write(2, s(0.1), "a", 0, false), "2", "deployed"),
+		}}, []string{"S7"}},
+		{"a revision deleted by an upgrade", Outcome{
+			Results: []Result{result("a", rel, 0, 1, nil)},
+			Writes: []Write{
+				onRecord(write(1, 0, "a", 0, false), "1", "superseded"), onRecord(write(2, s(0.1), "a", 0, false), "2", "deployed"),
+				verb(onRecord(write(3, s(0.2), "a", 0, false), "1", "superseded"), "delete"),
+			},
+		}, []string{"S7"}},
+		{"a revision missing", Outcome{Writes: []Write{
+			onRecord(write(1, 0, "a", 0, false), "1", "superseded"), onRecord(write(2, s(0.1), "a", 0, false), "3", "deployed"),
+		}}, []string{"S7"}},
+		// S2: the final client and the history left.
+		{"a revision left pending", Outcome{Writes: []Write{
+			onRecord(write(1, 0, "a", 0, false), "1", "pending-install"),
+		}}, []string{"S2"}},
+		{"the final client failed", Outcome{
+			Final: result("final", rel, 0, 1, errors.New("boom")),
+		}, []string{"S2"}},
+		{"the final client took too long", Outcome{
+			Final: result("final", rel, 0, 30, nil), Recovery: 30 * time.Second,
+		}, []string{"S2"}},
+		// S2: every client on a lock whose holder died (the bound is 25.25 s).
+		{"a contender that takes over within the bound", Outcome{
+			Results: []Result{result("b", rel, s(1), s(21), nil)},
+			Writes:  join(dead, takeover(3, s(20))),
+		}, nil},
+		{"a contender that waits longer than the bound", Outcome{
+			Results: []Result{result("b", rel, s(1), s(41), nil)},
+			Writes:  join(dead, takeover(3, s(40))),
+		}, []string{"S2"}},
+		{"a contender that never takes the lock over", Outcome{
+			Results: []Result{result("b", rel, s(1), s(400), nil)},
+			Writes:  dead,
+		}, []string{"S2"}},
+		{"a contender that crashed waiting", Outcome{
+			Results: []Result{func() Result { r := result("b", rel, s(1), s(400), nil); r.Crashed = true; return r }()},
+			Writes:  dead,
+		}, nil},
+		{"a contender refused by a live holder", Outcome{
+			Results: []Result{result("b", rel, s(1), s(1.1), locked)},
+			Writes:  dead,
+		}, nil},
+		{"a contender refused by an expired holder", Outcome{
+			Results: []Result{result("b", rel, s(5), s(5.1), locked)},
+			Writes:  dead,
+		}, []string{"S2"}},
+		{"a contender refused by an expired holder, its network failing", Outcome{
+			Results: []Result{func() Result { r := result("b", rel, s(5), s(5.1), locked); r.Counts.Unavailable = 1; return r }()},
+			Writes:  dead,
+		}, nil},
+		{"a contender that took over and failed", Outcome{
+			Results: []Result{result("b", rel, s(5), s(10), errPending)},
+			Writes:  join(dead, takeover(3, s(8))),
+		}, []string{"S2"}},
+		{"a contender whose helm refused the history", Outcome{
+			Results: []Result{result("b", rel, s(5), s(10), refusal(`"app" has no deployed releases`))},
+			Writes:  join(dead, takeover(3, s(8))),
+		}, nil},
+		{"a contender refused behind another that took over first", Outcome{
+			Results: []Result{result("b", rel, s(3), s(20), nil), result("c", rel, s(5), s(9), locked)},
+			Writes:  join(dead, takeover(3, s(8))),
 		}, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			vs := Check(Outcome{Start: t0, Writes: tc.writes})
+			o := tc.outcome
+			o.Start = t0
+			vs := Check(o)
 			var got []string
 			for _, v := range vs {
 				got = append(got, v.Invariant)

@@ -149,7 +149,7 @@ func helm(ctx context.Context, cfg *action.Configuration, p Plan, clk *Clock, no
 	switch p.Op {
 	case autorecover.OpInstall:
 		if latest != nil && latest.Info.Status != common.StatusUninstalled && latest.Info.Status != common.StatusFailed {
-			return fmt.Errorf("cannot re-use a name that is still in use")
+			return refusal("cannot re-use a name that is still in use")
 		}
 		rel := newRelease(next, common.StatusPendingInstall, now)
 		if err := st.Create(rel); err != nil {
@@ -158,10 +158,10 @@ func helm(ctx context.Context, cfg *action.Configuration, p Plan, clk *Clock, no
 		return finish(rel)
 	case autorecover.OpUpgrade, autorecover.OpRollback:
 		if latest == nil || latest.Info.Status == common.StatusUninstalled {
-			return fmt.Errorf("%q has no deployed releases", Release)
+			return refusal(fmt.Sprintf("%q has no deployed releases", Release))
 		}
 		if latest.Info.Status.IsPending() {
-			return errors.New("another operation (install/upgrade/rollback) is in progress")
+			return errPending
 		}
 		status := common.StatusPendingUpgrade
 		if p.Op == autorecover.OpRollback {
@@ -174,10 +174,10 @@ func helm(ctx context.Context, cfg *action.Configuration, p Plan, clk *Clock, no
 		return finish(rel)
 	case autorecover.OpUninstall:
 		if latest == nil {
-			return fmt.Errorf("uninstall: Release not loaded: %s: release: not found", Release)
+			return refusal("uninstall: Release not loaded: " + Release + ": release: not found")
 		}
 		if latest.Info.Status == common.StatusUninstalled {
-			return fmt.Errorf("uninstall: release %q is already uninstalled", Release)
+			return refusal(fmt.Sprintf("uninstall: release %q is already uninstalled", Release))
 		}
 		latest.Info.Status = common.StatusUninstalling
 		latest.Info.Deleted = now
@@ -197,6 +197,19 @@ func helm(ctx context.Context, cfg *action.Configuration, p Plan, clk *Clock, no
 	}
 	return fmt.Errorf("sim: the simulated helm does not run %q", p.Op)
 }
+
+// refusal is the simulated helm's refusal to run its operation on the
+// history it read (no release to upgrade, a name still in use): an
+// outcome the history explains, which Check does not hold against
+// recovery (S2).
+type refusal string
+
+func (r refusal) Error() string { return string(r) }
+
+// errPending is helm's refusal of a release whose latest revision is
+// pending. It is not a refusal: a client that took over the lock of a dead
+// holder must have recovered what the holder left pending (S2).
+var errPending = errors.New("another operation (install/upgrade/rollback) is in progress")
 
 // failed marks rel failed when its operation was interrupted, as helm's
 // install and upgrade do when their context ends.

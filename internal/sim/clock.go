@@ -66,7 +66,14 @@ func (c *Clock) Now() time.Time {
 func (c *Clock) Since(t time.Time) time.Duration { return c.Now().Sub(t) }
 
 // Elapsed implements sleepclock.Meter: lo is b.Sub(a); hi adds the sleeps
-// that ended between the two readings.
+// that ended between the two readings. The clock stands still while the
+// machine sleeps, so the reading taken as a sleep starts is also the one
+// taken as it ends: a sleep read at a or at b counts, or hi would fall
+// short of the time between a reading before it and one after (the
+// bubble's time does not move between a request that ends with the sleep
+// and the next reading; seed 4136: a write sent at the instant a 4.5 s
+// sleep ended was judged on the clock's reading alone, 1.6 s after the
+// lock expired).
 func (c *Clock) Elapsed(a, b time.Time) (lo, hi time.Duration) {
 	d := b.Sub(a)
 	c.mu.Lock()
@@ -77,7 +84,7 @@ func (c *Clock) Elapsed(a, b time.Time) (lo, hi time.Duration) {
 		// The reading at the end of this sleep.
 		at := s.from.Add(c.offset - sleptBefore)
 		length := s.to.Sub(s.from)
-		if at.Before(b) && !at.Before(a) {
+		if !at.After(b) && !at.Before(a) {
 			extra += length
 		}
 		sleptBefore += length

@@ -133,6 +133,12 @@ type Write struct {
 	Name   string
 	// Object is the object after the write (before it, for a delete).
 	Object map[string]any
+	// Cond is the precondition the request carried, so that the checker
+	// can tell a conditional write from a blind one: "new" for a create
+	// (it fails when the name exists), "rv=N" for an update, a patch or a
+	// delete conditional on resourceVersion N, "uid=U" for a delete
+	// conditional on the UID alone, "" for none.
+	Cond string
 }
 
 // NewModel returns an empty model.
@@ -322,7 +328,7 @@ func (m *Model) serve(req *http.Request, now time.Time) *http.Response {
 
 // commit stores body (nil deletes) under k as the next resourceVersion and
 // records the write and the event. It returns the object written.
-func (m *Model) commit(k key, verb, typ string, body map[string]any, client string, now time.Time) obj {
+func (m *Model) commit(k key, verb, typ string, body map[string]any, cond, client string, now time.Time) obj {
 	m.rv++
 	var o obj
 	if typ == "DELETED" {
@@ -338,7 +344,7 @@ func (m *Model) commit(k key, verb, typ string, body map[string]any, client stri
 	ev := o
 	ev.rv = m.rv
 	m.events = append(m.events, event{typ: typ, k: k, obj: ev})
-	m.Writes = append(m.Writes, Write{Seq: m.rv, At: now, Sent: m.sent, Client: client, Verb: verb, Res: k.res, NS: k.ns, Name: k.name, Object: o.body})
+	m.Writes = append(m.Writes, Write{Seq: m.rv, At: now, Sent: m.sent, Client: client, Verb: verb, Res: k.res, NS: k.ns, Name: k.name, Object: o.body, Cond: cond})
 	close(m.changed)
 	m.changed = make(chan struct{})
 	return o
@@ -397,7 +403,7 @@ func (m *Model) create(res, ns string, body map[string]any, client string, now t
 	meta["namespace"] = ns
 	meta["uid"] = fmt.Sprintf("uid-%d", m.rv+1)
 	meta["creationTimestamp"] = now.UTC().Truncate(time.Second).Format(time.RFC3339)
-	return written{o: m.commit(k, "create", "ADDED", body, client, now), code: http.StatusCreated}
+	return written{o: m.commit(k, "create", "ADDED", body, "new", client, now), code: http.StatusCreated}
 }
 
 func (m *Model) update(res, ns, name string, body map[string]any, client string, now time.Time) written {
@@ -409,12 +415,13 @@ func (m *Model) update(res, ns, name string, body map[string]any, client string,
 	if body == nil {
 		return written{err: statusResponse(http.StatusBadRequest, "BadRequest", "no object given")}
 	}
-	if old.stale(metaOf(body)["resourceVersion"]) {
+	rv := metaOf(body)["resourceVersion"]
+	if old.stale(rv) {
 		return written{err: conflict(res, name)}
 	}
 	setKind(res, body)
 	old.keepIdentity(body, name, ns)
-	return written{o: m.commit(k, "update", "MODIFIED", body, client, now), code: http.StatusOK}
+	return written{o: m.commit(k, "update", "MODIFIED", body, condOf(rv, nil), client, now), code: http.StatusOK}
 }
 
 func (m *Model) patch(res, ns, name string, patch map[string]any, client string, now time.Time) written {
@@ -423,12 +430,13 @@ func (m *Model) patch(res, ns, name string, patch map[string]any, client string,
 	if !ok {
 		return written{err: notFound(res, name)}
 	}
-	if old.stale(metaOf(patch)["resourceVersion"]) {
+	rv := metaOf(patch)["resourceVersion"]
+	if old.stale(rv) {
 		return written{err: conflict(res, name)}
 	}
 	body := mergePatch(deepCopy(old.body), patch).(map[string]any)
 	old.keepIdentity(body, name, ns)
-	return written{o: m.commit(k, "patch", "MODIFIED", body, client, now), code: http.StatusOK}
+	return written{o: m.commit(k, "patch", "MODIFIED", body, condOf(rv, nil), client, now), code: http.StatusOK}
 }
 
 func (m *Model) delete(res, ns, name string, opts map[string]any, client string, now time.Time) *http.Response {
@@ -437,16 +445,27 @@ func (m *Model) delete(res, ns, name string, opts map[string]any, client string,
 	if !ok {
 		return notFound(res, name)
 	}
-	if pre, _ := opts["preconditions"].(map[string]any); pre != nil {
-		if old.stale(pre["resourceVersion"]) {
-			return conflict(res, name)
-		}
-		if uid, _ := pre["uid"].(string); uid != "" && uid != metaOf(old.body)["uid"] {
-			return conflict(res, name)
-		}
+	pre, _ := opts["preconditions"].(map[string]any)
+	if old.stale(pre["resourceVersion"]) {
+		return conflict(res, name)
 	}
-	m.commit(k, "delete", "DELETED", nil, client, now)
+	if uid, _ := pre["uid"].(string); uid != "" && uid != metaOf(old.body)["uid"] {
+		return conflict(res, name)
+	}
+	m.commit(k, "delete", "DELETED", nil, condOf(pre["resourceVersion"], pre["uid"]), client, now)
 	return jsonResponse(http.StatusOK, map[string]any{"kind": "Status", "apiVersion": "v1", "status": "Success"})
+}
+
+// condOf names a write's precondition (Write.Cond) from the
+// resourceVersion and the UID it required, each a string or absent.
+func condOf(rv, uid any) string {
+	if v, _ := rv.(string); v != "" {
+		return "rv=" + v
+	}
+	if u, _ := uid.(string); u != "" {
+		return "uid=" + u
+	}
+	return ""
 }
 
 // selector is a list or watch request's label and field selectors.

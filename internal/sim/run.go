@@ -212,6 +212,12 @@ func (o Outcome) Trace() string {
 	b.WriteString("  writes:\n")
 	for _, w := range o.Writes {
 		fmt.Fprintf(&b, "    %s #%d %s %s %s/%s", at(w.At), w.Seq, w.Client, w.Verb, w.Res, w.Name)
+		if w.Sent.Before(w.At.Add(-time.Second)) {
+			fmt.Fprintf(&b, " sent=%s", at(w.Sent))
+		}
+		if w.Cond == "" {
+			b.WriteString(" blind")
+		}
 		if isRecord(w.Res, w.Name) {
 			fmt.Fprintf(&b, " status=%s", recordOf(w.Name, w.Object).status)
 		}
