@@ -210,6 +210,11 @@ func (h *Held) Carry(write func(Record) error) error {
 		}
 		rec = gateForm(rec)
 	}
+	// The beat's write may have taken the time left (its fence then found
+	// the lock past its deadline): nothing more is sent under it.
+	if err := h.Valid(); err != nil {
+		return err
+	}
 	h.mu.Lock()
 	h.carryNoted = false
 	h.mu.Unlock()
