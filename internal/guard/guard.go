@@ -352,13 +352,6 @@ func (r *run) operate(ctx context.Context, op func() error) error {
 	if err == nil && r.conn.UsesSQL() {
 		err = r.checkSQLWritten(ctx)
 	}
-	if err != nil && r.conn.UsesSQL() {
-		// No write of helm's to the sql driver's database is seen here
-		// (the write fence sees the API server's): a failed operation may
-		// have left its own revision pending, which the release reads and
-		// marks failed while it still holds the lock.
-		r.held.OwnRecordWrite(r.held.Record().Revision, false)
-	}
 	return err
 }
 
@@ -384,7 +377,7 @@ func (r *run) checkSQLWritten(ctx context.Context) error {
 	}
 	if s, err := helmx.SummarizeRecord(rec); err == nil && recovery.IsPending(s.Status) {
 		// The failed operation's path then resolves it while the lock is
-		// held (OwnRecordWrite).
+		// held (protocol.Lock.Run).
 		return fmt.Errorf("release %q in namespace %q: helm reported success, but revision %d is still %s in its sql database (a write of helm's did not land)",
 			r.t.Release, r.t.Namespace, rev, s.Status)
 	}

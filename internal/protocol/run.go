@@ -94,6 +94,21 @@ func (l *Lock) Run(ctx context.Context, g Guarded) (err error) {
 		return err
 	}
 	err = g.Op(ctx)
+	if err != nil && rev > 0 {
+		// helm's operation failed: it may have left the revision it wrote
+		// pending (an uninstall whose deletes failed leaves it
+		// uninstalling; a write of helm's to the sql driver's database
+		// that did not land is not seen by the fence). The release reads
+		// it and, when it is still pending under this lock, marks it
+		// failed (settleOwn), so the next client need not take it for
+		// stock helm's. Nothing is read on the happy path. The newest
+		// revision the session wrote too (an upgrade's
+		// --rollback-on-failure writes the rollback's after its own).
+		l.OwnRecordWrite(rev, false)
+		if newest := l.Record().Revision; newest > rev {
+			l.OwnRecordWrite(newest, false)
+		}
+	}
 	if d := out.Converged.Deferred; !d.Empty() {
 		// What only the abandoned revision rendered goes once the
 		// operation's revision says it is not wanted; nothing on the

@@ -9,7 +9,10 @@ import (
 	"time"
 
 	"helm.sh/helm/v4/pkg/release/common"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/helm-autorecover/helm-autorecover/internal/helmx"
+	"github.com/helm-autorecover/helm-autorecover/internal/lock"
 	"github.com/helm-autorecover/helm-autorecover/internal/recovery"
 )
 
@@ -94,4 +97,66 @@ func errText(err error) string {
 		return "<nil>"
 	}
 	return err.Error()
+}
+
+// TestRunSettlesOwnRevisionAfterFailure: an operation that fails after it
+// wrote its revision, and left it pending (an uninstall whose deletes
+// failed leaves it uninstalling), has that revision marked failed by its
+// own holder before the lock is given back, so the next client does not
+// take it for stock helm's (found by the simulation's reviewer, seed 8674).
+// A successful operation's revision is left as helm wrote it.
+func TestRunSettlesOwnRevisionAfterFailure(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		opErr      error
+		wantStatus common.Status
+	}{
+		{"failed operation", errors.New("uninstall: 1 error: the API server answered 500"), common.StatusFailed},
+		{"successful operation", nil, common.StatusUninstalling},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			c, cs := fakeConn(t, revision(t, 1, common.StatusDeployed, t0.Add(-time.Hour)))
+			l, err := c.Take(ctx, Request{Release: "web", Namespace: "shop", Operation: OpUninstall, Backend: BackendRelease, Who: "test"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			err = l.Run(ctx, Guarded{
+				Procedure: Procedure{Policy: recovery.Policy{Autorecover: true, LegacyAfter: time.Hour}, Next: OpUninstall},
+				Op: func(ctx context.Context) error {
+					// helm's update of revision 1 to uninstalling, through
+					// the fence: it carries the lock.
+					err := l.Carry(func(rec Record) error {
+						s, err := cs.CoreV1().Secrets("shop").Get(ctx, helmx.ReleaseSecretName("web", 1), metav1.GetOptions{})
+						if err != nil {
+							return err
+						}
+						up := revision(t, 1, common.StatusUninstalling, t0.Add(-time.Hour))
+						enc, err := rec.Encode()
+						if err != nil {
+							return err
+						}
+						up.ResourceVersion = s.ResourceVersion
+						up.Annotations = map[string]string{lock.AnnotationRecord: enc}
+						_, err = cs.CoreV1().Secrets("shop").Update(ctx, up, metav1.UpdateOptions{})
+						return err
+					})
+					if err != nil {
+						t.Fatal(err)
+					}
+					return tc.opErr
+				},
+			})
+			if !errors.Is(err, tc.opErr) || (tc.opErr == nil && err != nil) {
+				t.Fatalf("Run = %v, want %v", err, tc.opErr)
+			}
+			s, err := cs.CoreV1().Secrets("shop").Get(ctx, helmx.ReleaseSecretName("web", 1), metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := common.Status(s.Labels[helmx.LabelStatus]); got != tc.wantStatus {
+				t.Fatalf("revision 1 after Run: %s, want %s", got, tc.wantStatus)
+			}
+		})
+	}
 }
