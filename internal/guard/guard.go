@@ -278,6 +278,7 @@ func (r *run) do(ctx context.Context, op func() error) (err error) {
 			Policy:     r.g.Options.policy(),
 			Next:       r.t.Op,
 			Rollback:   r.g.Rollback,
+			Log:        r.g.Stderr,
 			DeleteData: r.g.Options.RecoverDeleteData,
 		},
 		Decided: func(out protocol.Outcome) error { return r.decided(ctx, out) },

@@ -35,8 +35,8 @@ type Guarded struct {
 	// Released is told the error of giving the lock back (nil, or the lock
 	// was lost already, which is not an error: it runs out by itself).
 	Released func(err error)
-	// Log receives recovery's progress and the warnings about objects it
-	// left for after the operation.
+	// Log receives the messages about the objects recovery left for after
+	// the operation (Procedure.Log receives recovery's own progress).
 	Log io.Writer
 }
 
@@ -67,9 +67,7 @@ func (l *Lock) Run(ctx context.Context, g Guarded) (err error) {
 
 	out := Outcome{Latest: 0}
 	if _, rerr := l.conn.Records(); rerr == nil {
-		p := g.Procedure
-		p.Log = g.Log
-		out, err = l.Recover(ctx, p)
+		out, err = l.Recover(ctx, g.Procedure)
 		if err != nil {
 			return err
 		}

@@ -121,8 +121,9 @@ func lostCause(ctx context.Context, err error) error {
 	return err
 }
 
-// slogWriter logs each line written to it with log/slog: recovery's
-// progress and its warnings about objects left in place.
+// slogWriter logs each line written to it with log/slog: what became of
+// the objects recovery left for after the operation (Lock.Recover and
+// Release log the same way).
 type slogWriter struct{}
 
 func (slogWriter) Write(p []byte) (int, error) {
