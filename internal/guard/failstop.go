@@ -65,7 +65,7 @@ func (r *run) abandonOwn(why string) {
 		now, _ := r.conn.ServerNow(ctx)
 		desc := fmt.Sprintf("%s %s: %s (session %s at %s)", "Cancelled", latest.Status, why, r.held.Session(), now.Latest.UTC().Format(time.RFC3339))
 		recs, _ := r.conn.Records()
-		_, err = recovery.MarkFailedHeld(ctx, recs, r.t.Namespace, latest, r.held.Session(), desc, now.Latest)
+		_, err = recovery.MarkFailedHeld(recovery.WithBeforeWrite(ctx, r.held.Valid), recs, r.t.Namespace, latest, r.held.Session(), desc, now.Latest)
 		if !errors.Is(err, recovery.ErrConflict) {
 			return
 		}

@@ -421,7 +421,7 @@ func (l *Lock) settleRevision(ctx context.Context, recs helmx.Records, rev int) 
 		if d := l.Deadline(); !d.IsZero() {
 			wctx, cancel = context.WithDeadline(ctx, d)
 		}
-		_, err = recovery.MarkFailedHeld(wctx, recs, l.namespace, s, l.Session(), desc, at)
+		_, err = recovery.MarkFailedHeld(recovery.WithBeforeWrite(wctx, l.joint.Valid), recs, l.namespace, s, l.Session(), desc, at)
 		cancel()
 		switch {
 		case err == nil:

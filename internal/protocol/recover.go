@@ -544,7 +544,7 @@ func (c *Conn) markAbandoned(ctx context.Context, p Procedure, out *Outcome, des
 		if a.Release.RecordName == dec.Target.Release.RecordName {
 			left = out.Converged.Deferred
 		}
-		rec, err := recovery.MarkFailedLeaving(ctx, c.records, p.Namespace, a.Release, holder, desc, at, left)
+		rec, err := recovery.MarkFailedLeaving(recovery.WithBeforeWrite(ctx, p.Writer.Valid), c.records, p.Namespace, a.Release, holder, desc, at, left)
 		switch {
 		case err == nil:
 			out.Marked = append(out.Marked, Mark{Abandonment: a, Description: desc, Record: rec})

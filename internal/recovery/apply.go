@@ -94,6 +94,17 @@ func MarkFailedHeld(ctx context.Context, records helmx.Records, ns string, targe
 	return MarkFailedLeaving(ctx, records, ns, target, holder, description, serverNow, nil)
 }
 
+type beforeWriteKey struct{}
+
+// WithBeforeWrite returns ctx for the Mark* functions: check, the writer's
+// lock (Valid), is asked right before each write leaves, after the read it
+// is conditional on, and an error it returns stops the write (the
+// simulation, seed 82141: a holder that slept between its check and its
+// write marked a revision failed after its lock expired).
+func WithBeforeWrite(ctx context.Context, check func() error) context.Context {
+	return context.WithValue(ctx, beforeWriteKey{}, check)
+}
+
 // MarkFailedLeaving is MarkFailedHeld that also records, in the same write,
 // the objects only the abandoned revision rendered that recovery left in
 // place (left; nil records none): the next guarded upgrade or install
@@ -185,6 +196,13 @@ func MarkFailedLeaving(ctx context.Context, records helmx.Records, ns string, ta
 
 	if testHookBeforeUpdate != nil {
 		testHookBeforeUpdate()
+	}
+	if check, ok := ctx.Value(beforeWriteKey{}).(func() error); ok {
+		// The read above may have taken long (a pause, a system sleep):
+		// the writer's lock is asked again right before the write leaves.
+		if err := check(); err != nil {
+			return helmx.Record{}, fmt.Errorf("marking %s failed: stopped before writing it: %w", subject, err)
+		}
 	}
 	out, err := records.Update(helmx.WithWriter(ctx, holder), upd, FieldManager)
 	if apierrors.IsConflict(err) {

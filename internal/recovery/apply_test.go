@@ -4,13 +4,13 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"regexp"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/helm-autorecover/helm-autorecover/internal/helmx"
 	chart "helm.sh/helm/v4/pkg/chart/v2"
 	"helm.sh/helm/v4/pkg/release/common"
 	rspb "helm.sh/helm/v4/pkg/release/v1"
@@ -23,6 +23,9 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
+
+	"github.com/helm-autorecover/helm-autorecover/internal/helmx"
+	"github.com/helm-autorecover/helm-autorecover/internal/lock"
 )
 
 func TestDescribeAbandoned(t *testing.T) {
@@ -428,5 +431,45 @@ func TestDescriptionsTellTimeInOrder(t *testing.T) {
 		if off < -400*time.Millisecond && !strings.Contains(desc, "stopped renewing its lock (LOCKED TILL 2026-03-01T12:00:00Z, not reached)") {
 			t.Errorf("offset %s: description does not say the holder stopped before its LOCKED TILL: %s", off, desc)
 		}
+	}
+}
+
+// TestMarkFailedAsksTheLockLast: the writer's lock is asked right before
+// the write leaves, after the read; a lock found lost then stops the
+// write (the simulation, seed 82141: a holder that slept between its check
+// and its write marked a revision failed after its lock expired).
+func TestMarkFailedAsksTheLockLast(t *testing.T) {
+	lost := fmt.Errorf("lock on release %q was not renewed before its renew deadline: %w", "web", lock.ErrLost)
+	for _, tc := range []struct {
+		name    string
+		check   error
+		written bool
+	}{
+		{"valid lock", nil, true},
+		{"lost since the read", lost, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cs := newFake()
+			target := storePending(t, cs, "shop", uninstalng)
+			before := len(cs.Actions())
+			asked := false
+			ctx := WithBeforeWrite(context.Background(), func() error { asked = true; return tc.check })
+			_, err := MarkFailed(ctx, helmx.SecretRecords(cs), "shop", target, "d", t0)
+			if !asked {
+				t.Fatal("the lock was not asked before the write")
+			}
+			updates := 0
+			for _, a := range cs.Actions()[before:] {
+				if a.GetVerb() == "update" {
+					updates++
+				}
+			}
+			if tc.written != (updates == 1) || tc.written != (err == nil) {
+				t.Fatalf("MarkFailed = %v with %d updates; want written %v", err, updates, tc.written)
+			}
+			if !tc.written && !errors.Is(err, lock.ErrLost) {
+				t.Fatalf("MarkFailed = %v, want the lock's loss", err)
+			}
+		})
 	}
 }

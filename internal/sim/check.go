@@ -163,12 +163,20 @@ func (c *checker) lock(w Write, part *partLog, rec, lease, beat, holder, exempt 
 		if at, ok := part.lost[w.Client][r.AcquiredAt.UnixMilli()]; ok && !rec {
 			c.add("S5", "%s renewed its %s lock at %s (write #%d) after it was taken over at write #%d", w.Client, part.name, c.since(w.At), w.Seq, at)
 		}
+		// A claim of the beat with another acquiredAt than the writer's
+		// last is a new take's (a take stopped at its deadline reads the
+		// lock again and claims anew): its expiry runs from its own send
+		// time, whatever its stamps say; they can move back as the
+		// writer's estimate of server time narrows (seeds 10627, 31414).
+		// Only a take writes the beat with a new acquiredAt; helm's
+		// copies of the record are release records, not the beat.
+		newClaim := beat && !r.AcquiredAt.Equal(part.acquired[w.Client])
 		part.acquired[w.Client] = r.AcquiredAt
 		// A renewal is a write of a later renewedAt; a helm write
 		// carrying the record unchanged, or an older copy of it (a
 		// revision's, written before later renewals on the beat), renews
 		// nothing (seed 1997).
-		if !r.RenewedAt.After(part.renewed[w.Client]) {
+		if !newClaim && !r.RenewedAt.After(part.renewed[w.Client]) {
 			continue
 		}
 		part.renewed[w.Client] = r.RenewedAt

@@ -122,6 +122,9 @@ var regressions = []struct {
 	seed int64
 	what string
 }{
+	{10627, "S5 (the checker): a take stopped at its deadline claimed the beat again with stamps moved back as its estimate of server time narrowed; the new claim's expiry runs from its own send"},
+	{31414, "S5 (the checker): as 10627, a re-claim whose LOCKED TILL stamp is earlier than the first claim's"},
+	{82141, "S5: a holder that slept between its check and its write marked a revision failed after its lock expired (the lock is asked again right before the write: recovery.WithBeforeWrite)"},
 	{435, "S7: the fence cut helm's write marking revision 1 superseded at the renew deadline, a renewal landed, and helm wrote revision 2 deployed: two deployed (a cut-off write now fails every later write of the operation)"},
 	{96, "S3 (checker): a joint lock's gate was taken while its Lease was live; the parts are judged one by one"},
 	{99, "S3 (checker): a helm write carrying the lock record unchanged counted as a renewal"},
