@@ -471,14 +471,8 @@ func (l *Lock) Hold(ctx context.Context) (release func() error) {
 	go l.Keep(keepCtx, func(error) {})
 	return func() error {
 		stopKeep()
-		// Drained first: the release's 10 s start once no write let
-		// through the fence can land any more.
-		l.drain()
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-		defer cancel()
-		if err := l.Release(rctx); err != nil && !errors.Is(err, lock.ErrLost) {
-			return err
-		}
-		return nil
+		var err error
+		l.End(ctx, Guarded{Released: func(e error) { err = e }}, nil)
+		return err
 	}
 }
