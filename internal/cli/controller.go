@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -20,7 +21,7 @@ import (
 	"github.com/helm-autorecover/helm-autorecover/internal/controller"
 	"github.com/helm-autorecover/helm-autorecover/internal/exitcode"
 	"github.com/helm-autorecover/helm-autorecover/internal/guard"
-	"github.com/helm-autorecover/helm-autorecover/internal/helmx"
+	"github.com/helm-autorecover/helm-autorecover/internal/protocol"
 	"github.com/helm-autorecover/helm-autorecover/internal/recovery"
 	"github.com/helm-autorecover/helm-autorecover/internal/version"
 )
@@ -68,6 +69,7 @@ type controllerFlags struct {
 	workers        int
 	logLevel       string
 	helmDriver     string
+	sqlPoll        time.Duration
 	guard          guard.Options
 	guardFlagNames []string
 }
@@ -98,7 +100,8 @@ func newControllerCmd(settings *helmcli.EnvSettings, errOut io.Writer) *cobra.Co
 	f.StringVar(&o.leaderNS, "leader-election-namespace", os.Getenv("POD_NAMESPACE"), "namespace of the leader-election Lease (default: $POD_NAMESPACE; required with --leader-elect outside a cluster)")
 	f.StringVar(&o.leaderID, "leader-election-id", "helm-autorecover-controller", "name of the leader-election Lease")
 	f.IntVar(&o.workers, "workers", 4, "releases recovered at once")
-	f.StringVar(&o.helmDriver, "helm-driver", os.Getenv("HELM_DRIVER"), "where helm keeps its release records: secret (the default) or configmap [HELM_DRIVER]")
+	f.StringVar(&o.helmDriver, "helm-driver", os.Getenv("HELM_DRIVER"), "where helm keeps its release records: secret (the default), configmap or sql (its database in $HELM_DRIVER_SQL_CONNECTION_STRING, as for helm) [HELM_DRIVER]")
+	f.DurationVar(&o.sqlPoll, "sql-poll-interval", controller.DefaultSQLPollInterval, "with --helm-driver=sql: how often helm's database is asked for pending releases")
 	f.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	// The guard's own flags, defaults and environment variables.
 	guardFlags := pflag.NewFlagSet("guard", pflag.ContinueOnError)
@@ -127,8 +130,15 @@ func runController(ctx context.Context, o *controllerFlags, settings *helmcli.En
 	driver := o.helmDriver
 	switch driver {
 	case "", "secret", "secrets", "configmap", "configmaps":
+	case protocol.DriverSQL:
+		if os.Getenv(protocol.EnvSQLConnectionString) == "" {
+			return &exitcode.Error{Code: exitcode.Usage, Err: fmt.Errorf("--helm-driver=sql needs %s, the PostgreSQL connection string helm uses", protocol.EnvSQLConnectionString)}
+		}
+		if o.sqlPoll <= 0 {
+			return &exitcode.Error{Code: exitcode.Usage, Err: fmt.Errorf("--sql-poll-interval=%s: must be positive", o.sqlPoll)}
+		}
 	default:
-		return &exitcode.Error{Code: exitcode.Usage, Err: fmt.Errorf("--helm-driver=%q: must be secret or configmap (the controller reads helm's records in the cluster)", driver)}
+		return &exitcode.Error{Code: exitcode.Usage, Err: fmt.Errorf("--helm-driver=%q: must be secret, configmap or sql (memory keeps releases inside one helm process, out of the controller's reach)", driver)}
 	}
 	if !qpsSet(settings) {
 		// No client-side rate limit unless --qps or HELM_QPS asks for one:
@@ -146,7 +156,7 @@ func runController(ctx context.Context, o *controllerFlags, settings *helmcli.En
 	// helm's rollback (--recover-strategy rollback) runs on helm's clients
 	// built from the same settings, each through the fence of the lock of
 	// the release it rolls back.
-	rollback := controllerRollback(settings, driver)
+	rollback := controllerRollback(settings)
 	if ctx == nil {
 		ctx = context.Background()
 	}
@@ -165,6 +175,7 @@ func runController(ctx context.Context, o *controllerFlags, settings *helmcli.En
 	return controller.Run(ctx, cfg, controller.Options{
 		Namespaces:              o.namespaces,
 		HelmDriver:              driver,
+		SQLPollInterval:         o.sqlPoll,
 		Selector:                o.selector,
 		LockBackend:             o.guard.LockBackend,
 		Policy:                  recovery.Policy{Autorecover: true, LegacyAfter: o.guard.RecoverLegacyAfter, Strategy: recovery.Strategy(o.guard.RecoverStrategy), Hints: recovery.CLIHints},
@@ -185,10 +196,10 @@ func runController(ctx context.Context, o *controllerFlags, settings *helmcli.En
 // clients built for that rollback alone, whose writes go through fence,
 // the one of the release's own lock: rollbacks of several releases may run
 // at once, each judged by its own lock.
-func controllerRollback(settings *helmcli.EnvSettings, driver string) func(ctx context.Context, fence *helmx.WriteFence, namespace, release string, revision int) error {
+func controllerRollback(settings *helmcli.EnvSettings) func(ctx context.Context, held *protocol.Lock, release string, revision int) error {
 	getter := settings.RESTClientGetter()
-	return func(_ context.Context, fence *helmx.WriteFence, namespace, release string, revision int) error {
-		return helmRollback(fence.Getter(getter), namespace, driver, release, revision)
+	return func(ctx context.Context, held *protocol.Lock, release string, revision int) error {
+		return lockRollback(ctx, held, held.Fence().Getter(getter), release, revision)
 	}
 }
 

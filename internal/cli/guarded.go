@@ -230,22 +230,36 @@ func rollbackFunc(settings *helmcli.EnvSettings) func(string, int) error {
 	return func(release string, revision int) error {
 		// helm's own getter: its writes are fenced and carry the lock, as
 		// those of the command being guarded.
-		return helmRollback(helmx.HelmRESTClientGetter(), settings.Namespace(), os.Getenv("HELM_DRIVER"), release, revision)
+		// With HELM_DRIVER=sql, helm's connection string names this
+		// command's session (sqlSession).
+		cfg := action.NewConfiguration()
+		if err := cfg.Init(helmx.HelmRESTClientGetter(), settings.Namespace(), os.Getenv("HELM_DRIVER")); err != nil {
+			return fmt.Errorf("helm configuration: %w", err)
+		}
+		if kc, ok := cfg.KubeClient.(*kube.Client); ok {
+			// Objects without a namespace go to the release's, whatever
+			// namespace getter's configuration names.
+			kc.Namespace = settings.Namespace()
+		}
+		return helmRollback(cfg, release, revision)
 	}
 }
 
-// helmRollback rolls release in namespace back to revision with helm's own
-// action, through getter's clients (fenced by the caller).
-func helmRollback(getter genericclioptions.RESTClientGetter, namespace, driver, release string, revision int) error {
-	cfg := action.NewConfiguration()
-	if err := cfg.Init(getter, namespace, driver); err != nil {
-		return fmt.Errorf("helm configuration: %w", err)
+// lockRollback is rollbackFunc for a command that took the lock itself
+// (recover, the controller): helm's rollback runs on getter's clients
+// (fenced by the caller) and, with the sql driver, stores through helm's
+// driver opened for held's session (protocol.Lock.HelmConfig).
+func lockRollback(ctx context.Context, held *protocol.Lock, getter genericclioptions.RESTClientGetter, release string, revision int) error {
+	cfg, err := held.HelmConfig(ctx, getter)
+	if err != nil {
+		return err
 	}
-	if kc, ok := cfg.KubeClient.(*kube.Client); ok {
-		// Objects without a namespace go to the release's, whatever
-		// namespace getter's configuration names.
-		kc.Namespace = namespace
-	}
+	return helmRollback(cfg, release, revision)
+}
+
+// helmRollback rolls release back to revision with helm's own action on
+// cfg.
+func helmRollback(cfg *action.Configuration, release string, revision int) error {
 	rb := action.NewRollback(cfg)
 	rb.Version = revision
 	rb.Timeout = 5 * time.Minute

@@ -216,9 +216,11 @@ func (c *lockCmds) runRecover(ctx context.Context, o *recoverOptions, rel string
 	defer c.keep(ctx, held, rel, ns)()
 
 	out, err := held.Recover(ctx, protocol.Procedure{
-		Policy:     o.policy(),
-		Next:       protocol.OpRecover,
-		Rollback:   rollbackFunc(c.settings),
+		Policy: o.policy(),
+		Next:   protocol.OpRecover,
+		Rollback: func(release string, revision int) error {
+			return lockRollback(ctx, held, helmx.HelmRESTClientGetter(), release, revision)
+		},
 		Log:        c.errOut,
 		DeleteData: o.opts.RecoverDeleteData,
 	})

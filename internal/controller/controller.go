@@ -21,11 +21,14 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	crcontroller "sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
 	crmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	"github.com/helm-autorecover/helm-autorecover/internal/helmx"
 	"github.com/helm-autorecover/helm-autorecover/internal/protocol"
@@ -44,8 +47,13 @@ const AnnotationIgnore = "helm-autorecover.io/ignore"
 type Options struct {
 	// Namespaces to watch; empty watches all.
 	Namespaces []string
-	// HelmDriver is helm's storage driver: secret ("") or configmap.
+	// HelmDriver is helm's storage driver: secret (""), configmap or sql
+	// (its database is HELM_DRIVER_SQL_CONNECTION_STRING's, as for helm).
 	HelmDriver string
+	// SQLPollInterval is how often, with the sql driver, helm's database is
+	// asked for pending releases (the records of the other drivers are
+	// watched instead); 0 is DefaultSQLPollInterval.
+	SQLPollInterval time.Duration
 	// Selector narrows the release records considered (added to
 	// owner=helm and the pending statuses).
 	Selector string
@@ -58,10 +66,11 @@ type Options struct {
 	DeleteData bool
 	// Rollback rolls a release back with helm's own action for the
 	// rollback strategy; nil makes that strategy only mark the revision
-	// failed. fence judges its writes by the release's own lock: every
-	// client of helm's it uses must be built through it (fence.Getter,
-	// fence.Wrap). Rollbacks of different releases may run at once.
-	Rollback func(ctx context.Context, fence *helmx.WriteFence, namespace, release string, revision int) error
+	// failed. held is the release's own lock: every client of helm's the
+	// rollback uses must be built through its fence (held.Fence().Getter),
+	// and its storage be held.HelmConfig's. Rollbacks of different releases
+	// may run at once.
+	Rollback func(ctx context.Context, held *protocol.Lock, release string, revision int) error
 
 	LeaderElect             bool
 	LeaderElectionNamespace string
@@ -113,24 +122,28 @@ func connect(cfg *rest.Config, helmDriver string) (*protocol.Conn, error) {
 // Run runs the controller until ctx ends.
 func Run(ctx context.Context, cfg *rest.Config, o Options) error {
 	ctrl.SetLogger(logr.FromSlogHandler(slog.Default().Handler()))
-	driver, err := records.ParseDriver(o.HelmDriver)
-	if err != nil {
-		return fmt.Errorf("--helm-driver: %w", err)
+	useSQL := o.HelmDriver == protocol.DriverSQL
+	var recordObj client.Object = &corev1.Secret{}
+	kind := "Secret"
+	if !useSQL {
+		driver, err := records.ParseDriver(o.HelmDriver)
+		if err != nil {
+			return fmt.Errorf("--helm-driver: %w", err)
+		}
+		if driver == records.DriverConfigMap {
+			recordObj, kind = &corev1.ConfigMap{}, "ConfigMap"
+		}
 	}
 	sel, err := recordSelector(o.Selector)
 	if err != nil {
 		return err
 	}
-	var recordObj client.Object = &corev1.Secret{}
-	kind := "Secret"
-	if driver == records.DriverConfigMap {
-		recordObj, kind = &corev1.ConfigMap{}, "ConfigMap"
-	}
-	meta := &metav1.PartialObjectMetadata{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: kind}}
-	cacheOpts := cache.Options{
-		// Metadata only, pending only: helm's release data is read, uncached,
-		// only for a release being recovered.
-		ByObject: map[client.Object]cache.ByObject{meta: {Label: sel}},
+	cacheOpts := cache.Options{}
+	if !useSQL {
+		// Metadata only, pending only: helm's release data is read,
+		// uncached, only for a release being recovered.
+		meta := &metav1.PartialObjectMetadata{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: kind}}
+		cacheOpts.ByObject = map[client.Object]cache.ByObject{meta: {Label: sel}}
 	}
 	if len(o.Namespaces) > 0 {
 		cacheOpts.DefaultNamespaces = map[string]cache.Config{}
@@ -173,23 +186,40 @@ func Run(ctx context.Context, cfg *rest.Config, o Options) error {
 	if err != nil {
 		return err
 	}
+	defer func() { _ = conn.Close() }()
 	r := &Reconciler{
 		Conn:    conn,
 		Cache:   mgr.GetClient(),
 		Options: o,
 		metrics: newMetrics(crmetrics.Registry),
 		kind:    kind,
+		sql:     useSQL,
 	}
 	workers := max(o.Workers, 1)
-	err = ctrl.NewControllerManagedBy(mgr).
-		Named("helm-releases").
-		WatchesMetadata(recordObj, handler.EnqueueRequestsFromMapFunc(func(_ context.Context, obj client.Object) []reconcile.Request {
+	b := ctrl.NewControllerManagedBy(mgr).Named("helm-releases")
+	if useSQL {
+		// helm's rows are outside the cluster: the leader polls its
+		// database for pending releases (pollSQL).
+		found := make(chan event.TypedGenericEvent[types.NamespacedName], 64)
+		if err := mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
+			pollSQL(ctx, conn, o, found)
+			return nil
+		})); err != nil {
+			return err
+		}
+		b = b.WatchesRawSource(source.Channel(found, handler.TypedEnqueueRequestsFromMapFunc(func(_ context.Context, n types.NamespacedName) []reconcile.Request {
+			return []reconcile.Request{{NamespacedName: n}}
+		})))
+	} else {
+		b = b.WatchesMetadata(recordObj, handler.EnqueueRequestsFromMapFunc(func(_ context.Context, obj client.Object) []reconcile.Request {
 			name := obj.GetLabels()[helmx.LabelName]
 			if name == "" {
 				return nil
 			}
 			return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: obj.GetNamespace(), Name: name}}}
-		})).
+		}))
+	}
+	err = b.
 		WithOptions(crcontroller.Options{
 			MaxConcurrentReconciles: workers,
 			// Failed recoveries (RBAC, conflicts) are retried from 1 s,
@@ -209,4 +239,62 @@ func Run(ctx context.Context, cfg *rest.Config, o Options) error {
 		}
 	}()
 	return mgr.Start(ctx)
+}
+
+// DefaultSQLPollInterval is how often a controller of a sql-backed cluster
+// asks helm's database for pending releases. A release is pending from the
+// start of its operation; polled this often, it is seen long before a dead
+// holder's lock (30 s by default) expires, and is then judged again at the
+// lock's expiry (Next), as with the watched drivers.
+const DefaultSQLPollInterval = 5 * time.Second
+
+// sqlResync is how often a release that stays pending is handed to the
+// queue again, as an informer's resync would: between, the reconciler's own
+// requeue (at the lock's expiry) judges it again.
+const sqlResync = time.Minute
+
+// pollSQL asks helm's sql database for pending releases every
+// o.SQLPollInterval until ctx ends, and hands to the controller's queue
+// each release newly pending, and each still pending once a sqlResync. It
+// runs on the leader only (a manager.RunnableFunc needs leader election).
+func pollSQL(ctx context.Context, conn *protocol.Conn, o Options, found chan<- event.TypedGenericEvent[types.NamespacedName]) {
+	every := o.SQLPollInterval
+	if every <= 0 {
+		every = DefaultSQLPollInterval
+	}
+	t := time.NewTicker(every)
+	defer t.Stop()
+	handed := map[types.NamespacedName]time.Time{}
+	for {
+		qctx, cancel := context.WithTimeout(ctx, every+10*time.Second)
+		pending, err := conn.PendingSQL(qctx, o.Namespaces, pendingStatuses)
+		cancel()
+		if err != nil {
+			slog.Error("listing pending releases in helm's sql database failed; asking again at the next poll", slog.Any("error", err))
+			pending = nil
+		}
+		now := time.Now()
+		still := make(map[types.NamespacedName]time.Time, len(pending))
+		for _, n := range pending {
+			at, ok := handed[n]
+			if ok && now.Sub(at) < sqlResync {
+				still[n] = at
+				continue
+			}
+			still[n] = now
+			select {
+			case found <- event.TypedGenericEvent[types.NamespacedName]{Object: n}:
+			case <-ctx.Done():
+				return
+			}
+		}
+		if err == nil {
+			handed = still
+		}
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			return
+		}
+	}
 }

@@ -319,10 +319,10 @@ func TestIntegrationControllerFencePerRelease(t *testing.T) {
 	var kubeconfig string
 	x := newRig(t, "bravo", Options{
 		Policy: recovery.Policy{Strategy: recovery.StrategyRollback},
-		Rollback: func(_ context.Context, fence *helmx.WriteFence, ns, rel string, revision int) error {
+		Rollback: func(ctx context.Context, held *protocol.Lock, rel string, revision int) error {
 			rollingBack <- rel
 			<-proceed
-			return helmRollback(fence.Getter(kubeconfigGetter(kubeconfig)), ns, rel, revision)
+			return helmRollback(ctx, held, kubeconfigGetter(kubeconfig), rel, revision)
 		},
 	})
 	kubeconfig = x.env.Kubeconfig
@@ -377,13 +377,10 @@ func kubeconfigGetter(path string) genericclioptions.RESTClientGetter {
 
 // helmRollback rolls rel in ns back to revision with helm's own action on
 // getter's clients, as the CLI's controller does.
-func helmRollback(getter genericclioptions.RESTClientGetter, ns, rel string, revision int) error {
-	cfg := action.NewConfiguration()
-	if err := cfg.Init(getter, ns, "secret"); err != nil {
+func helmRollback(ctx context.Context, held *protocol.Lock, getter genericclioptions.RESTClientGetter, rel string, revision int) error {
+	cfg, err := held.HelmConfig(ctx, held.Fence().Getter(getter))
+	if err != nil {
 		return err
-	}
-	if kc, ok := cfg.KubeClient.(*kube.Client); ok {
-		kc.Namespace = ns
 	}
 	rb := action.NewRollback(cfg)
 	rb.Version = revision

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -36,6 +37,9 @@ type Reconciler struct {
 
 	metrics *metrics
 	kind    string
+	// sql: helm's records are rows of its sql database (Options.HelmDriver),
+	// read through Conn rather than the cache.
+	sql bool
 	// Clock times the backoff of failing recoveries; nil is the real clock.
 	Clock clock.PassiveClock
 
@@ -175,7 +179,7 @@ func (r *Reconciler) recover(ctx context.Context, log *slog.Logger, key, ns, rel
 	var rollback func(string, int) error
 	if rollsBack && r.Options.Rollback != nil {
 		rollback = func(release string, revision int) error {
-			return r.Options.Rollback(fenced, fence, ns, release, revision)
+			return r.Options.Rollback(fenced, held, release, revision)
 		}
 	}
 	// Kinds installed since the last recovery (a CRD) must be known to
@@ -262,16 +266,14 @@ func (r *Reconciler) recorded(ctx context.Context, log *slog.Logger, out protoco
 // nothing is read for it), it or its namespace opted out, or its namespace
 // is gone or being deleted.
 func (r *Reconciler) skip(ctx context.Context, ns, rel string) (string, error) {
-	// The cache holds the pending records only; the events that bring a
-	// release here come from it, so it has seen what they announce.
-	list := &metav1.PartialObjectMetadataList{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: r.kind + "List"}}
-	if err := r.Cache.List(ctx, list, client.InNamespace(ns), client.MatchingLabels{helmx.LabelName: rel}); err != nil {
+	items, err := r.pendingRecords(ctx, ns, rel)
+	if err != nil {
 		return "", err
 	}
-	if len(list.Items) == 0 {
+	if len(items) == 0 {
 		return "no pending record", nil
 	}
-	for _, it := range list.Items {
+	for _, it := range items {
 		// A label set with helm's --labels is copied to every revision; an
 		// annotation set by hand is on that record only.
 		if it.Labels[AnnotationIgnore] == "true" || it.Annotations[AnnotationIgnore] == "true" {
@@ -297,6 +299,40 @@ func (r *Reconciler) skip(ctx context.Context, ns, rel string) (string, error) {
 		return "", err
 	}
 	return "", nil
+}
+
+// pendingRecords lists the metadata of the release's pending records. The
+// cache holds the pending records only; the events that bring a release
+// here come from it, so it has seen what they announce. helm's sql rows are
+// read from its database (their labels are helm's own: an opt-out label
+// given with helm's --labels is not among them; the namespace's annotation
+// still opts out).
+func (r *Reconciler) pendingRecords(ctx context.Context, ns, rel string) ([]metav1.ObjectMeta, error) {
+	var out []metav1.ObjectMeta
+	if r.sql {
+		recs, err := r.Conn.Records()
+		if err != nil {
+			return nil, err
+		}
+		rows, _, err := recs.ListMeta(ctx, ns, helmx.LabelName+"="+rel)
+		if err != nil {
+			return nil, err
+		}
+		for _, row := range rows {
+			if slices.Contains(pendingStatuses, row.Meta.Labels[helmx.LabelStatus]) {
+				out = append(out, row.Meta)
+			}
+		}
+		return out, nil
+	}
+	list := &metav1.PartialObjectMetadataList{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: r.kind + "List"}}
+	if err := r.Cache.List(ctx, list, client.InNamespace(ns), client.MatchingLabels{helmx.LabelName: rel}); err != nil {
+		return nil, err
+	}
+	for _, it := range list.Items {
+		out = append(out, it.ObjectMeta)
+	}
+	return out, nil
 }
 
 func (r *Reconciler) countError(err error) {

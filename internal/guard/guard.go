@@ -350,39 +350,7 @@ func (r *run) operate(ctx context.Context, op func() error) error {
 	case !errors.As(err, &coded):
 		err = r.failed(err)
 	}
-	if err == nil && r.conn.UsesSQL() {
-		err = r.checkSQLWritten(ctx)
-	}
 	return err
-}
-
-// checkSQLWritten reads the revision a successful operation wrote to the
-// sql driver's database: helm's sql driver ignores a failed commit of its
-// create (the server ended the transaction, a failover), and would report
-// success for a revision that was never stored, or left pending. An
-// uninstall removes rows instead, and is not checked.
-func (r *run) checkSQLWritten(ctx context.Context) error {
-	rev := r.held.Record().Revision
-	recs, rerr := r.conn.Records()
-	if r.t.Op == protocol.OpUninstall || rev <= 0 || rerr != nil {
-		return nil
-	}
-	rec, err := recs.Get(ctx, r.t.Namespace, helmx.ReleaseSecretName(r.t.Release, rev))
-	if apierrors.IsNotFound(err) {
-		return fmt.Errorf("release %q in namespace %q: helm reported success, but revision %d is not in its sql database (helm's sql driver ignores a failed commit); check the release with helm history %s -n %s before the next operation",
-			r.t.Release, r.t.Namespace, rev, r.t.Release, r.t.Namespace)
-	}
-	if err != nil {
-		fmt.Fprintf(r.g.Stderr, "helm-autorecover: release %q in namespace %q: could not read back revision %d from the sql database: %v\n", r.t.Release, r.t.Namespace, rev, err)
-		return nil
-	}
-	if s, err := helmx.SummarizeRecord(rec); err == nil && recovery.IsPending(s.Status) {
-		// The failed operation's path then resolves it while the lock is
-		// held (protocol.Lock.Run).
-		return fmt.Errorf("release %q in namespace %q: helm reported success, but revision %d is still %s in its sql database (a write of helm's did not land)",
-			r.t.Release, r.t.Namespace, rev, s.Status)
-	}
-	return nil
 }
 
 // history reads every stored revision of the release. With a driver that

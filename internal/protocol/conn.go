@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"sync"
 
 	"k8s.io/client-go/kubernetes"
@@ -101,6 +102,12 @@ func (c *Conn) ForgetAuto(ns string) {
 // is the local clock; nil or clock.RealClock stands for sleepclock.System(),
 // the real clock that also counts time the machine spends asleep.
 func Connect(cfg *rest.Config, clk clock.Clock, helmDriver string) (*Conn, error) {
+	return connect(cfg, clk, helmDriver, "")
+}
+
+// connect is Connect; with the sql driver, dsn names helm's database ("":
+// the one HELM_DRIVER_SQL_CONNECTION_STRING names).
+func connect(cfg *rest.Config, clk clock.Clock, helmDriver, dsn string) (*Conn, error) {
 	if cfg == nil {
 		return nil, errors.New("no REST configuration given")
 	}
@@ -112,7 +119,7 @@ func Connect(cfg *rest.Config, clk clock.Clock, helmDriver string) (*Conn, error
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes client: %w", err)
 	}
-	c := NewConn(client, est, clk, helmDriver, func() (*recovery.Kube, error) { return recovery.NewKube(cfg) })
+	c := newConn(client, est, clk, helmDriver, dsn, func() (*recovery.Kube, error) { return recovery.NewKube(cfg) })
 	c.id = identity(cfg)
 	return c, nil
 }
@@ -123,11 +130,18 @@ func Connect(cfg *rest.Config, clk clock.Clock, helmDriver string) (*Conn, error
 // revision that has a deployed predecessor then fails, and recovery with
 // it: the revision stays pending).
 func NewConn(client kubernetes.Interface, est *servertime.Estimator, clk clock.Clock, helmDriver string, kube func() (*recovery.Kube, error)) *Conn {
+	return newConn(client, est, clk, helmDriver, "", kube)
+}
+
+func newConn(client kubernetes.Interface, est *servertime.Estimator, clk clock.Clock, helmDriver, dsn string, kube func() (*recovery.Kube, error)) *Conn {
 	c := &Conn{client: client, est: est, clock: clk, driver: helmDriver, kube: kube, seen: lock.NewSightings()}
 	if helmDriver == DriverSQL {
 		// helm's rows, its lock rows and its trigger live in helm's own
 		// database; the lock is still judged in the API server's clock.
-		c.sql, c.recordsErr = sqlstore.FromEnv(c.ServerNow)
+		if dsn == "" {
+			dsn = os.Getenv(sqlstore.EnvConnectionString)
+		}
+		c.sql, c.recordsErr = sqlstore.Open(dsn, c.ServerNow)
 		if c.sql != nil {
 			c.records = c.sql.Records()
 		}

@@ -18,6 +18,7 @@ import (
 	"github.com/helm-autorecover/helm-autorecover/internal/lock"
 	"github.com/helm-autorecover/helm-autorecover/internal/records"
 	"github.com/helm-autorecover/helm-autorecover/internal/recovery"
+	"github.com/helm-autorecover/helm-autorecover/internal/sqlstore"
 )
 
 // acquire takes the lock of req.Release in every store, in order (see
@@ -102,6 +103,9 @@ type Lock struct {
 	unsettled map[int]bool
 	// resolved says, for the user, what Release did about them.
 	resolved []string
+	// helmSQL is helm's own sql driver opened for this lock's session
+	// (HelmSQL), closed when the fence is drained.
+	helmSQL *sqlstore.HelmDriver
 }
 
 // Resolved says what Release did about revisions of this holder's own
@@ -304,6 +308,16 @@ func (l *Lock) Release(ctx context.Context) error {
 func (l *Lock) drain() {
 	if l.fence != nil {
 		l.fence.Drain()
+	}
+	l.mu.Lock()
+	h := l.helmSQL
+	l.helmSQL = nil
+	l.mu.Unlock()
+	if h != nil {
+		// Waits for helm's statements in flight: none of its writes can
+		// land once the lock is given back (the database's trigger would
+		// refuse them after that anyway).
+		_ = h.Close()
 	}
 }
 

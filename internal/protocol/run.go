@@ -7,6 +7,9 @@ import (
 	"io"
 	"time"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+
+	"github.com/helm-autorecover/helm-autorecover/internal/helmx"
 	"github.com/helm-autorecover/helm-autorecover/internal/recovery"
 )
 
@@ -92,6 +95,14 @@ func (l *Lock) Run(ctx context.Context, g Guarded) (err error) {
 		return err
 	}
 	err = g.Op(ctx)
+	switch {
+	case err != nil && SQLRefused(err) && !errors.Is(err, ErrLost):
+		// The sql driver's database refused helm's write: this session
+		// no longer holds the release's lock row.
+		err = fmt.Errorf("%w: %w", ErrLost, err)
+	case err == nil && l.conn.sql != nil:
+		err = l.checkSQLWritten(ctx, g.Procedure.Next, rev, g.Log)
+	}
 	if err != nil && rev > 0 {
 		// helm's operation failed: it may have left the revision it wrote
 		// pending (an uninstall whose deletes failed leaves it
@@ -158,4 +169,33 @@ func (l *Lock) End(ctx context.Context, g Guarded, err error) {
 			g.Released(rerr)
 		}
 	})
+}
+
+// checkSQLWritten reads the revision rev a successful operation wrote to
+// the sql driver's database: helm's sql driver ignores a failed commit of
+// its create (the server ended the transaction, a failover), and would
+// report success for a revision that was never stored, or left pending.
+// An uninstall removes rows instead, and is not checked. A revision left
+// pending is then settled by Run's failed path, while the lock is held.
+func (l *Lock) checkSQLWritten(ctx context.Context, op Operation, rev int, log io.Writer) error {
+	recs, rerr := l.conn.Records()
+	if op == OpUninstall || rev <= 0 || rerr != nil {
+		return nil
+	}
+	rec, err := recs.Get(ctx, l.namespace, helmx.ReleaseSecretName(l.release, rev))
+	if apierrors.IsNotFound(err) {
+		return fmt.Errorf("release %q in namespace %q: helm reported success, but revision %d is not in its sql database (helm's sql driver ignores a failed commit); check the release with helm history %s -n %s before the next operation",
+			l.release, l.namespace, rev, l.release, l.namespace)
+	}
+	if err != nil {
+		if log != nil {
+			fmt.Fprintf(log, "helm-autorecover: release %q in namespace %q: could not read back revision %d from the sql database: %v\n", l.release, l.namespace, rev, err)
+		}
+		return nil
+	}
+	if s, err := helmx.SummarizeRecord(rec); err == nil && recovery.IsPending(s.Status) {
+		return fmt.Errorf("release %q in namespace %q: helm reported success, but revision %d is still %s in its sql database (a write of helm's did not land)",
+			l.release, l.namespace, rev, s.Status)
+	}
+	return nil
 }

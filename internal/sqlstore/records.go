@@ -16,6 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/helm-autorecover/helm-autorecover/internal/helmx"
 	"github.com/helm-autorecover/helm-autorecover/internal/lock"
@@ -278,4 +279,44 @@ func IsRefused(err error) bool {
 		return true
 	}
 	return strings.Contains(err.Error(), refusedText)
+}
+
+// Pending lists the releases that have a row of helm's in one of statuses
+// (a revision an operation was writing), in namespaces (every namespace
+// when empty), each once, sorted. It reads no release body: the controller
+// asks it every poll. Before helm's table exists there is none.
+func (s *Store) Pending(ctx context.Context, namespaces, statuses []string) ([]types.NamespacedName, error) {
+	n, err := s.schema(ctx)
+	if err != nil {
+		return nil, err
+	}
+	s.schemaMu.Lock()
+	ready := s.schemaOK
+	s.schemaMu.Unlock()
+	if !ready {
+		return nil, nil
+	}
+	q := `SELECT DISTINCT namespace, name FROM ` + n.releases + ` WHERE owner = 'helm' AND status = ANY($1)`
+	args := []any{pq.Array(statuses)}
+	if len(namespaces) > 0 {
+		q += ` AND namespace = ANY($2)`
+		args = append(args, pq.Array(namespaces))
+	}
+	rows, err := s.db.QueryContext(ctx, q+` ORDER BY namespace, name`, args...)
+	if err != nil {
+		return nil, fmt.Errorf("listing pending releases in helm's sql database: %w", err)
+	}
+	defer func() { _ = rows.Close() }()
+	var out []types.NamespacedName
+	for rows.Next() {
+		var r types.NamespacedName
+		if err := rows.Scan(&r.Namespace, &r.Name); err != nil {
+			return nil, fmt.Errorf("listing pending releases in helm's sql database: %w", err)
+		}
+		out = append(out, r)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("listing pending releases in helm's sql database: %w", err)
+	}
+	return out, nil
 }

@@ -46,6 +46,9 @@ var ErrNoConnectionString = errors.New("HELM_DRIVER=sql needs " + EnvConnectionS
 // use; the connection is opened on first use.
 type Store struct {
 	db *sql.DB
+	// dsn is the connection string the store was opened with: helm's own
+	// driver is opened with it, naming a lock session (OpenHelm).
+	dsn string
 	// now bounds the API server's clock: a row's age, measured in the
 	// database's clock, is placed on it.
 	now func(context.Context) (servertime.Bounds, error)
@@ -72,7 +75,7 @@ func Open(dsn string, now func(context.Context) (servertime.Bounds, error)) (*St
 		return nil, fmt.Errorf("opening the sql driver's database: %w", err)
 	}
 	db.SetMaxIdleConns(2)
-	return &Store{db: db, now: now}, nil
+	return &Store{db: db, dsn: dsn, now: now}, nil
 }
 
 // FromEnv opens the database helm's sql driver uses

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"strings"
 	"time"
 
@@ -88,6 +89,7 @@ type clientOptions struct {
 	clock   clock.Clock
 	backend Backend
 	driver  string
+	sqlDSN  string
 }
 
 // WithClock sets the local clock the client measures elapsed time with (by
@@ -107,9 +109,23 @@ func WithLockBackend(b Backend) Option {
 }
 
 // WithStorageDriver names helm's storage driver the releases are kept with:
-// "secret" (the default, also "") or "configmap", as helm's HELM_DRIVER.
+// "secret" (the default, also ""), "configmap" or "sql", as helm's
+// HELM_DRIVER. With "sql" the lock is a row in helm's PostgreSQL database,
+// beside helm's table of releases, whose trigger refuses helm's writes of a
+// session that no longer holds it; the database is the one
+// WithSQLConnectionString names, or else HELM_DRIVER_SQL_CONNECTION_STRING,
+// as for helm. The client keeps one pool to it for its own reads and
+// writes (Close ends it); each lock opens helm's own driver for its
+// operation (Lock.ActionConfig) and closes it when the lock is given back.
 func WithStorageDriver(name string) Option {
 	return func(o *clientOptions) { o.driver = name }
+}
+
+// WithSQLConnectionString is the PostgreSQL connection string of helm's sql
+// driver (WithStorageDriver("sql")), in either form helm takes (a URL or
+// key=value pairs); by default HELM_DRIVER_SQL_CONNECTION_STRING's.
+func WithSQLConnectionString(dsn string) Option {
+	return func(o *clientOptions) { o.sqlDSN = dsn }
 }
 
 // NewClient returns a Client for the cluster cfg points at. Its requests
@@ -128,16 +144,45 @@ func NewClient(cfg *rest.Config, opts ...Option) (*Client, error) {
 	default:
 		return nil, fmt.Errorf("autorecover: lock backend %q: must be %s, %s or %s", o.backend, BackendAuto, BackendLease, BackendRelease)
 	}
+	var conn *protocol.Conn
+	var err error
 	switch o.driver {
 	case "", "secret", "secrets", "configmap", "configmaps":
+		if o.sqlDSN != "" {
+			return nil, fmt.Errorf("autorecover: a sql connection string given with storage driver %q: it is for WithStorageDriver(%q) alone", o.driver, protocol.DriverSQL)
+		}
+		conn, err = protocol.Connect(cfg, o.clock, o.driver)
+	case protocol.DriverSQL:
+		dsn := o.sqlDSN
+		if dsn == "" {
+			dsn = os.Getenv(EnvSQLConnectionString)
+		}
+		if dsn == "" {
+			return nil, fmt.Errorf("autorecover: storage driver %q needs the PostgreSQL connection string helm uses: WithSQLConnectionString, or %s", o.driver, EnvSQLConnectionString)
+		}
+		conn, err = protocol.ConnectSQL(cfg, o.clock, dsn)
 	default:
-		return nil, fmt.Errorf("autorecover: storage driver %q: only helm's secret and configmap drivers keep releases where the lock can fence them", o.driver)
+		return nil, fmt.Errorf("autorecover: storage driver %q: only helm's secret, configmap and sql drivers keep releases where the lock can fence them (memory keeps them in one process, where no other client could see a lock)", o.driver)
 	}
-	conn, err := protocol.Connect(cfg, o.clock, o.driver)
 	if err != nil {
 		return nil, fmt.Errorf("autorecover: %w", err)
 	}
 	return &Client{conn: conn, config: rest.CopyConfig(cfg), backend: o.backend}, nil
+}
+
+// EnvSQLConnectionString is the variable helm's sql driver reads its
+// connection string from, and the client too when WithSQLConnectionString
+// names none.
+const EnvSQLConnectionString = protocol.EnvSQLConnectionString
+
+// Close ends the client's pool to the sql driver's database
+// (WithStorageDriver("sql")); with any other driver there is nothing to
+// close. Give back every lock first.
+func (c *Client) Close() error {
+	if err := c.conn.Close(); err != nil {
+		return fmt.Errorf("autorecover: closing the sql database: %w", err)
+	}
+	return nil
 }
 
 // Kubernetes returns the client's clientset. Requests made with it feed the

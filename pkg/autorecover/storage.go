@@ -1,12 +1,13 @@
 package autorecover
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"helm.sh/helm/v4/pkg/action"
-	"helm.sh/helm/v4/pkg/kube"
 	"helm.sh/helm/v4/pkg/storage"
 	"helm.sh/helm/v4/pkg/storage/driver"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -17,6 +18,8 @@ import (
 	"k8s.io/client-go/restmapper"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+
+	"github.com/helm-autorecover/helm-autorecover/internal/protocol"
 )
 
 // fencedConfig is the client's REST configuration with every request going
@@ -38,15 +41,17 @@ func (l *Lock) fencedConfig() *rest.Config {
 // ActionConfig returns a helm action configuration for the locked release's
 // namespace whose every Kubernetes request, release records and applied
 // objects alike, goes through the lock's write fence (see FencedStorage),
-// with the client's storage driver. Run hands one to its operation.
+// with the client's storage driver. With the sql driver, releases are
+// stored through helm's own sql driver over connections that name the
+// lock's session: the database refuses its writes once the lock is lost,
+// and its pool is closed when the lock is given back. Run hands one to its
+// operation.
 func (l *Lock) ActionConfig() (*action.Configuration, error) {
-	cfg := action.NewConfiguration()
-	getter := &fencedGetter{config: l.fencedConfig(), namespace: l.namespace}
-	if err := cfg.Init(getter, l.namespace, l.c.conn.Driver()); err != nil {
-		return nil, fmt.Errorf("autorecover: helm configuration for release %q in namespace %q: %w", l.release, l.namespace, err)
-	}
-	if kc, ok := cfg.KubeClient.(*kube.Client); ok {
-		kc.Namespace = l.namespace
+	ctx, cancel := context.WithTimeout(context.Background(), sqlOpenTimeout)
+	defer cancel()
+	cfg, err := l.held.HelmConfig(ctx, &fencedGetter{config: l.fencedConfig(), namespace: l.namespace})
+	if err != nil {
+		return nil, fmt.Errorf("autorecover: %w", err)
 	}
 	return cfg, nil
 }
@@ -55,7 +60,8 @@ func (l *Lock) ActionConfig() (*action.Configuration, error) {
 // (the client's: secret or configmap) over a client whose requests go
 // through the lock's write fence: no release write leaves once the lock is
 // lost, the pending revision is created carrying the lock, and rewrites are
-// conditional on the resourceVersion read. Call it after cfg.Init and
+// conditional on the resourceVersion read. With the sql driver, through
+// helm's sql driver opened for the lock's session (see ActionConfig). Call it after cfg.Init and
 // before running any action; cfg must be for the namespace of the locked
 // release. The previous storage's MaxHistory is kept.
 //
@@ -68,6 +74,22 @@ func FencedStorage(cfg *action.Configuration, l *Lock) error {
 	}
 	if l == nil {
 		return errors.New("autorecover: fenced storage: no lock given")
+	}
+	if l.c.conn.Driver() == protocol.DriverSQL {
+		// The database fences helm's writes: its trigger refuses those of
+		// a session that no longer holds the release's lock row.
+		ctx, cancel := context.WithTimeout(context.Background(), sqlOpenTimeout)
+		defer cancel()
+		d, err := l.held.HelmSQL(ctx)
+		if err != nil {
+			return fmt.Errorf("autorecover: fenced storage: %w", err)
+		}
+		s := storage.Init(d)
+		if cfg.Releases != nil {
+			s.MaxHistory = cfg.Releases.MaxHistory
+		}
+		cfg.Releases = s
+		return nil
 	}
 	cs, err := kubernetes.NewForConfig(l.fencedConfig())
 	if err != nil {
@@ -97,6 +119,10 @@ func FencedStorage(cfg *action.Configuration, l *Lock) error {
 	cfg.Releases = s
 	return nil
 }
+
+// sqlOpenTimeout bounds opening helm's sql driver for a lock (a connection,
+// helm's migrations, one query).
+const sqlOpenTimeout = 30 * time.Second
 
 // fencedGetter hands helm the fenced REST configuration, and one cached
 // discovery client and mapper over it.

@@ -38,6 +38,16 @@ func freePort(t *testing.T) int {
 // "" is the admin's.
 func startController(t *testing.T, env *testenv.Env, kubeconfig string, flags ...string) *controllerProc {
 	t.Helper()
+	var extra []string
+	if kubeconfig != "" {
+		extra = []string{"KUBECONFIG=" + kubeconfig}
+	}
+	return startControllerEnv(t, env, extra, flags...)
+}
+
+// startControllerEnv starts a controller with extra environment variables.
+func startControllerEnv(t *testing.T, env *testenv.Env, extra []string, flags ...string) *controllerProc {
+	t.Helper()
 	mp, hp := freePort(t), freePort(t)
 	args := append([]string{
 		"controller",
@@ -45,10 +55,6 @@ func startController(t *testing.T, env *testenv.Env, kubeconfig string, flags ..
 		"--health-probe-bind-address", "127.0.0.1:" + strconv.Itoa(hp),
 		"--log-level", "debug",
 	}, flags...)
-	var extra []string
-	if kubeconfig != "" {
-		extra = []string{"KUBECONFIG=" + kubeconfig}
-	}
 	p := env.StartEnv(t, extra, env.Bin(t), args...)
 	// Ready once /readyz answers.
 	deadline := time.Now().Add(60 * time.Second)

@@ -239,3 +239,49 @@ func TestSQLKilledRollbackOnFailureRecovers(t *testing.T) {
 	figure(t, "kill-to-success sql rollback-on-failure: %s (lease %s)", secs(time.Since(killAt)), killLease)
 	c.wantHistory(t, rel, "1:superseded 2:failed 3:failed 4:deployed")
 }
+
+// TestSQLController: the controller serves a cluster whose helm keeps its
+// releases with the sql driver. It polls helm's database, leaves a live
+// holder's pending revision alone while it renews, and once that holder is
+// killed and its lock row expired, recovers the revision (marked failed)
+// and, with --recover-strategy=rollback, rolls back through helm's sql
+// driver under its own lock row; the next upgrade then needs no wait.
+func TestSQLController(t *testing.T) {
+	c := newSQLCase(t)
+	const rel = "sqlctl"
+	flag := []string{"-n", c.ns, "--lease-duration", killLease.String()}
+	c.install(t, rel, flag[2:]...)
+	p := c.env.StartEnv(t, c.extra, c.ha, args(append([]string{"upgrade", rel, c.chart, "--wait", "--timeout", "5m", "--set", "message=v2"}, flag...), unschedulable)...)
+	testenv.WaitForLatest(t, c.ns+"/"+rel, c.history(t, rel), 2, "pending-upgrade", 60*time.Second)
+	c.waitRenewed(t, rel)
+
+	ctl := startControllerEnv(t, c.env, c.extra, "--namespaces", c.ns, "--leader-elect=false", "--sql-poll-interval", "1s", "--recover-strategy", "rollback")
+	// Polled and judged live: left alone while its holder renews.
+	deadline := time.Now().Add(2 * time.Minute)
+	for ctl.metric(t, "helm_autorecover_pending_releases", `state="live"`) < 1 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the controller never judged the live holder's pending release; history %v", c.history(t, rel)())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	c.waitRenewed(t, rel)
+	c.wantHistory(t, rel, "1:deployed 2:pending-upgrade")
+
+	p.Kill(t)
+	want := "1:superseded 2:failed 3:deployed"
+	deadline = time.Now().Add(2 * time.Minute)
+	for strings.Join(c.history(t, rel)(), " ") != want {
+		if time.Now().After(deadline) {
+			t.Fatalf("not recovered and rolled back by the controller: history %v, want %s", c.history(t, rel)(), want)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if n := recoveredEvents(t, c.env, c.ns, 1, time.Minute); n < 1 {
+		t.Errorf("no Recovered Event from the controller")
+	}
+	res := c.run(t, c.ha, append([]string{"upgrade", rel, c.chart, "--set", "message=v4"}, flag...)...)
+	if res.ExitCode != 0 {
+		t.Fatalf("upgrade after the controller's recovery: exit %d\n%s", res.ExitCode, res.Stderr)
+	}
+	c.wantHistory(t, rel, "1:superseded 2:failed 3:superseded 4:deployed")
+}
