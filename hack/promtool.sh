@@ -4,8 +4,8 @@
 # prints its path. The chart's alert tests (test/e2e/alerts_test.go) run it.
 # Rebuilt only when the build module changes. Service discovery is left out
 # (-tags remove_all_sd): promtool's rule commands do not need it, and it is
-# most of the build. A cold build took 4 min 16 s on 2 shared cores
-# (docs/controller.md, "Alerts and a dashboard"); warm it takes a second.
+# most of the build. A cold build takes about 210 CPU-seconds (docs/controller.md,
+# "How they are tested"); warm it takes a second.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 mkdir -p "$BIN_CACHE"
@@ -23,7 +23,7 @@ ver=$(modversion "$dir" github.com/prometheus/prometheus)
 # The module's v0.MMMPP.X is Prometheus 3.MMM.X (v0.316.0 is 3.16.0): the
 # version promtool --version prints.
 minor=${ver#v0.3}; minor=${minor%%.*}; patch=${ver##*.}
-log "building promtool (prometheus $ver) ... (a cold build takes about 4-5 min on 2 cores)"
+log "building promtool (prometheus $ver) ... (cold: about 210 CPU-seconds, 8 min on 2 busy cores)"
 start=$SECONDS
 (cd "$dir" && go build -tags remove_all_sd -ldflags "-s -w -X github.com/prometheus/common/version.Version=3.$((10#$minor)).$patch" \
   -o "$out.tmp" github.com/prometheus/prometheus/cmd/promtool)
