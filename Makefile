@@ -18,7 +18,7 @@ export LOCAL_CLUSTER_DIR
 # Integration tests start processes and wait on them: generous, not infinite.
 TEST_TIMEOUT ?= 40m
 
-.PHONY: pg-up pg-down sim dist docs build build-chaos chaos test test-unit test-integration lint fmt vet demo bench bench-controller cluster-up cluster-down cluster-bins tools clean chart-lint fuzz
+.PHONY: pg-up pg-down sim dist docs build build-chaos chaos test test-unit test-integration lint fmt vet demo bench bench-controller cluster-up cluster-down cluster-bins tools promtool clean chart-lint fuzz
 
 build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/helm-autorecover
@@ -155,8 +155,15 @@ fmt:
 vet:
 	$(GO) vet ./...
 
-tools:
+## tools: the pinned developer tools (hack/tools), and promtool (hack/promtool,
+## for the chart's alert tests; built once into the binary cache).
+tools: promtool
 	hack/tools.sh
+
+## promtool: Prometheus' promtool from the module pinned in hack/promtool,
+## into the binary cache (test/e2e/alerts_test.go builds it when missing).
+promtool:
+	hack/promtool.sh >/dev/null
 
 lint: tools
 	test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); exit 1; }

@@ -152,7 +152,7 @@ func TestChartLint(t *testing.T) {
 	for _, helm := range []string{env.Helm4, env.Helm3} {
 		for _, set := range [][]string{
 			nil,
-			{"--set", "namespaces={team-a,team-b}", "--set", "serviceMonitor.enabled=true"},
+			{"--set", "namespaces={team-a,team-b}", "--set", "serviceMonitor.enabled=true", "--set", "prometheusRule.enabled=true", "--set", "grafanaDashboard.enabled=true", "--set", "grafanaDashboard.folder=Helm"},
 			{"--set", "helmDriver=configmap", "--set", "lockBackend=release", "--set", "recoverStrategy=rollback", "--set", "recoverDeleteData=true"},
 		} {
 			res := mustRun(t, env, helm, append([]string{"lint", "--strict", dir}, set...)...)
