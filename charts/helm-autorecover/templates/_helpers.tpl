@@ -99,9 +99,11 @@ ClusterRole, or in each listed namespace's Role):
   recoverDeleteData=true.
 */}}
 {{- define "helm-autorecover.watchRules" -}}
+{{- if ne .Values.helmDriver "sql" }}
 - apiGroups: [""]
   resources: [{{ include "helm-autorecover.recordResource" . }}]
   verbs: [get, list, watch, create, update, delete]
+{{- end }}
 {{- if ne .Values.lockBackend "release" }}
 - apiGroups: [coordination.k8s.io]
   resources: [leases]
