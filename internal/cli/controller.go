@@ -134,6 +134,9 @@ func runController(ctx context.Context, o *controllerFlags, settings *helmcli.En
 		if os.Getenv(protocol.EnvSQLConnectionString) == "" {
 			return &exitcode.Error{Code: exitcode.Usage, Err: fmt.Errorf("--helm-driver=sql needs %s, the PostgreSQL connection string helm uses", protocol.EnvSQLConnectionString)}
 		}
+		if o.selector != "" {
+			return &exitcode.Error{Code: exitcode.Usage, Err: controller.ErrSQLSelector}
+		}
 		if o.sqlPoll <= 0 {
 			return &exitcode.Error{Code: exitcode.Usage, Err: fmt.Errorf("--sql-poll-interval=%s: must be positive", o.sqlPoll)}
 		}

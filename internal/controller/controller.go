@@ -111,6 +111,11 @@ func recordSelector(user string) (labels.Selector, error) {
 	return sel.Add(*owner, *status), nil
 }
 
+// ErrSQLSelector: --selector with the sql driver, whose rows carry no
+// label but helm's own (name, owner, status, version): a selector on the
+// others would select nothing, or everything if ignored.
+var ErrSQLSelector = errors.New("--selector cannot be used with --helm-driver=sql: helm's sql rows carry no labels of their own; narrow with --namespaces, or opt a namespace out with the annotation " + AnnotationIgnore + "=true")
+
 // connect is the controller's connection to the cluster cfg points at.
 // Recovery's writes through it (converge's, marking revisions failed) are
 // judged by the fence of the lock each is made under, which the recovery
@@ -123,6 +128,9 @@ func connect(cfg *rest.Config, helmDriver string) (*protocol.Conn, error) {
 func Run(ctx context.Context, cfg *rest.Config, o Options) error {
 	ctrl.SetLogger(logr.FromSlogHandler(slog.Default().Handler()))
 	useSQL := o.HelmDriver == protocol.DriverSQL
+	if useSQL && o.Selector != "" {
+		return ErrSQLSelector
+	}
 	var recordObj client.Object = &corev1.Secret{}
 	kind := "Secret"
 	if !useSQL {

@@ -14,6 +14,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
@@ -303,25 +304,19 @@ func (r *Reconciler) skip(ctx context.Context, ns, rel string) (string, error) {
 
 // pendingRecords lists the metadata of the release's pending records. The
 // cache holds the pending records only; the events that bring a release
-// here come from it, so it has seen what they announce. helm's sql rows are
-// read from its database (their labels are helm's own: an opt-out label
-// given with helm's --labels is not among them; the namespace's annotation
-// still opts out).
+// here come from it, so it has seen what they announce. With helm's sql
+// driver, the database is asked whether the release has a pending row
+// (reading no body); a row carries no label but helm's own, so only the
+// namespace's annotation opts out there.
 func (r *Reconciler) pendingRecords(ctx context.Context, ns, rel string) ([]metav1.ObjectMeta, error) {
 	var out []metav1.ObjectMeta
 	if r.sql {
-		recs, err := r.Conn.Records()
+		pending, err := r.Conn.PendingSQL(ctx, []string{ns}, pendingStatuses)
 		if err != nil {
 			return nil, err
 		}
-		rows, _, err := recs.ListMeta(ctx, ns, helmx.LabelName+"="+rel)
-		if err != nil {
-			return nil, err
-		}
-		for _, row := range rows {
-			if slices.Contains(pendingStatuses, row.Meta.Labels[helmx.LabelStatus]) {
-				out = append(out, row.Meta)
-			}
+		if slices.Contains(pending, types.NamespacedName{Namespace: ns, Name: rel}) {
+			out = append(out, metav1.ObjectMeta{Namespace: ns, Name: rel})
 		}
 		return out, nil
 	}

@@ -103,9 +103,13 @@ type Lock struct {
 	unsettled map[int]bool
 	// resolved says, for the user, what Release did about them.
 	resolved []string
-	// helmSQL is helm's own sql driver opened for this lock's session
-	// (HelmSQL), closed when the fence is drained.
-	helmSQL *sqlstore.HelmDriver
+	// helmMu guards helmSQL, helm's own sql driver opened for this lock's
+	// session (HelmSQL), closed when the fence is drained (helmDrained:
+	// none is opened afterwards). Opening it talks to the database: it has
+	// a mutex of its own, so that mu is never held across it.
+	helmMu      sync.Mutex
+	helmSQL     *sqlstore.HelmDriver
+	helmDrained bool
 }
 
 // Resolved says what Release did about revisions of this holder's own
@@ -309,15 +313,20 @@ func (l *Lock) drain() {
 	if l.fence != nil {
 		l.fence.Drain()
 	}
-	l.mu.Lock()
+	l.helmMu.Lock()
 	h := l.helmSQL
-	l.helmSQL = nil
-	l.mu.Unlock()
+	l.helmSQL, l.helmDrained = nil, true
+	l.helmMu.Unlock()
 	if h != nil {
-		// Waits for helm's statements in flight: none of its writes can
-		// land once the lock is given back (the database's trigger would
-		// refuse them after that anyway).
-		_ = h.Close()
+		// Waits, up to the renew deadline, for helm's transactions still
+		// open to end, so that the holder's own revision is read after
+		// helm's last write of it. Past that, a write of theirs is judged
+		// by the database's trigger alone: refused once this session no
+		// longer holds the lock row, whose next taker waits for its
+		// commit.
+		ctx, cancel := context.WithDeadline(context.Background(), l.Deadline())
+		_ = h.Close(ctx)
+		cancel()
 	}
 }
 

@@ -174,15 +174,20 @@ func (l *Lock) End(ctx context.Context, g Guarded, err error) {
 // checkSQLWritten reads the revision rev a successful operation wrote to
 // the sql driver's database: helm's sql driver ignores a failed commit of
 // its create (the server ended the transaction, a failover), and would
-// report success for a revision that was never stored, or left pending.
-// An uninstall removes rows instead, and is not checked. A revision left
-// pending is then settled by Run's failed path, while the lock is held.
+// report success for a revision that was never stored, or left pending;
+// its delete too, which would leave an uninstall's revision uninstalling.
+// A revision left pending is then settled by Run's failed path, while the
+// lock is held.
 func (l *Lock) checkSQLWritten(ctx context.Context, op Operation, rev int, log io.Writer) error {
 	recs, rerr := l.conn.Records()
-	if op == OpUninstall || rev <= 0 || rerr != nil {
+	if rev <= 0 || rerr != nil {
 		return nil
 	}
 	rec, err := recs.Get(ctx, l.namespace, helmx.ReleaseSecretName(l.release, rev))
+	if op == OpUninstall && apierrors.IsNotFound(err) {
+		// Removed with its history (no --keep-history).
+		return nil
+	}
 	if apierrors.IsNotFound(err) {
 		return fmt.Errorf("release %q in namespace %q: helm reported success, but revision %d is not in its sql database (helm's sql driver ignores a failed commit); check the release with helm history %s -n %s before the next operation",
 			l.release, l.namespace, rev, l.release, l.namespace)

@@ -91,10 +91,13 @@ func (l *Lock) HelmSQL(ctx context.Context) (driver.Driver, error) {
 	if l.conn.sql == nil {
 		return nil, errNotSQL
 	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
+	l.helmMu.Lock()
+	defer l.helmMu.Unlock()
 	if l.helmSQL != nil {
 		return l.helmSQL, nil
+	}
+	if l.helmDrained {
+		return nil, fmt.Errorf("release %q in namespace %q: helm's sql driver asked for once the lock is being given back: %w", l.release, l.namespace, ErrLost)
 	}
 	if err := l.joint.Valid(); err != nil {
 		return nil, err

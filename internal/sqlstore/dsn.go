@@ -148,3 +148,31 @@ func parsePairs(s string) ([][2]string, error) {
 func quote(v string) string {
 	return "'" + strings.NewReplacer(`\`, `\\`, `'`, `\'`).Replace(v) + "'"
 }
+
+// withDefault returns dsn (a URL or key=value pairs) with key set to value
+// when dsn sets none.
+func withDefault(dsn, key, value string) (string, error) {
+	if strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://") {
+		u, err := url.Parse(dsn)
+		if err != nil {
+			return "", fmt.Errorf("%s is not a URL lib/pq reads: %w", EnvConnectionString, err)
+		}
+		q := u.Query()
+		if q.Has(key) {
+			return dsn, nil
+		}
+		q.Set(key, value)
+		u.RawQuery = q.Encode()
+		return u.String(), nil
+	}
+	pairs, err := parsePairs(dsn)
+	if err != nil {
+		return "", fmt.Errorf("%s: %w", EnvConnectionString, err)
+	}
+	for _, p := range pairs {
+		if p[0] == key {
+			return dsn, nil
+		}
+	}
+	return dsn + " " + key + "=" + quote(value), nil
+}

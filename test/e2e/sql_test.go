@@ -255,6 +255,11 @@ func TestSQLController(t *testing.T) {
 	testenv.WaitForLatest(t, c.ns+"/"+rel, c.history(t, rel), 2, "pending-upgrade", 60*time.Second)
 	c.waitRenewed(t, rel)
 
+	// helm's rows carry no labels of their own: a selector is refused
+	// rather than ignored.
+	if res := c.run(t, c.ha, "controller", "--namespaces", c.ns, "--leader-elect=false", "--selector", "team=payments"); res.ExitCode != exitcode.Usage || !strings.Contains(res.Stderr, "--selector") {
+		t.Fatalf("controller --helm-driver=sql --selector: exit %d, want %d naming --selector:\n%s", res.ExitCode, exitcode.Usage, res.Stderr)
+	}
 	ctl := startControllerEnv(t, c.env, c.extra, "--namespaces", c.ns, "--leader-elect=false", "--sql-poll-interval", "1s", "--recover-strategy", "rollback")
 	// Polled and judged live: left alone while its holder renews.
 	deadline := time.Now().Add(2 * time.Minute)
