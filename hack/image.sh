@@ -28,6 +28,9 @@ bindir=${IMAGE_BIN_DIR:-bin/image}
 version=$(sed -n 's/^version: *"\{0,1\}\([^"]*\)"\{0,1\} *$/\1/p' plugin.yaml)
 [[ -n $version ]] || die "image: no version in plugin.yaml"
 revision=${IMAGE_REVISION:-}
+if [[ -z $revision || -z ${SOURCE_DATE_EPOCH:-} ]] && ! git rev-parse --verify -q HEAD >/dev/null; then
+  die "image: not a git checkout: set IMAGE_REVISION (the commit) and SOURCE_DATE_EPOCH (its time)"
+fi
 if [[ -z $revision ]]; then
   revision=$(git rev-parse HEAD)
   git diff --quiet HEAD -- || revision+=-dirty
