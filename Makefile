@@ -18,7 +18,7 @@ export LOCAL_CLUSTER_DIR
 # Integration tests start processes and wait on them: generous, not infinite.
 TEST_TIMEOUT ?= 40m
 
-.PHONY: pg-up pg-down sim dist docs build build-chaos chaos test test-unit test-integration lint fmt vet demo bench bench-controller cluster-up cluster-down cluster-bins tools promtool clean chart-lint fuzz
+.PHONY: pg-up pg-down sim dist image docs build build-chaos chaos test test-unit test-integration lint fmt vet demo bench bench-controller cluster-up cluster-down cluster-bins tools promtool clean chart-lint fuzz
 
 build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/helm-autorecover
@@ -34,6 +34,16 @@ build-chaos:
 ## machine without Go.
 dist:
 	LDFLAGS="$(LDFLAGS)" hack/dist.sh
+
+## image: the controller's image for linux/amd64 and linux/arm64, one OCI
+## index in an OCI archive (docker load, kind load image-archive; crane and
+## skopeo push it: docs/controller.md), tagged
+## ghcr.io/helm-autorecover/helm-autorecover:<version>, the chart's default;
+## built without a container daemon (hack/image.sh, hack/image), the same
+## archive for the same commit. IMAGE_OUT, IMAGE_REPOSITORY, IMAGE_PLATFORMS:
+## see hack/image.sh.
+image:
+	LDFLAGS="$(LDFLAGS)" hack/image.sh
 
 ## docs: the parts of the docs generated from the code (hack/gendocs); make
 ## test fails when they are stale.
@@ -169,6 +179,8 @@ lint: tools
 	test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); exit 1; }
 	$(GO) vet ./...
 	$(GOLANGCI_LINT) run --allow-parallel-runners ./...
+	# hack/image is a module of its own (go-containerregistry stays out of go.mod).
+	cd hack/image && $(GO) vet ./... && $(GOLANGCI_LINT) run --allow-parallel-runners --config ../../.golangci.yml ./...
 
 clean:
 	rm -rf bin dist

@@ -19,8 +19,11 @@
 #   LDFLAGS         the linker flags (the Makefile passes its own)
 #   DIST_BINARY     package this binary instead of building one for each
 #                   platform (the tests package the binary they built)
+#   BUILD_JOBS      platforms built at a time (default: the number of CPUs;
+#                   build_platforms in hack/lib.sh)
 set -euo pipefail
-cd "$(dirname "$0")/.."
+source "$(dirname "$0")/lib.sh"
+cd "$REPO_ROOT"
 platforms=${DIST_PLATFORMS:-linux/amd64 linux/arm64 darwin/amd64 darwin/arm64 windows/amd64 windows/arm64}
 out=${DIST_DIR:-dist}
 version=$(sed -n 's/^version: *"\{0,1\}\([^"]*\)"\{0,1\} *$/\1/p' plugin.yaml)
@@ -36,6 +39,10 @@ trap 'rm -rf "$stage"' EXIT
 # before its files.
 entries=(plugin.yaml plugin.complete README.md CHANGELOG.md docs hack bin)
 names=()
+if [ -z "${DIST_BINARY:-}" ]; then
+  # shellcheck disable=SC2086 # platforms is a list
+  build_platforms "$stage/build" $platforms
+fi
 for p in $platforms; do
   os=${p%/*}
   arch=${p#*/}
@@ -48,7 +55,7 @@ for p in $platforms; do
   if [ -n "${DIST_BINARY:-}" ]; then
     cp "$DIST_BINARY" "$dir/bin/$exe"
   else
-    CGO_ENABLED=0 GOOS=$os GOARCH=$arch go build -trimpath -ldflags "${LDFLAGS:-}" -o "$dir/bin/$exe" ./cmd/helm-autorecover
+    mv "$stage/build/${os}_${arch}/$exe" "$dir/bin/$exe"
   fi
   cp plugin.yaml plugin.complete README.md CHANGELOG.md "$dir/"
   cp hack/plugin-exec.sh "$dir/hack/"

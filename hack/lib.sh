@@ -151,3 +151,41 @@ wait_port_free() {
     sleep 0.5
   done
 }
+
+# build_platforms DIR OS/ARCH... builds ./cmd/helm-autorecover for each
+# platform, static (CGO_ENABLED=0) and -trimpath, with $LDFLAGS, into
+# DIR/<os>_<arch>/helm-autorecover (.exe on windows): BUILD_JOBS builds at a
+# time (default: the number of CPUs; each go build also compiles packages in
+# parallel, but its link step runs alone). Prints the time each took; on a
+# failure, its output, after the others have ended.
+build_platforms() {
+  local dir=$1 jobs=${BUILD_JOBS:-$(nproc)} p os arch exe failed=0 running=0 start=$SECONDS
+  shift
+  mkdir -p "$dir"
+  for p in "$@"; do
+    os=${p%/*} arch=${p#*/} exe=helm-autorecover
+    [[ $os == windows ]] && exe=helm-autorecover.exe
+    if ((running >= jobs)); then
+      wait -n || failed=1
+      running=$((running - 1))
+    fi
+    (
+      t=$SECONDS
+      if CGO_ENABLED=0 GOOS=$os GOARCH=$arch go build -C "$REPO_ROOT" -trimpath -ldflags "${LDFLAGS:-}" \
+        -o "$dir/${os}_${arch}/$exe" ./cmd/helm-autorecover > "$dir/${os}_${arch}.log" 2>&1; then
+        log "built $os/$arch in $((SECONDS - t))s"
+      else
+        log "error: go build for $os/$arch failed:"
+        cat "$dir/${os}_${arch}.log" >&2
+        exit 1
+      fi
+    ) &
+    running=$((running + 1))
+  done
+  while ((running > 0)); do
+    wait -n || failed=1
+    running=$((running - 1))
+  done
+  ((failed == 0)) || return 1
+  log "built $# platforms in $((SECONDS - start))s, $jobs at a time"
+}
