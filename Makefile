@@ -121,7 +121,8 @@ demo:
 ## BENCH_BASELINE=path/to/older/helm-autorecover adds its rows.
 ## The side-by-side suite (hack/benchsuite, issue 13) writes its section of
 ## docs/benchmarks.md and docs/bench/; BENCH_SUITE_FLAGS='--scenarios=handoff'
-## runs one scenario (see go run ./hack/benchsuite --help).
+## runs one scenario (see go run ./hack/benchsuite --help); `go run
+## ./hack/benchsuite --replot` draws the plots again from docs/bench/*.csv.
 BENCH_SUITE_FLAGS ?=
 bench: build cluster-up helm4-bin
 	KUBECONFIG=$(LOCAL_CLUSTER_DIR)/kubeconfig $(GO) run ./hack/benchlocks --bin $(BIN) \
