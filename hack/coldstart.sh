@@ -4,8 +4,9 @@
 # an empty HOME, XDG_CACHE_HOME (so an empty binary cache), GOCACHE and
 # GOMODCACHE (modules come from the Go module proxy) and a local cluster
 # folder of its own. Prints the wall time with the commit, the core count and
-# the load average before and after (others' work on the machine slows it),
-# then stops its cluster and removes the folder (several GB).
+# the load average before and after (others' work on the machine slows it)
+# and the CPU time spent, then stops its cluster and removes the folder
+# (several GB).
 #
 #   hack/coldstart.sh                       the local control plane path
 #   hack/coldstart.sh --kubeconfig FILE     a user whose kubeconfig reaches a cluster
@@ -55,11 +56,15 @@ status=0
 env "${env[@]}" make -C "$tmp/src" demo > "$tmp/demo.log" 2>&1 || status=$?
 secs=$(($(date +%s) - start))
 load_after=$(cut -d' ' -f1-3 /proc/loadavg)
+# CPU time (user and system) of every process make waited for, the builds'
+# compilers and linkers included (the cluster's servers run on, unwaited):
+# on an idle machine of N cores the wall time is at least this over N.
+cpu=$(times | sed -n 2p | awk '{ for (i = 1; i <= 2; i++) { split($i, a, "m"); t += a[1] * 60 + a[2] } } END { printf "%d", t }')
 grep -E '^\[[0-9:]+\] (first run|building|built)' "$tmp/demo.log" >&2 || true
 if ((status != 0)); then
   tail -n 30 "$tmp/demo.log" >&2
   COLDSTART_KEEP=1
   die "make demo failed (exit $status); its log is in $tmp/demo.log"
 fi
-printf '%s at %s: %d min %02d s (%d s) on %d cores; load average (1, 5, 15 min) %s before, %s after\n' \
-  "$what" "$commit" $((secs / 60)) $((secs % 60)) "$secs" "$(nproc)" "$load_before" "$load_after"
+printf '%s at %s: %d min %02d s (%d s) on %d cores; load average (1, 5, 15 min) %s before, %s after; CPU (user + system) %d min %02d s\n' \
+  "$what" "$commit" $((secs / 60)) $((secs % 60)) "$secs" "$(nproc)" "$load_before" "$load_after" $((cpu / 60)) $((cpu % 60))
