@@ -95,7 +95,12 @@ missing=("${still[@]}")
 ((${#missing[@]})) || exit 0
 total=0
 for n in "${missing[@]}"; do total=$((total + $(cold_seconds "$n"))); done
-log "building ${missing[*]} into $BIN_CACHE: about $(((total + 30) / 60)) min on 2 cores when the Go caches are cold (docs/benchmarks.md, \"Cold start\")"
+if ((total >= 90)); then
+  took="about $(((total + 30) / 60)) min"
+else
+  took="about $total s"
+fi
+log "building ${missing[*]} into $BIN_CACHE: $took on 2 cores when the Go caches are cold (docs/benchmarks.md, \"Cold start\")"
 
 k8s_ld() {
   local v minor

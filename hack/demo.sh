@@ -23,7 +23,7 @@ pending() { "$HELM" status "$REL" -n "$NS" -o json 2>/dev/null | grep -q '"statu
 # cores (docs/benchmarks.md, "Cold start"; hack/build-cluster-bins.sh has
 # the others').
 TOOL_COLD_SECONDS=229
-minutes() { echo "about $((($1 + 30) / 60)) min"; }
+minutes() { if (($1 >= 90)); then echo "about $((($1 + 30) / 60)) min"; else echo "about $1 s"; fi; }
 
 configured=0
 [[ -n ${KUBECONFIG:-} || -f $HOME/.kube/config ]] && configured=1

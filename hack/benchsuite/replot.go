@@ -234,8 +234,10 @@ func readRecovery(s *suite) (*recoveryResult, error) {
 		if !ok {
 			i = len(r.cycles)
 			at[k] = i
-			r.cycles = append(r.cycles, recoveryCycle{lease: lease, client: client, cycle: cycle,
-				killDelay: time.Duration(row.float("kill_delay_s") * float64(time.Second)), after: row.str("history_after")})
+			r.cycles = append(r.cycles, recoveryCycle{
+				lease: lease, client: client, cycle: cycle,
+				killDelay: time.Duration(row.float("kill_delay_s") * float64(time.Second)), after: row.str("history_after"),
+			})
 		}
 		c := &r.cycles[i]
 		outcome := row.str("outcome")
