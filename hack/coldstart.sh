@@ -25,6 +25,8 @@ esac
 
 commit=$(git -C "$REPO_ROOT" rev-parse --short HEAD)
 tmp=$(mktemp -d "${COLDSTART_DIR:-${TMPDIR:-/tmp}}/coldstart.XXXXXX")
+# The log stays beside the folder, which goes.
+logfile=$tmp.log
 cleanup() {
   if [[ -x $tmp/src/hack/local-cluster.sh ]]; then
     HOME=$tmp/home XDG_CACHE_HOME=$tmp/cache LOCAL_CLUSTER_DIR=$tmp/cluster \
@@ -50,21 +52,25 @@ else
   what="cold make demo, local control plane"
 fi
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
-log "$what at $commit in $tmp (log: $tmp/demo.log); load average $load_before"
+log "$what at $commit in $tmp (log: $logfile); load average $load_before"
 start=$(date +%s)
 status=0
-env "${env[@]}" make -C "$tmp/src" demo > "$tmp/demo.log" 2>&1 || status=$?
+env "${env[@]}" make -C "$tmp/src" demo > "$logfile" 2>&1 || status=$?
 secs=$(($(date +%s) - start))
 load_after=$(cut -d' ' -f1-3 /proc/loadavg)
 # CPU time (user and system) of every process make waited for, the builds'
 # compilers and linkers included (the cluster's servers run on, unwaited):
 # on an idle machine of N cores the wall time is at least this over N.
-cpu=$(times | sed -n 2p | awk '{ for (i = 1; i <= 2; i++) { split($i, a, "m"); t += a[1] * 60 + a[2] } } END { printf "%d", t }')
-grep -E '^\[[0-9:]+\] (first run|building|built)' "$tmp/demo.log" >&2 || true
+# (times runs in this shell: in a command substitution it would count the
+# subshell's children, none.)
+times > "$tmp.times"
+cpu=$(sed -n 2p "$tmp.times" | awk '{ for (i = 1; i <= 2; i++) { split($i, a, "m"); t += a[1] * 60 + a[2] } } END { printf "%d", t }')
+rm -f "$tmp.times"
+grep -E '^\[[0-9:]+\] (first run|building|built|using)' "$logfile" >&2 || true
 if ((status != 0)); then
-  tail -n 30 "$tmp/demo.log" >&2
+  tail -n 30 "$logfile" >&2
   COLDSTART_KEEP=1
-  die "make demo failed (exit $status); its log is in $tmp/demo.log"
+  die "make demo failed (exit $status); its log is $logfile, its folder $tmp"
 fi
 printf '%s at %s: %d min %02d s (%d s) on %d cores; load average (1, 5, 15 min) %s before, %s after; CPU (user + system) %d min %02d s\n' \
   "$what" "$commit" $((secs / 60)) $((secs % 60)) "$secs" "$(nproc)" "$load_before" "$load_after" $((cpu / 60)) $((cpu % 60))
