@@ -21,9 +21,11 @@ source "$(dirname "$0")/lib.sh"
 CONTROL_PLANE=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok)
 ALL=("${CONTROL_PLANE[@]}" helm-v4 helm-v3)
 
-# cold_seconds NAME: the cold build of NAME on 2 cores, with its module
-# downloads, measured by hack/coldstart.sh (docs/benchmarks.md, "Cold start");
-# helm-v4's is its time after bin/helm-autorecover, whose packages it shares.
+# cold_seconds NAME: the cold build of NAME with its module downloads on an
+# idle 2-core machine, one binary after another, as issue 33 measured them
+# (docs/benchmarks.md, "Cold start"); helm-v4's is its time after
+# bin/helm-autorecover, whose packages it shares; kube-scheduler's was not
+# timed apart (a guess: most of its packages are the other kube-*'s).
 cold_seconds() {
   case $1 in
     kube-apiserver) echo 347 ;;

@@ -19,9 +19,9 @@ run() { printf '$ %s\n' "$*"; "$@"; }
 # pending: the latest revision's status is pending-upgrade.
 pending() { "$HELM" status "$REL" -n "$NS" -o json 2>/dev/null | grep -q '"status":"pending-upgrade"'; }
 
-# The cold build of bin/helm-autorecover with its module downloads on 2
-# cores (docs/benchmarks.md, "Cold start"; hack/build-cluster-bins.sh has
-# the others').
+# The cold build of bin/helm-autorecover with its module downloads on an
+# idle 2-core machine, as issue 33 measured it (docs/benchmarks.md, "Cold
+# start"; hack/build-cluster-bins.sh has the others').
 TOOL_COLD_SECONDS=229
 minutes() { if (($1 >= 90)); then echo "about $((($1 + 30) / 60)) min"; else echo "about $1 s"; fi; }
 
