@@ -18,7 +18,7 @@ export LOCAL_CLUSTER_DIR
 # Integration tests start processes and wait on them: generous, not infinite.
 TEST_TIMEOUT ?= 40m
 
-.PHONY: pg-up pg-down sim dist image docs build build-chaos chaos test test-unit test-integration lint fmt vet demo bench bench-controller cluster-up cluster-down cluster-bins tools promtool clean chart-lint fuzz
+.PHONY: pg-up pg-down sim dist image docs build build-chaos chaos test test-unit test-integration lint fmt vet demo bench bench-controller cluster-up cluster-down cluster-bins helm4-bin tools promtool clean chart-lint fuzz
 
 build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/helm-autorecover
@@ -98,8 +98,14 @@ fuzz:
 		done; \
 	done
 
+## cluster-bins: every upstream binary (control plane, helm v4 and v3) at
+## once; the targets and scripts that run one build it when they first need
+## it (hack/build-cluster-bins.sh NAME...).
 cluster-bins:
 	hack/build-cluster-bins.sh
+
+helm4-bin:
+	hack/build-cluster-bins.sh helm-v4
 
 cluster-up:
 	hack/local-cluster.sh up
@@ -115,16 +121,20 @@ pg-down:
 cluster-down:
 	hack/local-cluster.sh down
 
-demo: build
+## demo: builds what it needs (this tool, stock helm v4, and the local
+## control plane unless $$KUBECONFIG reaches a cluster), saying first how
+## long a cold build takes; hack/coldstart.sh times it from cold caches.
+demo:
 	hack/demo.sh
 
 ## bench: figures for docs/benchmarks.md, on the local control plane.
 ## BENCH_BASELINE=path/to/older/helm-autorecover adds its rows.
 ## The side-by-side suite (hack/benchsuite, issue 13) writes its section of
 ## docs/benchmarks.md and docs/bench/; BENCH_SUITE_FLAGS='--scenarios=handoff'
-## runs one scenario (see go run ./hack/benchsuite --help).
+## runs one scenario (see go run ./hack/benchsuite --help); `go run
+## ./hack/benchsuite --replot` draws the plots again from docs/bench/*.csv.
 BENCH_SUITE_FLAGS ?=
-bench: build cluster-up
+bench: build cluster-up helm4-bin
 	KUBECONFIG=$(LOCAL_CLUSTER_DIR)/kubeconfig $(GO) run ./hack/benchlocks --bin $(BIN) \
 		--helm $${HELM4:-$$HOME/.cache/helm-autorecover/bin/helm-v4} $(if $(BENCH_BASELINE),--baseline $(BENCH_BASELINE))
 	KUBECONFIG=$(LOCAL_CLUSTER_DIR)/kubeconfig $(GO) run ./hack/benchtraffic --bin $(BIN) \
@@ -142,7 +152,7 @@ bench: build cluster-up
 ## chaos). A group that fails is written as such and the next ones still run;
 ## the exit status is non-zero after a failed group or a violation.
 CHAOS_FLAGS ?=
-chaos: build-chaos cluster-up
+chaos: build-chaos cluster-up helm4-bin
 	KUBECONFIG=$(LOCAL_CLUSTER_DIR)/kubeconfig $(GO) run ./hack/benchsuite --suite chaos \
 		--helm $${HELM4:-$$HOME/.cache/helm-autorecover/bin/helm-v4} $(CHAOS_FLAGS)
 
@@ -156,7 +166,7 @@ bench-controller: build cluster-up
 	KUBECONFIG=$(LOCAL_CLUSTER_DIR)/kubeconfig $(GO) run ./hack/benchcontroller --bin $(BIN) $(BENCH_CONTROLLER_FLAGS)
 
 ## chart-lint: stock helm v4 lints the controller's chart (test/e2e TestChart* test it fully).
-chart-lint: cluster-bins
+chart-lint: helm4-bin
 	$${HELM4:-$${HELM_AUTORECOVER_CACHE:-$${XDG_CACHE_HOME:-$$HOME/.cache}/helm-autorecover}/bin/helm-v4} lint --strict charts/helm-autorecover
 
 fmt:

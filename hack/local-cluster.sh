@@ -3,7 +3,7 @@
 # etcd, kube-apiserver (RBAC, generated PKI, audit log), kube-controller-manager,
 # kube-scheduler and kwok with one fake node, so Deployments really roll out.
 #
-#   hack/local-cluster.sh up       build once (cached), start, wait until ready; idempotent
+#   hack/local-cluster.sh up       build its binaries once (cached), start, wait until ready; idempotent
 #   hack/local-cluster.sh down     stop the processes this script started (by recorded PID)
 #   hack/local-cluster.sh status   exit 0 when the API server is ready
 #   hack/local-cluster.sh env      print `export KUBECONFIG=...`
@@ -264,7 +264,7 @@ cmd_up() {
     return 0
   fi
   cmd_down >/dev/null 2>&1 || true
-  "$HACK_DIR/build-cluster-bins.sh"
+  "$HACK_DIR/build-cluster-bins.sh" control-plane
   local t0=$SECONDS
   mkdir -p "$LOGS" "$PIDS"
   make_pki

@@ -194,7 +194,7 @@ func (s *suite) contentionReport(r *contentionResult) (section, error) {
 
 // contentionPlot: upgrades completed over time, and the baseline's pace.
 func (s *suite) contentionPlot(r *contentionResult) error {
-	p := s.newPlot("Contention: upgrades completed over time (blue); dashed: one upgrade alone after another at the median pace", "seconds since the clients started", "upgrades completed")
+	p := s.newPlot("Contention: upgrades completed over time", "seconds since the clients started", "upgrades completed")
 	var ends []float64
 	for _, u := range r.upgrades {
 		if u.exit == 0 {
@@ -219,7 +219,7 @@ func (s *suite) contentionPlot(r *contentionResult) error {
 	}
 	base.Color, base.Width, base.Dashes = colStock, vg.Points(1.2), []vg.Length{vg.Points(4), vg.Points(3)}
 	p.Add(base)
-	p.Legend.Add("alone, one after another", base)
+	p.Legend.Add("alone, one after another at the median pace", base)
 	goal, err := points(plotter.XYs{{X: 1.1 * r.baseline(), Y: float64(len(r.upgrades))}}, colGoal, draw.CrossGlyph{})
 	if err != nil {
 		return err

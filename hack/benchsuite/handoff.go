@@ -270,7 +270,7 @@ func compactHistory(h string) string {
 // handoffPlot is the distribution of the gaps (sorted: a cumulative
 // distribution), with the goals.
 func (s *suite) handoffPlot(gaps, exitGaps []float64) error {
-	p := s.newPlot("Handoff: holder's release to waiter's take (blue), holder's exit to take (grey); dashed: goals p50 0.2 s, p99 1 s", "seconds", "fraction of handoffs")
+	p := s.newPlot("Handoff: the holder's release (or exit) to the waiter's take", "seconds", "fraction of handoffs")
 	for i, xs := range [][]float64{gaps, exitGaps} {
 		if len(xs) == 0 {
 			continue
@@ -289,7 +289,7 @@ func (s *suite) handoffPlot(gaps, exitGaps []float64) error {
 		p.Add(l)
 		p.Legend.Add([]string{"release to take", "exit to take"}[i], l)
 	}
-	for _, g := range []struct{ x, y float64 }{{0.2, 0.5}, {1, 0.99}} {
+	for i, g := range []struct{ x, y float64 }{{0.2, 0.5}, {1, 0.99}} {
 		l, err := hline(0, g.x, g.y, colGoal, true)
 		if err != nil {
 			return err
@@ -299,6 +299,9 @@ func (s *suite) handoffPlot(gaps, exitGaps []float64) error {
 			return err
 		}
 		p.Add(l, v)
+		if i == 0 {
+			p.Legend.Add("goals: p50 0.2 s, p99 1 s", l)
+		}
 	}
 	p.Y.Min, p.Y.Max = 0, 1
 	p.Legend.Left, p.Legend.Top = false, false

@@ -85,6 +85,12 @@ func firstLine(s string) string {
 	return line
 }
 
+// short is the plots' subtitle: the cores and the builds compared, no more
+// (the document's caption has the rest).
+func (m machineInfo) short() string {
+	return fmt.Sprintf("%d cores; helm-autorecover %s, stock helm %s", m.cores, m.ours, m.stock)
+}
+
 // hardware is the machine in a few words.
 func (m machineInfo) hardware() string {
 	return fmt.Sprintf("%d cores (%s), %.1f GiB memory, %s", m.cores, m.cpu, float64(m.memMiB)/1024, m.kernel)

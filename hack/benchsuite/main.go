@@ -18,6 +18,7 @@
 // Every namespace it makes is named bench-suite-*, and deleted at the end.
 //
 //	KUBECONFIG=.local-cluster/kubeconfig go run ./hack/benchsuite [--scenarios overhead,recovery,handoff,contention] [--runs 20] ...
+//	go run ./hack/benchsuite --replot    # the plots again from docs/bench/*.csv, no cluster
 package main
 
 import (
@@ -107,6 +108,7 @@ func main() {
 	fs.IntVar(&o.clients, "clients", o.clients, "contention: clients upgrading one release at once")
 	fs.IntVar(&o.upgrades, "upgrades", o.upgrades, "contention: upgrades per client, one after another")
 	fs.IntVar(&o.soloRuns, "solo-runs", o.soloRuns, "contention: upgrades alone before, whose median is the baseline")
+	replotOnly := fs.Bool("replot", false, "draw the plots of --scenarios again from the CSV in --data, without a cluster and without writing the document (the subtitles come from its captions)")
 	o.chaos.flags(fs)
 	_ = fs.Parse(os.Args[1:])
 	set := map[string]bool{}
@@ -130,6 +132,18 @@ func main() {
 	if o.leases, err = parseLeases(*leases); err != nil {
 		fmt.Fprintln(os.Stderr, "benchsuite:", err)
 		os.Exit(2)
+	}
+
+	if *replotOnly {
+		if o.family.word != benchFamily.word {
+			fmt.Fprintln(os.Stderr, "benchsuite: --replot: only the bench suite draws plots")
+			os.Exit(2)
+		}
+		if err := replot(o); err != nil {
+			fmt.Fprintln(os.Stderr, "benchsuite:", err)
+			os.Exit(1)
+		}
+		return
 	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)

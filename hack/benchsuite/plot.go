@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"image/color"
 	"os"
+	"strings"
 
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
@@ -20,11 +21,16 @@ var (
 	colGoal        = color.RGBA{R: 214, G: 39, B: 40, A: 255}
 )
 
-// newPlot starts a plot whose title says what, on which machine and with
-// which versions.
+// newPlot starts a plot with a short title. The line under it (the
+// subtitle) says when, on how many cores and with which builds, in a few
+// words; the document's caption below the plot has the machine and the
+// versions in full. savePlot fits both to the image's width.
 func (s *suite) newPlot(title, xLabel, yLabel string) *plot.Plot {
 	p := plot.New()
-	p.Title.Text = title + "\n" + s.machine.hardware() + "\n" + s.machine.versions()
+	p.Title.Text = title
+	if s.plotNote != "" {
+		p.Title.Text += "\n" + s.plotNote
+	}
 	p.Title.TextStyle.Font.Size = vg.Points(9)
 	p.X.Label.Text = xLabel
 	p.Y.Label.Text = yLabel
@@ -33,6 +39,35 @@ func (s *suite) newPlot(title, xLabel, yLabel string) *plot.Plot {
 	p.Legend.TextStyle.Font.Size = vg.Points(9)
 	p.Add(plotter.NewGrid())
 	return p
+}
+
+// fitTitle breaks each line of the title that is wider than width at
+// spaces, and cuts a word that alone is wider (ending it with "..."), so
+// that no line runs off the image.
+func fitTitle(p *plot.Plot, width vg.Length) {
+	style := p.Title.TextStyle
+	fits := func(line string) bool { return style.Width(line) <= width }
+	var out []string
+	for _, line := range strings.Split(p.Title.Text, "\n") {
+		cur := ""
+		for _, word := range strings.Fields(line) {
+			for !fits(word) && len(word) > 4 {
+				word = strings.TrimSuffix(word, "...")
+				word = word[:len(word)-2] + "..."
+			}
+			switch {
+			case cur == "":
+				cur = word
+			case fits(cur + " " + word):
+				cur += " " + word
+			default:
+				out = append(out, cur)
+				cur = word
+			}
+		}
+		out = append(out, cur)
+	}
+	p.Title.Text = strings.Join(out, "\n")
 }
 
 // headroom leaves room above the data for the legend.
@@ -45,6 +80,9 @@ func (s *suite) savePlot(p *plot.Plot, file string, w, h vg.Length) error {
 	if err := os.MkdirAll(s.o.data, 0o755); err != nil {
 		return err
 	}
+	// The title is drawn centred on the whole image: keep a margin of
+	// 2 % on each side.
+	fitTitle(p, w*96/100)
 	if err := p.Save(w, h, s.dataPath(file)); err != nil {
 		return fmt.Errorf("plotting %s: %w", file, err)
 	}
@@ -91,7 +129,7 @@ func points(xys plotter.XYs, c color.Color, g draw.GlyphDrawer) (*plotter.Scatte
 // operation (bars) of every case.
 func (s *suite) overheadPlots(r *overheadResult) error {
 	stock, ours, oursRelease := s.overheadClients()
-	p := s.newPlot("Wall time relative to stock helm's median in each case: stock helm (grey), helm-autorecover (blue); dashed: the goal, 1.10", "", "wall time / stock helm's median")
+	p := s.newPlot("Wall time relative to stock helm's median, per case", "", "wall time / stock helm's median")
 	var names []string
 	for i, c := range r.cases {
 		names = append(names, c.String())
@@ -120,6 +158,7 @@ func (s *suite) overheadPlots(r *overheadResult) error {
 		return err
 	}
 	p.Add(goal)
+	p.Legend.Add("goal: 1.10", goal)
 	p.NominalX(wrapNames(names)...)
 	p.Y.Min = 0
 	if err := s.savePlot(p, "overhead.png", 26*vg.Centimeter, 13*vg.Centimeter); err != nil {

@@ -297,7 +297,7 @@ func minOf(xs []float64) float64 {
 // recoveryPlot: per lease, each cycle's kill to success (blue dots), stock
 // helm's retries (grey crosses), and the goal (red dashes).
 func (s *suite) recoveryPlot(r *recoveryResult) error {
-	p := s.newPlot("Recovery after SIGKILL during upgrade --wait; dashed: the goal, lease + 2 s", "--lease-duration", "seconds after the kill")
+	p := s.newPlot("Recovery after SIGKILL during upgrade --wait", "--lease-duration", "seconds after the kill")
 	var names []string
 	for i, lease := range s.o.leases {
 		names = append(names, lease.String())
@@ -342,6 +342,9 @@ func (s *suite) recoveryPlot(r *recoveryResult) error {
 			return err
 		}
 		p.Add(goal)
+		if i == 0 {
+			p.Legend.Add("goal: lease + 2 s", goal)
+		}
 	}
 	p.NominalX(names...)
 	p.Y.Min = 0

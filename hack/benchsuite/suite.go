@@ -35,6 +35,8 @@ type suite struct {
 	dir     string   // helm's folders, the proxy's kubeconfigs
 	env     []string // of every helm process
 	machine machineInfo
+	// plotNote is the plots' subtitle: when, where, with what, in short.
+	plotNote string
 
 	mu          sync.Mutex
 	kubeconfigs map[string]string
@@ -89,6 +91,7 @@ func run(ctx context.Context, o options) (*results, error) {
 		"XDG_CACHE_HOME="+filepath.Join(s.dir, "xdg-cache"),
 	)
 	s.machine = readMachine(ctx, s.cs, o)
+	s.plotNote = "measured " + time.Now().UTC().Format("2006-01-02") + "; " + s.machine.short()
 	res := &results{machine: s.machine, chaos: map[string]*chaosResult{}, failed: map[string]error{}}
 	fmt.Fprintf(os.Stderr, "benchsuite: %s\n", s.machine.summary())
 	for _, name := range o.scenarios {

@@ -110,14 +110,14 @@ func setup() (*Env, error) {
 			dir = filepath.Join(root, ".local-cluster")
 		}
 		kubeconfig = filepath.Join(dir, "kubeconfig")
-	} else {
-		// Upstream helm binaries are still needed for interop tests.
-		cmd := exec.Command(filepath.Join(root, "hack", "build-cluster-bins.sh"))
-		cmd.Stdout = os.Stderr
-		cmd.Stderr = os.Stderr
-		if err := cmd.Run(); err != nil {
-			return nil, fmt.Errorf("hack/build-cluster-bins.sh: %w", err)
-		}
+	}
+	// The upstream helm binaries of the interop tests: the cluster's script
+	// builds only the control plane.
+	cmd := exec.Command(filepath.Join(root, "hack", "build-cluster-bins.sh"), "helm-v4", "helm-v3")
+	cmd.Stdout = os.Stderr
+	cmd.Stderr = os.Stderr
+	if err := cmd.Run(); err != nil {
+		return nil, fmt.Errorf("hack/build-cluster-bins.sh helm-v4 helm-v3: %w", err)
 	}
 	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
 	if err != nil {
