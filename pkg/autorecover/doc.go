@@ -68,6 +68,18 @@
 // Client.Inspect reads a release's lock and whether its latest revision is
 // pending, without changing anything.
 //
+// # Storage drivers
+//
+// WithStorageDriver names helm's driver: secret (the default), configmap,
+// or sql, whose releases live in PostgreSQL (WithSQLConnectionString, or
+// HELM_DRIVER_SQL_CONNECTION_STRING as for helm). With sql the lock is a
+// row beside helm's table, a trigger refuses helm's writes of a session
+// that no longer holds it, and recovery reads and marks helm's rows. The
+// Client keeps one pool to the database (Close ends it); each lock opens
+// helm's own sql driver for its session in ActionConfig and closes it when
+// the lock is given back. memory is refused: its releases live in one
+// process, where no other client could see a lock.
+//
 // # Time
 //
 // Expiry is judged in the API server's clock, never the local one: a
