@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync"
 	"time"
 
 	"helm.sh/helm/v4/pkg/action"
@@ -60,13 +61,10 @@ func (c *Client) Run(ctx context.Context, rc RunConfig, op func(ctx context.Cont
 	if err != nil {
 		return err
 	}
-	cfg, err := l.ActionConfig()
-	if err != nil {
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-		defer cancel()
-		_ = l.Release(rctx)
-		return err
-	}
+	// Built once, when the rollback or the operation first needs it: after
+	// Run has started renewing the lock (with the sql driver it opens
+	// helm's driver, a connection and helm's migrations).
+	config := sync.OnceValues(l.ActionConfig)
 	opCtx, stop := context.WithCancelCause(ctx)
 	defer stop(nil)
 	var opErr, releaseErr error
@@ -76,6 +74,10 @@ func (c *Client) Run(ctx context.Context, rc RunConfig, op func(ctx context.Cont
 			Next:       rc.Lock.Operation,
 			DeleteData: rc.Policy.DeleteData,
 			Rollback: func(release string, revision int) error {
+				cfg, err := config()
+				if err != nil {
+					return err
+				}
 				rb := action.NewRollback(cfg)
 				rb.Version = revision
 				rb.Timeout = rc.Lock.Timeout
@@ -93,6 +95,10 @@ func (c *Client) Run(ctx context.Context, rc RunConfig, op func(ctx context.Cont
 			return nil
 		},
 		Op: func(ctx context.Context) error {
+			cfg, err := config()
+			if err != nil {
+				return err
+			}
 			opErr = op(ctx, cfg)
 			return opErr
 		},
