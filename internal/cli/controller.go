@@ -14,6 +14,7 @@ import (
 	helmcli "helm.sh/helm/v4/pkg/cli"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/cli-runtime/pkg/genericclioptions"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -201,9 +202,7 @@ func runController(ctx context.Context, o *controllerFlags, settings *helmcli.En
 // at once, each judged by its own lock.
 func controllerRollback(settings *helmcli.EnvSettings) func(ctx context.Context, held *protocol.Lock, release string, revision int) error {
 	getter := settings.RESTClientGetter()
-	return func(ctx context.Context, held *protocol.Lock, release string, revision int) error {
-		return lockRollback(ctx, held, held.Fence().Getter(getter), release, revision)
-	}
+	return lockRollback(func(held *protocol.Lock) genericclioptions.RESTClientGetter { return held.Fence().Getter(getter) })
 }
 
 // qpsSet reports whether the user chose a client-side rate limit (helm's

@@ -141,7 +141,7 @@ func runGuarded(c *cobra.Command, args []string, op protocol.Operation, opts *gu
 		Stderr:     errOut,
 		Clock:      clock.RealClock{},
 		Exit:       os.Exit,
-		Rollback:   rollbackFunc(settings),
+		Rollback:   lockRollback(helmGetter),
 		HelmDriver: os.Getenv("HELM_DRIVER"),
 		Fence:      helmx.DefaultWriteFence,
 		AutoMemory: protocol.DefaultAutoMemory(),
@@ -224,37 +224,25 @@ func isDryRun(c *cobra.Command) bool {
 	return true
 }
 
-// rollbackFunc rolls a release back with helm's own action, for
-// --recover-strategy=rollback.
-func rollbackFunc(settings *helmcli.EnvSettings) func(string, int) error {
-	return func(release string, revision int) error {
-		// helm's own getter: its writes are fenced and carry the lock, as
-		// those of the command being guarded.
-		// With HELM_DRIVER=sql, helm's connection string names this
-		// command's session (sqlSession).
-		cfg := action.NewConfiguration()
-		if err := cfg.Init(helmx.HelmRESTClientGetter(), settings.Namespace(), os.Getenv("HELM_DRIVER")); err != nil {
-			return fmt.Errorf("helm configuration: %w", err)
-		}
-		if kc, ok := cfg.KubeClient.(*kube.Client); ok {
-			// Objects without a namespace go to the release's, whatever
-			// namespace getter's configuration names.
-			kc.Namespace = settings.Namespace()
+// lockRollback rolls a release back with helm's own action under held, for
+// --recover-strategy=rollback: on the clients getter makes for held (the
+// guarded commands and recover use helm's own getter, whose writes the
+// fence judges; the controller one built through held's fence), storing
+// releases as protocol.Lock.HelmConfig does (with the sql driver, through
+// helm's driver opened for held's session).
+func lockRollback(getter func(held *protocol.Lock) genericclioptions.RESTClientGetter) func(ctx context.Context, held *protocol.Lock, release string, revision int) error {
+	return func(ctx context.Context, held *protocol.Lock, release string, revision int) error {
+		cfg, err := held.HelmConfig(ctx, getter(held))
+		if err != nil {
+			return err
 		}
 		return helmRollback(cfg, release, revision)
 	}
 }
 
-// lockRollback is rollbackFunc for a command that took the lock itself
-// (recover, the controller): helm's rollback runs on getter's clients
-// (fenced by the caller) and, with the sql driver, stores through helm's
-// driver opened for held's session (protocol.Lock.HelmConfig).
-func lockRollback(ctx context.Context, held *protocol.Lock, getter genericclioptions.RESTClientGetter, release string, revision int) error {
-	cfg, err := held.HelmConfig(ctx, getter)
-	if err != nil {
-		return err
-	}
-	return helmRollback(cfg, release, revision)
+// helmGetter is helm's own getter, whatever the lock.
+func helmGetter(*protocol.Lock) genericclioptions.RESTClientGetter {
+	return helmx.HelmRESTClientGetter()
 }
 
 // helmRollback rolls release back to revision with helm's own action on

@@ -219,7 +219,7 @@ func (c *lockCmds) runRecover(ctx context.Context, o *recoverOptions, rel string
 		Policy: o.policy(),
 		Next:   protocol.OpRecover,
 		Rollback: func(release string, revision int) error {
-			return lockRollback(ctx, held, helmx.HelmRESTClientGetter(), release, revision)
+			return lockRollback(helmGetter)(ctx, held, release, revision)
 		},
 		Log:        c.errOut,
 		DeleteData: o.opts.RecoverDeleteData,

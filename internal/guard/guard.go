@@ -55,9 +55,9 @@ type Guard struct {
 	// Exit ends the process; fail-stop and second signals call it. It is
 	// os.Exit in production.
 	Exit func(code int)
-	// Rollback rolls the release back to a revision, for
+	// Rollback rolls the release back to a revision under held, for
 	// --recover-strategy=rollback. nil disables the strategy.
-	Rollback func(release string, revision int) error
+	Rollback func(ctx context.Context, held *protocol.Lock, release string, revision int) error
 	// HelmDriver is helm's HELM_DRIVER ("" is secret).
 	HelmDriver string
 	// Fence, when set, fences the writes of helm's own clients and puts the
@@ -273,11 +273,15 @@ func (r *run) do(ctx context.Context, op func() error) (err error) {
 	defer r.background.Wait()
 	stopSignals := func() {}
 	defer func() { stopSignals() }()
+	var rollback func(string, int) error
+	if r.g.Rollback != nil {
+		rollback = func(release string, revision int) error { return r.g.Rollback(ctx, r.held, release, revision) }
+	}
 	r.guarded = protocol.Guarded{
 		Procedure: protocol.Procedure{
 			Policy:     r.g.Options.policy(),
 			Next:       r.t.Op,
-			Rollback:   r.g.Rollback,
+			Rollback:   rollback,
 			Log:        r.g.Stderr,
 			DeleteData: r.g.Options.RecoverDeleteData,
 		},
