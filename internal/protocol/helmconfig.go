@@ -33,13 +33,24 @@ func (l *Lock) HelmConfig(ctx context.Context, getter genericclioptions.RESTClie
 		kc.Namespace = l.namespace
 	}
 	if l.conn.sql != nil {
-		d, err := l.HelmSQL(ctx)
-		if err != nil {
+		if err := l.StoreWithHelmSQL(ctx, cfg); err != nil {
 			return nil, err
 		}
-		s := storage.Init(d)
-		s.MaxHistory = cfg.Releases.MaxHistory
-		cfg.Releases = s
 	}
 	return cfg, nil
+}
+
+// StoreWithHelmSQL makes cfg store releases through HelmSQL, keeping its
+// storage's MaxHistory.
+func (l *Lock) StoreWithHelmSQL(ctx context.Context, cfg *action.Configuration) error {
+	d, err := l.HelmSQL(ctx)
+	if err != nil {
+		return err
+	}
+	s := storage.Init(d)
+	if cfg.Releases != nil {
+		s.MaxHistory = cfg.Releases.MaxHistory
+	}
+	cfg.Releases = s
+	return nil
 }

@@ -18,8 +18,6 @@ import (
 	"k8s.io/client-go/restmapper"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
-
-	"github.com/helm-autorecover/helm-autorecover/internal/protocol"
 )
 
 // fencedConfig is the client's REST configuration with every request going
@@ -75,20 +73,14 @@ func FencedStorage(cfg *action.Configuration, l *Lock) error {
 	if l == nil {
 		return errors.New("autorecover: fenced storage: no lock given")
 	}
-	if l.c.conn.Driver() == protocol.DriverSQL {
+	if l.c.conn.UsesSQL() {
 		// The database fences helm's writes: its trigger refuses those of
 		// a session that no longer holds the release's lock row.
 		ctx, cancel := context.WithTimeout(context.Background(), sqlOpenTimeout)
 		defer cancel()
-		d, err := l.held.HelmSQL(ctx)
-		if err != nil {
+		if err := l.held.StoreWithHelmSQL(ctx, cfg); err != nil {
 			return fmt.Errorf("autorecover: fenced storage: %w", err)
 		}
-		s := storage.Init(d)
-		if cfg.Releases != nil {
-			s.MaxHistory = cfg.Releases.MaxHistory
-		}
-		cfg.Releases = s
 		return nil
 	}
 	cs, err := kubernetes.NewForConfig(l.fencedConfig())
