@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"bufio"
-	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -16,7 +15,6 @@ import (
 	"testing"
 	"time"
 
-	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/yaml"
 
@@ -299,9 +297,7 @@ func TestChartAlertRules(t *testing.T) {
 // a leader-elected one recovers the release.
 func TestChartMonitoringMetricsServed(t *testing.T) {
 	env := testenv.Get(t)
-	bin := env.Bin(t)
 	ns := env.Namespace(t)
-	chart := env.Chart("app")
 
 	objs := chartObjects(chartRender(t, env, monitoringOn...))
 	var queries []string
@@ -312,17 +308,7 @@ func TestChartMonitoringMetricsServed(t *testing.T) {
 		queries = append(queries, grafanaVars.Replace(q))
 	}
 
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	kc := restrictedKubeconfig(ctx, t, env, ns, "readonly", []rbacv1.PolicyRule{
-		{APIGroups: []string{""}, Resources: []string{"secrets"}, Verbs: []string{"get", "list", "watch"}},
-		{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"get", "list", "watch"}},
-	})
-	mustRun(t, env, bin, "install", "stuck", chart, "-n", ns)
-	p := env.Start(t, bin, args([]string{"upgrade", "stuck", chart, "-n", ns, "--wait", "--timeout", "5m", "--lease-duration", "3s"}, unschedulable)...)
-	env.WaitForStatus(t, ns, "stuck", 2, "pending-upgrade", 60*time.Second)
-	waitForWriterIn(t, env, recordLock, ns, "stuck", 2, 10*time.Second)
-	p.Kill(t)
+	kc := stuckForReadOnly(t, env, ns)
 
 	served := map[string]map[string]bool{} // metric name -> its label names
 	readonly := startController(t, env, kc, "--namespaces", ns, "--leader-elect=false")

@@ -292,15 +292,12 @@ func TestControllerLeaderDies(t *testing.T) {
 	}
 }
 
-// TestControllerForbiddenRetriesWithBackoff: a controller without the
-// right to update helm's records cannot recover; it reports it (errors
-// metric, log) and retries with backoff, not in a hot loop, and writes
-// nothing.
-func TestControllerForbiddenRetriesWithBackoff(t *testing.T) {
-	env := testenv.Get(t)
-	bin := env.Bin(t)
-	ns := env.Namespace(t)
-	chart := env.Chart("app")
+// stuckForReadOnly leaves release "stuck" in ns pending under the lock of
+// an upgrade killed by SIGKILL (lease 3 s), and returns a kubeconfig that
+// may read helm's records and Leases in ns but write nothing.
+func stuckForReadOnly(t *testing.T, env *testenv.Env, ns string) string {
+	t.Helper()
+	bin, chart := env.Bin(t), env.Chart("app")
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	kc := restrictedKubeconfig(ctx, t, env, ns, "readonly", []rbacv1.PolicyRule{
@@ -312,6 +309,17 @@ func TestControllerForbiddenRetriesWithBackoff(t *testing.T) {
 	env.WaitForStatus(t, ns, "stuck", 2, "pending-upgrade", 60*time.Second)
 	waitForWriterIn(t, env, recordLock, ns, "stuck", 2, 10*time.Second)
 	p.Kill(t)
+	return kc
+}
+
+// TestControllerForbiddenRetriesWithBackoff: a controller without the
+// right to update helm's records cannot recover; it reports it (errors
+// metric, log) and retries with backoff, not in a hot loop, and writes
+// nothing.
+func TestControllerForbiddenRetriesWithBackoff(t *testing.T) {
+	env := testenv.Get(t)
+	ns := env.Namespace(t)
+	kc := stuckForReadOnly(t, env, ns)
 
 	c := startController(t, env, kc, "--namespaces", ns, "--leader-elect=false")
 	// Wait for the first failures to be reported.
