@@ -61,6 +61,7 @@ func guardMutating(root *cobra.Command, settings *helmcli.EnvSettings, errOut io
 		if err := opts.AddFlags(cmd.Flags()); err != nil {
 			return err
 		}
+		opts.AddPreemptFlag(cmd.Flags())
 		if err := registerGuardCompletions(cmd); err != nil {
 			return err
 		}

@@ -36,6 +36,9 @@ const (
 	BadLock = 9
 	// Declined: a forced unlock of a live lock was not confirmed.
 	Declined = 10
+	// Preempted: the operation was stopped at the request of a newer one
+	// (--preempt); its revision was marked failed and its lock given back.
+	Preempted = 11
 	// Interrupted: SIGINT or SIGTERM ended the operation.
 	Interrupted = 130
 )

@@ -142,8 +142,13 @@ func (g *Guard) take(ctx context.Context, conn *protocol.Conn, t Target) (*proto
 	// entry's lease runs out) and ends the command.
 	var interrupted atomic.Bool
 	var p *progress
+	wait := max(g.Options.LockTimeout, 0)
+	if g.Options.Preempt {
+		wait = g.Options.PreemptWait(t.Timeout)
+	}
 	waitCtx := func(ctx context.Context) (context.Context, context.CancelFunc) {
-		p = newProgress(g.Stderr, g.Clock, g.Options.LockTimeout)
+		p = newProgress(g.Stderr, g.Clock, wait)
+		p.preempt = g.Options.Preempt
 		signals := make(chan os.Signal, 1)
 		signal.Notify(signals, os.Interrupt, syscall.SIGTERM)
 		wctx, cancel := context.WithCancel(ctx)
@@ -169,7 +174,8 @@ func (g *Guard) take(ctx context.Context, conn *protocol.Conn, t Target) (*proto
 		LeaseDuration: g.Options.LeaseDuration,
 		MaxHold:       maxHold,
 		Session:       g.Session,
-		Wait:          max(g.Options.LockTimeout, 0),
+		Wait:          wait,
+		Preempt:       g.Options.Preempt,
 		WaitContext:   waitCtx,
 		OnConfirm:     confirmNotice(g.Stderr, t.Release, t.Namespace),
 		OnWait:        func(h *protocol.Record, left time.Duration) { p.update(h, left) },
@@ -303,8 +309,11 @@ func (r *run) do(ctx context.Context, op func() error) (err error) {
 			chaos.Point("before-release")
 			return (err == nil && r.t.DeleteLock) || (err != nil && r.stillNoRevision(ctx))
 		},
-		Released: r.released,
-		Log:      r.g.Stderr,
+		Released:    r.released,
+		Log:         r.g.Stderr,
+		Preemptible: true,
+		Preempted:   r.preempted,
+		Declined:    r.declined,
 	}
 	err = r.held.Run(ctx, r.guarded)
 	if err != nil && r.interrupted.Load() {

@@ -28,6 +28,9 @@ type Options struct {
 	// CustomResourceDefinitions and Namespaces that only an abandoned
 	// revision created (--recover-delete-data).
 	RecoverDeleteData bool
+	// Preempt asks a live holder of the lock to stop (--preempt), then
+	// waits in arrival order; see AddPreemptFlag.
+	Preempt bool
 
 	// fs and envErrs are the flag set AddFlags registered the options on
 	// and the variables that did not parse, by flag name (EnvError).
@@ -45,6 +48,7 @@ const (
 	EnvRecoverLegacyAfter = "HELM_AUTORECOVER_RECOVER_LEGACY_AFTER"
 	EnvRecoverStrategy    = "HELM_AUTORECOVER_RECOVER_STRATEGY"
 	EnvRecoverDeleteData  = "HELM_AUTORECOVER_RECOVER_DELETE_DATA"
+	EnvPreempt            = "HELM_AUTORECOVER_PREEMPT"
 )
 
 // Defaults.
@@ -124,6 +128,37 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) error {
 	fs.BoolVar(&o.RecoverDeleteData, "recover-delete-data", deleteData,
 		"let recovery delete PersistentVolumeClaims, CustomResourceDefinitions and Namespaces that only an abandoned revision created and the revision written next does not render (deleting one destroys a volume's data, every custom resource of the kind, everything in the namespace); without it they are kept and reported ["+EnvRecoverDeleteData+"]")
 	return nil
+}
+
+// AddPreemptFlag registers --preempt, on the guarded commands only
+// (recover, unlock and the controller never preempt), with its default
+// from the environment; a variable that does not parse is reported as
+// AddFlags' are. Call it after AddFlags.
+func (o *Options) AddPreemptFlag(fs *pflag.FlagSet) {
+	def := false
+	if v := os.Getenv(EnvPreempt); v != "" {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			o.envErrs["preempt"] = fmt.Errorf("%s=%q is not true or false", EnvPreempt, v)
+		} else {
+			def = b
+		}
+	}
+	fs.BoolVar(&o.Preempt, "preempt", def,
+		"ask a live holder of the release's lock to stop (its install or upgrade ends failed, as on Ctrl-C), then wait in arrival order up to --lock-timeout, or --timeout when --lock-timeout is 0; a holder that cannot stop safely (a rollback, an uninstall, a hook running) finishes first ["+EnvPreempt+"]")
+}
+
+// PreemptWait is how long a client that asked to preempt waits for the
+// lock: --lock-timeout when set, otherwise the operation's --timeout (5m
+// when it has none).
+func (o *Options) PreemptWait(timeout time.Duration) time.Duration {
+	switch {
+	case o.LockTimeout > 0:
+		return o.LockTimeout
+	case timeout > 0:
+		return timeout
+	}
+	return 5 * time.Minute
 }
 
 // EnvAdvice ends the error about a variable that does not parse.

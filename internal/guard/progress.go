@@ -21,6 +21,10 @@ type progress struct {
 	deadline time.Time
 	last     time.Time
 	printed  bool
+	// preempt is set when this client asked the holder to stop
+	// (--preempt); asked names the holder it said so of last.
+	preempt bool
+	asked   string
 }
 
 func newProgress(w io.Writer, clk clock.PassiveClock, timeout time.Duration) *progress {
@@ -33,6 +37,10 @@ func newProgress(w io.Writer, clk clock.PassiveClock, timeout time.Duration) *pr
 
 func (p *progress) update(holder *protocol.Record, left time.Duration) {
 	now := p.clock.Now()
+	if p.preempt && holder != nil && holder.Session != p.asked {
+		p.asked = holder.Session
+		p.asking(holder)
+	}
 	if !p.tty && p.printed && now.Sub(p.last) < 5*time.Second {
 		return
 	}
@@ -45,6 +53,21 @@ func (p *progress) update(holder *protocol.Record, left time.Duration) {
 		who, left.Round(time.Second), p.deadline.Sub(now).Round(time.Second))
 	if p.tty {
 		fmt.Fprintf(p.w, "\r\033[K%s", line)
+		return
+	}
+	fmt.Fprintln(p.w, line)
+}
+
+// asking says, once per holder, that this client asked it to stop, and
+// whether it can.
+func (p *progress) asking(holder *protocol.Record) {
+	who := fmt.Sprintf("%s (%s, session %s)", holder.Who, holder.Operation, holder.Session)
+	line := fmt.Sprintf("asked the holder of the lock, %s, to stop (--preempt); waiting for it in arrival order", who)
+	if ok, why := protocol.Preemptible(holder.Operation); !ok {
+		line = fmt.Sprintf("asked the holder of the lock, %s, to stop (--preempt), but it will not: %s; waiting for it to finish", who, why)
+	}
+	if p.tty {
+		fmt.Fprintf(p.w, "\r\033[K%s\n", line)
 		return
 	}
 	fmt.Fprintln(p.w, line)

@@ -151,6 +151,9 @@ type WriteFence struct {
 	inflight   int
 	closed     bool
 	unanswered time.Time
+
+	// phase is what helm is doing, for a holder asked to stop (Busy).
+	phase phase
 }
 
 // DefaultWriteFence is the fence on helm's command tree (InstallOnHelm):
@@ -170,6 +173,7 @@ func (w *WriteFence) Guard(g GuardedWrites) (stop func()) {
 	w.draining = make(chan struct{})
 	w.closed, w.unanswered = false, time.Time{}
 	w.mu.Unlock()
+	w.phase.reset()
 	w.cur.Store(&g)
 	return func() { w.cur.CompareAndSwap(&g, nil) }
 }

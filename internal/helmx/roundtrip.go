@@ -147,8 +147,15 @@ func (f *fenceRT) dispatch(req *http.Request, g *GuardedWrites) (*http.Response,
 func (f *fenceRT) route(req *http.Request, g *GuardedWrites) (*http.Response, error) {
 	m := recordPath.FindStringSubmatch(req.URL.Path)
 	if m == nil || m[1] != g.Namespace || m[2] != g.Resource {
+		req, err := f.notePhase(req)
+		if err != nil {
+			return nil, err
+		}
 		return f.send(req)
 	}
+	// A record write ends a hook's phase (helm writes its records before
+	// and after its hooks).
+	f.w.phase.set("", false)
 	rev := revisionOf(m[3], g.Release)
 	switch {
 	case req.Method == http.MethodPost && m[3] == "":

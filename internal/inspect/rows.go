@@ -269,6 +269,8 @@ type WaiterRow struct {
 	EnqueuedAt  time.Time      `json:"enqueued_at"`
 	HeartbeatAt time.Time      `json:"heartbeat_at,omitzero"`
 	ExpiresAt   time.Time      `json:"expires_at"`
+	// Preempt is set when the waiter asked the holder to stop (--preempt).
+	Preempt bool `json:"preempt,omitempty"`
 }
 
 // durations gives d as the table prints it and as whole seconds for JSON.

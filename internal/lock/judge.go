@@ -150,6 +150,11 @@ type Waiter struct {
 	// beat written by a version that kept only ExpiresAt.
 	HeartbeatAt time.Time `json:"heartbeatAt,omitzero"`
 	ExpiresAt   time.Time `json:"expiresAt"`
+	// Preempt marks a waiter that asked the holder to stop (cooperative
+	// preemption, --preempt): a holder that can stop safely does, as on a
+	// first SIGINT, and gives the lock back to the queue; nothing is ever
+	// taken from a holder that does not (see Held.WatchAsks).
+	Preempt bool `json:"preempt,omitempty"`
 }
 
 // queue is the JSON stored in AnnotationQueue.

@@ -85,6 +85,11 @@ type Request struct {
 	CIJobURL    string
 	// Backend is the --lock-backend the holder chose, recorded for humans.
 	Backend string
+	// Preempt, while waiting, marks this client's queue entry as a request
+	// that the holder stop (Waiter.Preempt). It changes nothing else: the
+	// client still waits in arrival order and takes the lock only once it
+	// is Free or Expired.
+	Preempt bool
 }
 
 // Backend runs the lock protocol (acquire, renew, wait in arrival order,
@@ -1034,7 +1039,7 @@ func (b *Backend) enqueue(ctx context.Context, req *Request, w *waitState, v vie
 		if w.enqueuedAt.IsZero() {
 			w.enqueuedAt = t
 		}
-		ws = append(ws, Waiter{Session: req.Session, Who: req.Who, Operation: req.Operation, EnqueuedAt: w.enqueuedAt})
+		ws = append(ws, Waiter{Session: req.Session, Who: req.Who, Operation: req.Operation, EnqueuedAt: w.enqueuedAt, Preempt: req.Preempt})
 		i = len(ws) - 1
 	}
 	ws[i].HeartbeatAt = t

@@ -195,6 +195,7 @@ type compactWaiter struct {
 	EnqueuedAt int64     `json:"e"`
 	Expires    int64     `json:"x"`
 	Lease      int64     `json:"l,omitempty"`
+	Preempt    bool      `json:"p,omitempty"`
 }
 
 func encodeWaiters(ws []Waiter) (string, error) {
@@ -203,6 +204,7 @@ func encodeWaiters(ws []Waiter) (string, error) {
 		c := compactWaiter{
 			Session: w.Session, Who: w.Who, Operation: w.Operation,
 			EnqueuedAt: w.EnqueuedAt.UnixMilli(), Expires: w.ExpiresAt.UnixMilli(),
+			Preempt: w.Preempt,
 		}
 		if !w.HeartbeatAt.IsZero() && w.ExpiresAt.After(w.HeartbeatAt) {
 			c.Lease = w.ExpiresAt.Sub(w.HeartbeatAt).Milliseconds()
@@ -232,6 +234,7 @@ func decodeWaiters(s string) []Waiter {
 			Session: w.Session, Who: w.Who, Operation: w.Operation,
 			EnqueuedAt: time.UnixMilli(w.EnqueuedAt).UTC(),
 			ExpiresAt:  time.UnixMilli(w.Expires).UTC(),
+			Preempt:    w.Preempt,
 		}
 		if w.Lease > 0 {
 			x.HeartbeatAt = x.ExpiresAt.Add(-time.Duration(w.Lease) * time.Millisecond)

@@ -103,6 +103,9 @@ type Lock struct {
 	unsettled map[int]bool
 	// resolved says, for the user, what Release did about them.
 	resolved []string
+	// preempted is the request the holder stopped its operation for
+	// (watchAsks): its own revision is marked failed naming the asker.
+	preempted *PreemptedError
 	// helmMu guards helmSQL, helm's own sql driver opened for this lock's
 	// session (HelmSQL), closed when the fence is drained (helmDrained:
 	// none is opened afterwards). Opening it talks to the database: it has
@@ -432,6 +435,9 @@ func (l *Lock) settleRevision(ctx context.Context, recs helmx.Records, rev int) 
 			at = now.Latest
 		}
 		desc := fmt.Sprintf(DescriptionOwnUnsettled, s.Status, l.Session(), at.UTC().Format(time.RFC3339))
+		if p := l.Preempted(); p != nil {
+			desc = fmt.Sprintf(DescriptionPreempted, s.Status, Asker(p.By), l.Session(), at.UTC().Format(time.RFC3339))
+		}
 		// Checked again right before the write, and the write bounded by
 		// the renew deadline: the reads above may have taken long (the
 		// simulation, seed 1997, found a holder that slept during them
@@ -448,7 +454,9 @@ func (l *Lock) settleRevision(ctx context.Context, recs helmx.Records, rev int) 
 		cancel()
 		switch {
 		case err == nil:
-			l.noteResolved("release %q in namespace %q: helm's operation left revision %d %s (its final write did not land); it was marked failed, so the next operation proceeds", l.release, l.namespace, rev, s.Status)
+			if l.Preempted() == nil {
+				l.noteResolved("release %q in namespace %q: helm's operation left revision %d %s (its final write did not land); it was marked failed, so the next operation proceeds", l.release, l.namespace, rev, s.Status)
+			}
 			return nil
 		case errors.Is(err, recovery.ErrNotPending):
 			return nil

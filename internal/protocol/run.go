@@ -41,6 +41,18 @@ type Guarded struct {
 	// Log receives the messages about the objects recovery left for after
 	// the operation (Procedure.Log receives recovery's own progress).
 	Log io.Writer
+
+	// Preemptible makes the operation stop when a waiter asks it to
+	// (Request.Preempt; see preempt.go): once it may (an install or an
+	// upgrade, no hook running), the fence is drained, Op's context is
+	// cancelled with a *PreemptedError as its cause, and Preempted, when
+	// set, is told (a door whose operation does not end with its context
+	// ends it itself). Its revision is marked failed naming the asker and
+	// Run returns an error wrapping ErrPreempted. Declined is told, once,
+	// why the operation does not stop yet when asked.
+	Preemptible bool
+	Preempted   func(*PreemptedError)
+	Declined    func(by Waiter, why string)
 }
 
 // ErrBlocked is Run's refusal to run an operation on a release that is
@@ -94,7 +106,7 @@ func (l *Lock) Run(ctx context.Context, g Guarded) (err error) {
 	if err := l.SetRevision(ctx, rev); err != nil {
 		return err
 	}
-	err = g.Op(ctx)
+	err = l.runOp(ctx, g)
 	switch {
 	case err != nil && SQLRefused(err) && !errors.Is(err, ErrLost):
 		// The sql driver's database refused helm's write: this session
@@ -203,4 +215,26 @@ func (l *Lock) checkSQLWritten(ctx context.Context, op Operation, rev int, log i
 			l.release, l.namespace, rev, s.Status)
 	}
 	return nil
+}
+
+// runOp runs g's operation; when it is preemptible, beside the watch of the
+// lock's queue for a request to stop (watchAsks).
+func (l *Lock) runOp(ctx context.Context, g Guarded) error {
+	if !g.Preemptible {
+		return g.Op(ctx)
+	}
+	opCtx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	endAsks := l.watchAsks(ctx, g.Procedure.Next, g.Declined, func(p *PreemptedError) {
+		cancel(p)
+		if g.Preempted != nil {
+			g.Preempted(p)
+		}
+	})
+	err := g.Op(opCtx)
+	endAsks()
+	if p := l.Preempted(); p != nil && err != nil {
+		return fmt.Errorf("%w: %w", p, err)
+	}
+	return err
 }

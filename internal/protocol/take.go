@@ -53,6 +53,10 @@ type Request struct {
 	OnWait    func(holder *Record, left time.Duration)
 	OnConfirm func(holder *Record, in time.Duration)
 
+	// Preempt, while waiting, asks the live holder to stop (see
+	// preempt.go); the client still waits in arrival order.
+	Preempt bool
+
 	// Fence is the write fence the lock arms for the writes made under it
 	// (helmx.DefaultWriteFence for helm's command tree); nil gives the lock
 	// a fence of its own (Lock.Fence).
@@ -137,6 +141,7 @@ func (c *Conn) take(ctx context.Context, req Request, choice string) (*Lock, str
 		ToolVersion:   req.ToolVersion,
 		CIJobURL:      req.CIJobURL,
 		Backend:       backend,
+		Preempt:       req.Preempt,
 	}
 	if lreq.Session == "" {
 		// One session for every part and for a retry after the wait.

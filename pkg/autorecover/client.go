@@ -34,7 +34,16 @@ var (
 	// rewrite of a release record that changed since it was read fails as
 	// the API server's conflict, apierrors.IsConflict.)
 	ErrConflict = protocol.ErrConflict
+	// ErrPreempted: Run's operation was stopped because a client waiting
+	// for the lock asked it to (LockRequest.Preempt); its revision was
+	// marked failed naming that client. The error's chain holds a
+	// *PreemptedError.
+	ErrPreempted = protocol.ErrPreempted
 )
+
+// PreemptedError is the end of an operation stopped at a waiter's request
+// (errors.Is(err, ErrPreempted) holds for it): By names the waiter.
+type PreemptedError = protocol.PreemptedError
 
 // DefaultLeaseDuration is the lease of a lock whose request sets none. A
 // holder renews every third of it (Keep), and a holder that dies is taken
@@ -235,6 +244,13 @@ type LockRequest struct {
 	// once a second, with the current holder (nil when unknown) and how long
 	// until its lock may be taken over unless it renews.
 	OnWait func(holder *Holder, left time.Duration)
+	// Preempt, while waiting, asks the live holder to stop (cooperative
+	// preemption, the CLI's --preempt): a holder that can stop safely (an
+	// install or upgrade with no hook running) ends its operation failed
+	// and gives the lock back; this client still waits in arrival order, up
+	// to Wait, which should then be positive. Nothing is ever taken from a
+	// holder that does not stop.
+	Preempt bool
 	// Session defaults to a new UUID; Who to user@host; PID to this process;
 	// ToolVersion to this module's version; CIJobURL to the CI job detected
 	// from the environment.
@@ -261,6 +277,7 @@ func (r LockRequest) internal(backend Backend) protocol.Request {
 		ToolVersion:   r.ToolVersion,
 		CIJobURL:      r.CIJobURL,
 		Wait:          r.Wait,
+		Preempt:       r.Preempt,
 	}
 	if r.OnWait != nil {
 		req.OnWait = func(rec *protocol.Record, left time.Duration) { r.OnWait(holderFrom(rec), left) }

@@ -50,7 +50,11 @@ type RunConfig struct {
 // in time, or held past LockRequest.MaxHold); context.Cause tells which,
 // wrapping ErrLost or ErrMaxHold, and Run returns an error wrapping it.
 // Helm's install and upgrade mark their revision failed when their context
-// ends. Errors: a *LockedError when a live holder refused the lock; a
+// ends. An install or upgrade is also stopped when a client waiting for the
+// lock asks (LockRequest.Preempt) and no hook of the chart is running: op's
+// context is then cancelled with a *PreemptedError as its cause, the
+// revision is marked failed naming that client, and Run returns an error
+// wrapping ErrPreempted. Errors: a *LockedError when a live holder refused the lock; a
 // *BlockedError when the release is pending and not recoverable yet; the
 // recovery's own errors; op's error.
 func (c *Client) Run(ctx context.Context, rc RunConfig, op func(ctx context.Context, cfg *action.Configuration) error) (err error) {
@@ -102,9 +106,10 @@ func (c *Client) Run(ctx context.Context, rc RunConfig, op func(ctx context.Cont
 			opErr = op(ctx, cfg)
 			return opErr
 		},
-		OnLost:   stop,
-		Released: func(rerr error) { releaseErr = rerr },
-		Log:      slogWriter{},
+		OnLost:      stop,
+		Released:    func(rerr error) { releaseErr = rerr },
+		Log:         slogWriter{},
+		Preemptible: true,
 	})
 	var blocked *BlockedError
 	switch {

@@ -1,0 +1,52 @@
+package guard
+
+import (
+	"fmt"
+
+	"github.com/helm-autorecover/helm-autorecover/internal/exitcode"
+	"github.com/helm-autorecover/helm-autorecover/internal/protocol"
+)
+
+// preempted ends the process once a waiter asked this holder to stop
+// (--preempt) and the lock's write fence is drained (protocol.Lock.Run):
+// as the first signal's clean-up does, it marks the revision failed (naming
+// who asked) and gives the lock back, then exits with exitcode.Preempted.
+// Helm's install or upgrade is not told: its writes are refused from now
+// on, and its --wait ends with the process. When helm's operation ended
+// first, its own outcome stands.
+func (r *run) preempted(p *protocol.PreemptedError) {
+	r.endMu.Lock()
+	select {
+	case <-r.opDone:
+		r.endMu.Unlock()
+		return
+	default:
+	}
+	if r.ending {
+		r.endMu.Unlock()
+		return // a signal's clean-up is under way already
+	}
+	r.ending = true
+	r.endMu.Unlock()
+	fmt.Fprintf(r.g.Stderr, "helm-autorecover: release %q in namespace %q: %s asked this operation to stop (--preempt): %s\n",
+		r.t.Release, r.t.Namespace, protocol.Asker(p.By), PreemptStarted)
+	go func() {
+		defer close(r.ended)
+		r.exitOnce.Do(func() {
+			r.end()
+			fmt.Fprintf(r.g.Stderr, "Error: %v; the release is marked failed and its lock given back\n", p)
+			r.g.Exit(exitcode.Preempted)
+		})
+	}()
+}
+
+// PreemptStarted is what the guard says on stderr when it stops its
+// operation at a waiter's request.
+const PreemptStarted = "stopping: marking the release failed and giving its lock back"
+
+// declined says why the operation goes on although a waiter asked it to
+// stop: the waiter keeps waiting.
+func (r *run) declined(by protocol.Waiter, why string) {
+	fmt.Fprintf(r.g.Stderr, "helm-autorecover: release %q in namespace %q: %s asked this operation to stop (--preempt); it goes on for now: %s\n",
+		r.t.Release, r.t.Namespace, protocol.Asker(by), why)
+}

@@ -1,0 +1,120 @@
+// Cooperative preemption, the holder's side: noticing that a waiter asked
+// it to stop (Waiter.Preempt).
+
+package lock
+
+import (
+	"context"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/watch"
+)
+
+// askPoll is how often a holder reads its queue for a request to stop when
+// its store cannot be watched (the sql driver's lock row, or a watch the
+// API server refused).
+const askPoll = 2 * time.Second
+
+// WatchAsks tells asked, once, of the first live waiter that asked this
+// holder to stop (Request.Preempt), until ctx ends. It watches the object
+// the lock's queue lives on (the Lease; for the release records the beat,
+// where their waiters queue) by name: one watch, whose first event shows
+// the queue as it is, so a request made before the watch started is seen
+// too. A store that cannot be watched is read every askPoll.
+//
+// It only reads: what the holder does when asked is its own decision, and
+// nothing is ever taken from a holder that does not stop. A waiter whose
+// entry has expired in server time asks nothing.
+func (h *Held) WatchAsks(ctx context.Context, asked func(Waiter)) {
+	ns, name := h.req.Namespace, LeaseName(h.req.Release)
+	check := func(queue []Waiter) bool {
+		now, _ := h.b.time.Now()
+		for _, w := range liveWaiters(queue, now, h.b.margin()) {
+			if w.Preempt && w.Session != h.req.Session {
+				asked(w)
+				return true
+			}
+		}
+		return false
+	}
+	for ctx.Err() == nil {
+		w, queueOf, err := h.b.watchQueue(ctx, ns, name)
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			l, gerr := h.b.leases(ns).Get(ctx, name, metav1.GetOptions{})
+			if gerr == nil && check(decodeQueue(l.Annotations[AnnotationQueue])) {
+				return
+			}
+			t := h.b.clock.NewTimer(askPoll)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return
+			case <-t.C():
+			}
+			continue
+		}
+		if h.drainAsks(ctx, w, queueOf, check) {
+			return
+		}
+	}
+}
+
+// drainAsks reads w's events until one shows a request to stop (true), ctx
+// ends, or the watch closes (the API server ends watches now and then).
+func (h *Held) drainAsks(ctx context.Context, w watch.Interface, queueOf func(runtime.Object) ([]Waiter, bool), check func([]Waiter) bool) bool {
+	defer w.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return false
+		case ev, ok := <-w.ResultChan():
+			if !ok {
+				return false
+			}
+			if ev.Type != watch.Added && ev.Type != watch.Modified {
+				continue
+			}
+			if q, ok := queueOf(ev.Object); ok && check(q) {
+				return true
+			}
+		}
+	}
+}
+
+// watchQueue watches the object the lock's queue lives on, and says how to
+// read the queue from one of its events.
+func (b *Backend) watchQueue(ctx context.Context, ns, name string) (watch.Interface, func(runtime.Object) ([]Waiter, bool), error) {
+	if rs, ok := b.leases(ns).(*releaseStore); ok {
+		w, err := rs.beats.watch(ctx, ns, name, "")
+		return w, func(o runtime.Object) ([]Waiter, bool) {
+			m, err := meta.Accessor(o)
+			if err != nil || m.GetName() != name {
+				return nil, false
+			}
+			return decodeWaiters(m.GetAnnotations()[AnnotationWaiters]), true
+		}, err
+	}
+	w, err := b.leases(ns).Watch(ctx, metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("metadata.name", name).String()})
+	return w, func(o runtime.Object) ([]Waiter, bool) {
+		l, ok := o.(*coordinationv1.Lease)
+		if !ok || l.Name != name {
+			return nil, false
+		}
+		return decodeQueue(l.Annotations[AnnotationQueue]), true
+	}, err
+}
+
+// WatchAsks watches the first part's queue, where every waiter queues (the
+// parts are taken in order, and a waiter waits for the first it cannot
+// take: the holder of all of them holds the first): see Held.WatchAsks.
+func (j *Joint) WatchAsks(ctx context.Context, asked func(Waiter)) {
+	j.parts[0].WatchAsks(ctx, asked)
+}

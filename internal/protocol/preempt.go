@@ -1,0 +1,154 @@
+package protocol
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/helm-autorecover/helm-autorecover/internal/lock"
+)
+
+// Cooperative preemption (issue 34). A client that waits with
+// Request.Preempt marks its queue entry as a request that the holder stop.
+// The holder, while its install or upgrade runs (Guarded.Preemptible),
+// watches its lock's queue and, when asked, stops as on a first SIGINT:
+// the write fence is drained (nothing more of helm's is written), the
+// operation is cancelled, its revision is marked failed naming who asked,
+// and the lock goes back to the queue, whose head takes it. A holder that
+// cannot stop safely at that moment (helm's rollback and uninstall do not
+// cancel; a hook of the chart is running) says why and goes on; the asker
+// keeps waiting. Nothing is ever taken from a holder that does not stop: the
+// request only asks.
+
+// Waiter is a client queued for a release's lock.
+type Waiter = lock.Waiter
+
+// ErrPreempted is wrapped by the error of an operation its holder stopped
+// because a waiter asked it to (PreemptedError).
+var ErrPreempted = errors.New("preempted")
+
+// PreemptedError is the end of an operation stopped at a waiter's request.
+type PreemptedError struct {
+	Release, Namespace string
+	// By is the waiter that asked.
+	By Waiter
+}
+
+func (e *PreemptedError) Error() string {
+	return fmt.Sprintf("release %q in namespace %q: stopped at the request of %s (--preempt)", e.Release, e.Namespace, Asker(e.By))
+}
+
+func (e *PreemptedError) Unwrap() error { return ErrPreempted }
+
+// Asker names a waiter that asked to preempt, for people: who, session,
+// and the operation it waits to run.
+func Asker(w Waiter) string {
+	who := w.Who
+	if who == "" {
+		who = "an unnamed client"
+	}
+	if w.Operation != "" {
+		return fmt.Sprintf("%s (session %s, waiting to %s)", who, w.Session, w.Operation)
+	}
+	return fmt.Sprintf("%s (session %s)", who, w.Session)
+}
+
+// DescriptionPreempted is written into the revision of an operation its
+// holder stopped at a waiter's request. Verbs: the pending status, the
+// asker (Asker), the holder's session, the server time.
+const DescriptionPreempted = "Preempted %s: stopped at the request of %s; marked failed by its own holder, helm-autorecover session %s, at %s"
+
+// askWatchAfter is how long an operation runs before its holder starts
+// watching for a request to stop: an operation that ends sooner (a no-wait
+// upgrade takes half a second) costs no request for it, and one in helm's
+// --wait notices a request within a round trip from then on.
+const askWatchAfter = time.Second
+
+// Preemptible reports whether an operation of kind op may be stopped at a
+// waiter's request, and why not: helm cancels its install and upgrade, not
+// its rollback or uninstall (an uninstall stopped half-way leaves some of
+// the release's objects deleted and others not).
+func Preemptible(op Operation) (bool, string) {
+	switch op {
+	case OpInstall, OpUpgrade:
+		return true, ""
+	case OpRollback:
+		return false, "helm cannot cancel a rollback"
+	case OpUninstall:
+		return false, "helm cannot cancel an uninstall"
+	default:
+		return false, "a " + string(op) + " is not stopped at a waiter's request"
+	}
+}
+
+// watchAsks runs, beside the operation op, the holder's side of
+// preemption: from askWatchAfter on, it watches the lock's queue; on a
+// request it waits while helm cannot be stopped safely (declined is told
+// why, once), then drains the fence, marks the lock's own revision to be
+// settled as preempted, and calls stop. It returns the function that ends
+// the watch (the operation ended).
+func (l *Lock) watchAsks(ctx context.Context, op Operation, declined func(by Waiter, why string), stop func(*PreemptedError)) (end func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		t := l.conn.clock.NewTimer(askWatchAfter)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C():
+		}
+		var by *Waiter
+		l.joint.WatchAsks(ctx, func(w Waiter) { by = &w })
+		if by == nil {
+			return
+		}
+		told := false
+		for {
+			why := ""
+			var changed <-chan struct{}
+			if ok, reason := Preemptible(op); !ok {
+				why = reason
+			} else if f := l.fence; f != nil {
+				why, changed = f.Busy()
+			}
+			if why == "" {
+				break
+			}
+			if !told && declined != nil {
+				declined(*by, why)
+				told = true
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-changed: // nil (never) when nothing can change
+			}
+		}
+		p := &PreemptedError{Release: l.release, Namespace: l.namespace, By: *by}
+		l.mu.Lock()
+		l.preempted = p
+		l.mu.Unlock()
+		// Nothing more of helm's is written from now on, before the
+		// operation is told: helm's own clean-up of a cancelled operation
+		// would mark its revision failed without naming the asker; the
+		// holder marks it itself (settleRevision).
+		l.drain()
+		if rev := l.Record().Revision; rev > 0 {
+			// Settled when the lock is given back: marked failed, naming
+			// the asker, when still pending under this lock.
+			l.OwnRecordWrite(rev, false)
+		}
+		stop(p)
+	}()
+	return func() { cancel(); <-done }
+}
+
+// Preempted returns the request the holder stopped for, nil when none.
+func (l *Lock) Preempted() *PreemptedError {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.preempted
+}
