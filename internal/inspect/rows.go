@@ -269,8 +269,10 @@ type WaiterRow struct {
 	EnqueuedAt  time.Time      `json:"enqueued_at"`
 	HeartbeatAt time.Time      `json:"heartbeat_at,omitzero"`
 	ExpiresAt   time.Time      `json:"expires_at"`
-	// Preempt is set when the waiter asked the holder to stop (--preempt).
-	Preempt bool `json:"preempt,omitempty"`
+	// Preempt is set when the waiter asked the holder to stop (--preempt);
+	// PreemptHolder is the session of the holder it asked.
+	Preempt       bool   `json:"preempt,omitempty"`
+	PreemptHolder string `json:"preempt_holder,omitempty"`
 }
 
 // durations gives d as the table prints it and as whole seconds for JSON.

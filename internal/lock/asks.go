@@ -21,7 +21,8 @@ import (
 const askPoll = 2 * time.Second
 
 // WatchAsks tells asked, once, of the first live waiter that asked this
-// holder to stop (Request.Preempt), until ctx ends. It watches the object
+// holder to stop (Request.Preempt: a queue entry marked Preempt naming this
+// holder's session), until ctx ends. It watches the object
 // the lock's queue lives on (the Lease; for the release records the beat,
 // where their waiters queue) by name: one watch, whose first event shows
 // the queue as it is, so a request made before the watch started is seen
@@ -35,7 +36,7 @@ func (h *Held) WatchAsks(ctx context.Context, asked func(Waiter)) {
 	check := func(queue []Waiter) bool {
 		now, _ := h.b.time.Now()
 		for _, w := range liveWaiters(queue, now, h.b.margin()) {
-			if w.Preempt && w.Session != h.req.Session {
+			if w.Preempt && w.PreemptHolder == h.req.Session {
 				asked(w)
 				return true
 			}

@@ -154,7 +154,12 @@ type Waiter struct {
 	// preemption, --preempt): a holder that can stop safely does, as on a
 	// first SIGINT, and gives the lock back to the queue; nothing is ever
 	// taken from a holder that does not (see Held.WatchAsks).
-	Preempt bool `json:"preempt,omitempty"`
+	// PreemptHolder is the session of the holder it asks: the one it saw
+	// when it last wrote its entry. A waiter that is still alive asks each
+	// new holder in turn (enqueue); the entry of one that died asks only
+	// the holder it saw, so that no later holder stops for it.
+	Preempt       bool   `json:"preempt,omitempty"`
+	PreemptHolder string `json:"preemptHolder,omitempty"`
 }
 
 // queue is the JSON stored in AnnotationQueue.

@@ -1026,7 +1026,11 @@ func (b *Backend) takeFence(ctx context.Context, h *Held) (context.Context, cont
 func (b *Backend) enqueue(ctx context.Context, req *Request, w *waitState, v view) (*coordinationv1.Lease, error) {
 	i := slices.IndexFunc(v.live, func(x Waiter) bool { return x.Session == req.Session })
 	sent := b.clock.Now()
-	if i >= 0 && !w.lastBeat.IsZero() && sent.Sub(w.lastBeat) < req.LeaseDuration/3 {
+	asks := ""
+	if req.Preempt {
+		asks = holderAsked(v)
+	}
+	if i >= 0 && !w.lastBeat.IsZero() && sent.Sub(w.lastBeat) < req.LeaseDuration/3 && v.live[i].PreemptHolder == asks {
 		return v.lease, nil
 	}
 	now, err := b.serverNow(ctx)
@@ -1042,6 +1046,9 @@ func (b *Backend) enqueue(ctx context.Context, req *Request, w *waitState, v vie
 		ws = append(ws, Waiter{Session: req.Session, Who: req.Who, Operation: req.Operation, EnqueuedAt: w.enqueuedAt, Preempt: req.Preempt})
 		i = len(ws) - 1
 	}
+	// A waiter that asks to preempt asks the holder it sees now: each new
+	// holder in turn, while it waits.
+	ws[i].PreemptHolder = asks
 	ws[i].HeartbeatAt = t
 	ws[i].ExpiresAt = t.Add(req.LeaseDuration)
 	l := v.lease.DeepCopy()
@@ -1057,6 +1064,21 @@ func (b *Backend) enqueue(ctx context.Context, req *Request, w *waitState, v vie
 	}
 	w.lastBeat = sent
 	return updated, nil
+}
+
+// holderAsked is the session a waiter that asks to preempt asks to stop:
+// the lock's live holder as v judged it (a claim in flight on a release
+// lock's beat is its holder-to-be), "" when none is live.
+func holderAsked(v view) string {
+	switch {
+	case v.state != Live:
+		return ""
+	case v.claim != nil:
+		return v.claim.Session
+	case v.rec != nil:
+		return v.rec.Session
+	}
+	return ""
 }
 
 // dequeue removes session from the queue, best effort, when a waiter gives

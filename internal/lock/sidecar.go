@@ -196,6 +196,7 @@ type compactWaiter struct {
 	Expires    int64     `json:"x"`
 	Lease      int64     `json:"l,omitempty"`
 	Preempt    bool      `json:"p,omitempty"`
+	Holder     string    `json:"ph,omitempty"`
 }
 
 func encodeWaiters(ws []Waiter) (string, error) {
@@ -204,7 +205,7 @@ func encodeWaiters(ws []Waiter) (string, error) {
 		c := compactWaiter{
 			Session: w.Session, Who: w.Who, Operation: w.Operation,
 			EnqueuedAt: w.EnqueuedAt.UnixMilli(), Expires: w.ExpiresAt.UnixMilli(),
-			Preempt: w.Preempt,
+			Preempt: w.Preempt, Holder: w.PreemptHolder,
 		}
 		if !w.HeartbeatAt.IsZero() && w.ExpiresAt.After(w.HeartbeatAt) {
 			c.Lease = w.ExpiresAt.Sub(w.HeartbeatAt).Milliseconds()
@@ -235,6 +236,8 @@ func decodeWaiters(s string) []Waiter {
 			EnqueuedAt: time.UnixMilli(w.EnqueuedAt).UTC(),
 			ExpiresAt:  time.UnixMilli(w.Expires).UTC(),
 			Preempt:    w.Preempt,
+			// The holder asked to stop (PreemptHolder).
+			PreemptHolder: w.Holder,
 		}
 		if w.Lease > 0 {
 			x.HeartbeatAt = x.ExpiresAt.Add(-time.Duration(w.Lease) * time.Millisecond)
