@@ -5,7 +5,6 @@ package lock
 
 import (
 	"context"
-	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -17,8 +16,9 @@ import (
 
 // askPoll is how often a holder reads its queue for a request to stop when
 // its store cannot be watched (the sql driver's lock row, or a watch the
-// API server refused).
-const askPoll = 2 * time.Second
+// API server refused): as often as a waiter reads the lock then
+// (progressEvery).
+const askPoll = progressEvery
 
 // WatchAsks tells asked, once, of the first live waiter that asked this
 // holder to stop (Request.Preempt: a queue entry marked Preempt naming this
