@@ -344,6 +344,14 @@ func (r *run) operate(ctx context.Context, op func() error) error {
 		}
 		return &exitcode.Error{Code: exitcode.Interrupted, Err: err}
 	}
+	if p := r.held.Preempted(); p != nil && err != nil && !r.interrupted.Load() {
+		// Helm ended on a write the fence refused once it was drained for
+		// a waiter's request to stop (--preempt): the operation was
+		// preempted, whatever helm said.
+		fmt.Fprintf(r.g.Stderr, "helm-autorecover: release %q in namespace %q: %s asked this operation to stop (--preempt): %s\n",
+			r.t.Release, r.t.Namespace, protocol.Asker(p.By), PreemptStarted)
+		return &exitcode.Error{Code: exitcode.Preempted, Err: fmt.Errorf("%w (helm: %w)", p, err)}
+	}
 	if err != nil && r.held.Fence().CreateConflict() {
 		// Another client created the revision this operation was about to
 		// write: it holds the release (a first install raced with ours).

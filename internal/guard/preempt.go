@@ -13,8 +13,15 @@ import (
 // who asked) and gives the lock back, then exits with exitcode.Preempted.
 // Helm's install or upgrade is not told: its writes are refused from now
 // on, and its --wait ends with the process. When helm's operation ended
-// first, its own outcome stands.
+// first (it may, on a write the drained fence refused), operate gives the
+// process the preempted exit code itself.
 func (r *run) preempted(p *protocol.PreemptedError) {
+	if r.interrupted.Load() {
+		// A signal came first: its own path ends the process, with its
+		// own exit code (the revision is marked failed naming the asker
+		// all the same: the fence was drained for the request).
+		return
+	}
 	r.endMu.Lock()
 	select {
 	case <-r.opDone:

@@ -72,6 +72,14 @@ func (r *run) handleSignals() (stop func()) {
 			return // helm handled it and the operation has ended
 		default:
 		}
+		if r.ending {
+			// A waiter's request to stop (--preempt) is ending the
+			// operation already: a second signal still ends the process
+			// at once.
+			r.endMu.Unlock()
+			waitFor(nil)
+			return
+		}
 		r.ending = true
 		r.endMu.Unlock()
 		fmt.Fprintf(r.g.Stderr, "helm-autorecover: release %q in namespace %q: %s: %s\n", r.t.Release, r.t.Namespace, sig, CleanupStarted)

@@ -36,9 +36,7 @@ func (f *fenceRT) create(req *http.Request, g *GuardedWrites) (*http.Response, e
 	if rev == 0 {
 		return f.send(withRawBody(req, body))
 	}
-	if d.meta.Labels[LabelStatus] == "pending-rollback" {
-		f.w.phase.set("", true)
-	}
+
 	metas, err := f.listRecords(req, g)
 	if err != nil {
 		return nil, err

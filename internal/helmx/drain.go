@@ -28,14 +28,7 @@ var errClosed = errors.New("the operation is ending and its lock is being given 
 // is in flight and it returns at once. Guard opens the fence again.
 func (w *WriteFence) Drain() {
 	w.mu.Lock()
-	w.closed = true
-	if w.draining != nil {
-		select {
-		case <-w.draining:
-		default:
-			close(w.draining)
-		}
-	}
+	w.closeLocked()
 	for w.updates > 0 || w.inflight > 0 {
 		w.endedCond().Wait()
 	}
@@ -46,14 +39,37 @@ func (w *WriteFence) Drain() {
 	}
 }
 
+// closeLocked closes the fence (Drain, CloseUnlessBusy): from now on it
+// refuses every write of helm's, until Guard opens it for another
+// operation; w.mu is held.
+func (w *WriteFence) closeLocked() {
+	w.closed = true
+	if w.draining != nil {
+		select {
+		case <-w.draining:
+		default:
+			close(w.draining)
+		}
+	}
+}
+
+// isClosed reports whether Drain or CloseUnlessBusy closed the fence.
+func (w *WriteFence) isClosed() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.closed
+}
+
 // writeStarted counts one of helm's writes into the fence, unless Drain
-// closed it, and returns the function that counts it out.
-func (w *WriteFence) writeStarted() (ended func(), err error) {
+// closed it, and records what it says of helm's phase (p), and returns
+// the function that counts it out.
+func (w *WriteFence) writeStarted(p phaseOf) (ended func(), err error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.closed {
 		return nil, errClosed
 	}
+	w.phase.apply(p)
 	w.inflight++
 	return func() {
 		w.mu.Lock()

@@ -152,7 +152,8 @@ type WriteFence struct {
 	closed     bool
 	unanswered time.Time
 
-	// phase is what helm is doing, for a holder asked to stop (Busy).
+	// phase is what helm is doing, for a holder asked to stop (Busy,
+	// CloseUnlessBusy).
 	phase phase
 }
 
@@ -172,8 +173,8 @@ func (w *WriteFence) Guard(g GuardedWrites) (stop func()) {
 	w.created = map[int]bool{}
 	w.draining = make(chan struct{})
 	w.closed, w.unanswered = false, time.Time{}
+	w.phase = phase{}
 	w.mu.Unlock()
-	w.phase.reset()
 	w.cur.Store(&g)
 	return func() { w.cur.CompareAndSwap(&g, nil) }
 }

@@ -1,6 +1,7 @@
 // What helm's operation is doing, as its writes through the fence show it:
 // for a holder asked to stop (cooperative preemption), whether it may stop
-// now (Busy).
+// now, judged and acted on in one step with the fence's own count of
+// helm's writes (CloseUnlessBusy).
 
 package helmx
 
@@ -9,101 +10,168 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"sync"
 )
 
 // HookAnnotation is the annotation helm marks a chart's hook resources with.
 const HookAnnotation = "helm.sh/hook"
 
-// phase is what helm is doing. hook is the kind of the hook helm started
-// last (its resource was the last one helm wrote: helm writes nothing else
-// until the hook has run), "" once helm writes anything else; rollingBack
-// is set once helm created a revision pending-rollback (a rollback, or an
-// upgrade's --rollback-on-failure), which helm cannot cancel.
+// phase is what helm is doing, kept under WriteFence.mu. hook is the kind
+// of the hook helm started last (its resource was the last one helm wrote:
+// helm writes nothing else until the hook has run) and hookPath that
+// resource's path; both are cleared when helm writes anything else, or
+// deletes that resource (a hook-succeeded policy). undoing is set for good
+// once helm undoes the release in a way it cannot cancel: a revision
+// created pending-rollback (a rollback, or an upgrade's
+// --rollback-on-failure), or written uninstalling (an uninstall, or an
+// install's --rollback-on-failure).
 type phase struct {
-	mu          sync.Mutex
-	hook        string
-	rollingBack bool
-	changed     chan struct{}
+	hook, hookPath string
+	undoing        string
+	changed        chan struct{}
 }
 
-// set records helm's last write and wakes those waiting for a change.
-func (p *phase) set(hook string, rollingBack bool) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	rollingBack = rollingBack || p.rollingBack
-	if hook == p.hook && rollingBack == p.rollingBack {
+// phaseOf is what one write of helm's says of its phase; unchanged when it
+// says nothing (a delete of another resource, a body that cannot be read).
+type phaseOf struct {
+	unchanged      bool
+	hook, hookPath string
+	undoing        string
+	deleted        string // the path a delete removes
+}
+
+// apply records helm's write p; w.mu is held.
+func (ph *phase) apply(p phaseOf) {
+	if p.unchanged {
 		return
 	}
-	p.hook, p.rollingBack = hook, rollingBack
-	if p.changed != nil {
-		close(p.changed)
-		p.changed = nil
+	hook, path, undoing := p.hook, p.hookPath, ph.undoing
+	if p.undoing != "" {
+		undoing = p.undoing
+	}
+	if p.deleted != "" {
+		if p.deleted != ph.hookPath {
+			return
+		}
+		hook, path = "", ""
+	}
+	if hook == ph.hook && path == ph.hookPath && undoing == ph.undoing {
+		return
+	}
+	ph.hook, ph.hookPath, ph.undoing = hook, path, undoing
+	if ph.changed != nil {
+		close(ph.changed)
+		ph.changed = nil
 	}
 }
 
-// reset forgets the phase of an earlier operation (Guard).
-func (p *phase) reset() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.hook, p.rollingBack = "", false
+// busy says why helm cannot be stopped now ("" when it can) and returns
+// the channel closed at its next change; w.mu is held.
+func (ph *phase) busy() (string, <-chan struct{}) {
+	if ph.changed == nil {
+		ph.changed = make(chan struct{})
+	}
+	switch {
+	case ph.undoing != "":
+		return ph.undoing, ph.changed
+	case ph.hook != "":
+		return "a " + ph.hook + " hook of the chart is running", ph.changed
+	}
+	return "", ph.changed
 }
 
 // Busy reports why helm's operation cannot be stopped safely at this
 // moment ("" when it can): a hook of the chart is running (stopping it
 // half-way could leave what it does half done: a migration, a backup), or
-// helm is rolling back (it does not cancel a rollback). changed is closed
-// at helm's next change of phase.
+// helm is undoing the release (a rollback, an uninstall), which it does
+// not cancel. changed is closed at helm's next change of phase.
 func (w *WriteFence) Busy() (why string, changed <-chan struct{}) {
-	p := &w.phase
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.changed == nil {
-		p.changed = make(chan struct{})
-	}
-	switch {
-	case p.rollingBack:
-		why = "helm is rolling the release back, which it cannot cancel"
-	case p.hook != "":
-		why = "a " + p.hook + " hook of the chart is running"
-	}
-	return why, p.changed
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.phase.busy()
 }
 
-// notePhase reads helm's write of a resource other than a release record:
-// a hook's resource starts its hook, anything else ends it. A write without
-// a body (a delete: helm removing a hook's earlier resource before it
-// creates it again, or once it succeeded) changes nothing.
-func (f *fenceRT) notePhase(req *http.Request) (*http.Request, error) {
-	if req.Body == nil || req.Method == http.MethodDelete {
-		return req, nil
+// CloseUnlessBusy closes the fence, as Drain's first step does, unless
+// helm is busy (Busy), in one step with the fence's count of helm's
+// writes: a write let in before it closed the fence is one whose phase was
+// known to be stoppable, and none is let in after. It returns why not and
+// the channel closed at helm's next change of phase when busy; the caller
+// then calls Drain.
+func (w *WriteFence) CloseUnlessBusy() (why string, changed <-chan struct{}) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if why, changed = w.phase.busy(); why != "" {
+		return why, changed
+	}
+	w.closeLocked()
+	return "", nil
+}
+
+// phaseOfWrite reads what helm's write req says of its phase, before the
+// fence counts it in (writeStarted), and returns req with its body
+// restored. A release record's write ends a hook (helm writes its records
+// before and after its hooks); created pending-rollback or written
+// uninstalling, it starts an undo. Any other write with a body starts a
+// hook when its object carries the hook annotation, and ends one
+// otherwise; a delete of the hook's own resource ends it.
+func (f *fenceRT) phaseOfWrite(req *http.Request, g *GuardedWrites) (*http.Request, phaseOf, error) {
+	if req.Method == http.MethodDelete {
+		return req, phaseOf{deleted: req.URL.Path}, nil
+	}
+	if req.Body == nil {
+		return req, phaseOf{unchanged: true}, nil
 	}
 	body, err := readBody(req)
 	if err != nil {
-		return nil, fmt.Errorf("helm-autorecover: reading helm's request body: %w", err)
+		return nil, phaseOf{}, fmt.Errorf("helm-autorecover: reading helm's request body: %w", err)
 	}
-	f.w.phase.set(hookOf(body), false)
-	return withRawBody(req, body), nil
+	req = withRawBody(req, body)
+	meta := metadataOf(body)
+	if m := recordPath.FindStringSubmatch(req.URL.Path); m != nil && m[1] == g.Namespace && m[2] == g.Resource {
+		p := phaseOf{}
+		switch status := meta.Labels[LabelStatus]; {
+		case status == "pending-rollback" && req.Method == http.MethodPost:
+			p.undoing = "helm is rolling the release back, which it cannot cancel"
+		case status == "uninstalling":
+			p.undoing = "helm is uninstalling the release, which it cannot cancel"
+		}
+		return req, p, nil
+	}
+	p := phaseOf{hook: meta.hook()}
+	if p.hook != "" {
+		p.hookPath = req.URL.Path
+	}
+	return req, p, nil
 }
 
-// hookOf returns the value of the hook annotation on the object in body
-// (JSON, as helm sends it, or YAML), "" when it carries none.
-func hookOf(body []byte) string {
+// objectMeta is the part of a written object's metadata the phase reads.
+type objectMeta struct {
+	Labels      map[string]string `json:"labels"`
+	Annotations map[string]string `json:"annotations"`
+	yamlHook    string
+}
+
+func (m objectMeta) hook() string {
+	if h := m.Annotations[HookAnnotation]; h != "" {
+		return h
+	}
+	return m.yamlHook
+}
+
+// metadataOf reads the metadata of the object in body: JSON, as helm
+// sends it; for a YAML apply patch, the hook annotation alone, as written
+// on a line of its own.
+func metadataOf(body []byte) objectMeta {
 	var obj struct {
-		Metadata struct {
-			Annotations map[string]string `json:"annotations"`
-		} `json:"metadata"`
+		Metadata objectMeta `json:"metadata"`
 	}
 	if json.Unmarshal(body, &obj) == nil {
-		return obj.Metadata.Annotations[HookAnnotation]
+		return obj.Metadata
 	}
-	// Not JSON: a YAML apply patch. The annotation key, as written on a
-	// line of its own.
 	for line := range bytes.Lines(body) {
 		k, v, ok := bytes.Cut(bytes.TrimSpace(line), []byte(":"))
 		if ok && string(bytes.Trim(k, `"'`)) == HookAnnotation {
-			return string(bytes.Trim(bytes.TrimSpace(v), `"'`))
+			return objectMeta{yamlHook: string(bytes.Trim(bytes.TrimSpace(v), `"'`))}
 		}
 	}
-	return ""
+	return objectMeta{}
 }

@@ -61,13 +61,28 @@ func (f *fenceRT) roundTrip(req *http.Request) (*http.Response, error) {
 		g = w.cur.Load()
 	}
 	if g == nil {
+		if w != nil && isWrite(req.Method) && w.isClosed() {
+			// The lock was given back: an operation that has not ended
+			// (helm 4's upgrade goes on in the background after its
+			// context is cancelled) writes nothing more until Guard
+			// opens the fence for the next one.
+			closeBody(req)
+			return nil, fmt.Errorf("helm-autorecover: refused %s %s %s: %w", f.whose(), req.Method, req.URL.Path, errClosed)
+		}
 		return f.next.RoundTrip(req)
 	}
 	f = f.judgedBy(w, g)
 	if !isWrite(req.Method) {
 		return f.next.RoundTrip(req)
 	}
-	ended, err := f.w.writeStarted()
+	ph := phaseOf{unchanged: true}
+	if !f.ownWrites {
+		var err error
+		if req, ph, err = f.phaseOfWrite(req, g); err != nil {
+			return nil, err
+		}
+	}
+	ended, err := f.w.writeStarted(ph)
 	if err != nil {
 		closeBody(req)
 		return nil, fmt.Errorf("helm-autorecover: refused helm's %s %s for release %q in namespace %q: %w", req.Method, req.URL.Path, g.Release, g.Namespace, err)
@@ -147,15 +162,8 @@ func (f *fenceRT) dispatch(req *http.Request, g *GuardedWrites) (*http.Response,
 func (f *fenceRT) route(req *http.Request, g *GuardedWrites) (*http.Response, error) {
 	m := recordPath.FindStringSubmatch(req.URL.Path)
 	if m == nil || m[1] != g.Namespace || m[2] != g.Resource {
-		req, err := f.notePhase(req)
-		if err != nil {
-			return nil, err
-		}
 		return f.send(req)
 	}
-	// A record write ends a hook's phase (helm writes its records before
-	// and after its hooks).
-	f.w.phase.set("", false)
 	rev := revisionOf(m[3], g.Release)
 	switch {
 	case req.Method == http.MethodPost && m[3] == "":

@@ -34,16 +34,14 @@ const askPoll = progressEvery
 func (h *Held) WatchAsks(ctx context.Context, asked func(Waiter)) {
 	ns, name := h.req.Namespace, LeaseName(h.req.Release)
 	check := func(queue []Waiter) bool {
-		now, _ := h.b.time.Now()
-		for _, w := range liveWaiters(queue, now, h.b.margin()) {
-			if w.Preempt && w.PreemptHolder == h.req.Session {
-				asked(w)
-				return true
-			}
+		if w, ok := h.askIn(queue); ok {
+			asked(w)
+			return true
 		}
 		return false
 	}
 	for ctx.Err() == nil {
+		opened := h.b.clock.Now()
 		w, queueOf, err := h.b.watchQueue(ctx, ns, name)
 		if err != nil {
 			if ctx.Err() != nil {
@@ -65,7 +63,41 @@ func (h *Held) WatchAsks(ctx context.Context, asked func(Waiter)) {
 		if h.drainAsks(ctx, w, queueOf, check) {
 			return
 		}
+		if left := askPoll - h.b.clock.Since(opened); left > 0 {
+			// A watch that ended at once (a proxy, an API server
+			// restarting) is not opened again at once.
+			t := h.b.clock.NewTimer(left)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return
+			case <-t.C():
+			}
+		}
 	}
+}
+
+// askIn returns the first live waiter in queue that asks this holder to
+// stop.
+func (h *Held) askIn(queue []Waiter) (Waiter, bool) {
+	now, _ := h.b.time.Now()
+	for _, w := range liveWaiters(queue, now, h.b.margin()) {
+		if w.Preempt && w.PreemptHolder == h.req.Session {
+			return w, true
+		}
+	}
+	return Waiter{}, false
+}
+
+// AskedNow reads the lock's queue once and returns the first live waiter
+// that asks this holder to stop, if any.
+func (h *Held) AskedNow(ctx context.Context) (Waiter, bool, error) {
+	l, err := h.b.leases(h.req.Namespace).Get(ctx, LeaseName(h.req.Release), metav1.GetOptions{})
+	if err != nil {
+		return Waiter{}, false, err
+	}
+	w, ok := h.askIn(decodeQueue(l.Annotations[AnnotationQueue]))
+	return w, ok, nil
 }
 
 // drainAsks reads w's events until one shows a request to stop (true), ctx
@@ -118,4 +150,9 @@ func (b *Backend) watchQueue(ctx context.Context, ns, name string) (watch.Interf
 // take: the holder of all of them holds the first): see Held.WatchAsks.
 func (j *Joint) WatchAsks(ctx context.Context, asked func(Waiter)) {
 	j.parts[0].WatchAsks(ctx, asked)
+}
+
+// AskedNow reads the first part's queue once: see Held.AskedNow.
+func (j *Joint) AskedNow(ctx context.Context) (Waiter, bool, error) {
+	return j.parts[0].AskedNow(ctx)
 }

@@ -1030,7 +1030,7 @@ func (b *Backend) enqueue(ctx context.Context, req *Request, w *waitState, v vie
 	if req.Preempt {
 		asks = holderAsked(v)
 	}
-	if i >= 0 && !w.lastBeat.IsZero() && sent.Sub(w.lastBeat) < req.LeaseDuration/3 && v.live[i].PreemptHolder == asks {
+	if i >= 0 && !w.lastBeat.IsZero() && sent.Sub(w.lastBeat) < req.LeaseDuration/3 && v.live[i].Preempt == req.Preempt && v.live[i].PreemptHolder == asks {
 		return v.lease, nil
 	}
 	now, err := b.serverNow(ctx)
@@ -1048,7 +1048,7 @@ func (b *Backend) enqueue(ctx context.Context, req *Request, w *waitState, v vie
 	}
 	// A waiter that asks to preempt asks the holder it sees now: each new
 	// holder in turn, while it waits.
-	ws[i].PreemptHolder = asks
+	ws[i].Preempt, ws[i].PreemptHolder = req.Preempt, asks
 	ws[i].HeartbeatAt = t
 	ws[i].ExpiresAt = t.Add(req.LeaseDuration)
 	l := v.lease.DeepCopy()

@@ -83,6 +83,8 @@ type Lock struct {
 	// judging writes by this lock (End).
 	endOnce sync.Once
 	unfence func()
+	// drainOnce makes drain close the fence and helm's sql driver once.
+	drainOnce sync.Once
 
 	// floorGiven is set once ReadFloor has given the take's floor;
 	// newestGiven once NewestAtTake has said what the take read.
@@ -312,7 +314,13 @@ func (l *Lock) Release(ctx context.Context) error {
 // it can still land (helmx.WriteFence.Drain): nothing written under the lock
 // may land once it is free, and the holder's own revision is settled only
 // once helm's last write of it has ended.
-func (l *Lock) drain() {
+func (l *Lock) drain() { l.drainOnce.Do(l.drainNow) }
+
+// drainNow is drain's one run: a second caller (the guard's end of the
+// process beside Run's own release, preemption beside either) waits for it
+// to end, so nobody reads the holder's own revision before helm's last
+// write of it ended.
+func (l *Lock) drainNow() {
 	if l.fence != nil {
 		l.fence.Drain()
 	}

@@ -83,11 +83,15 @@ func Preemptible(op Operation) (bool, string) {
 }
 
 // watchAsks runs, beside the operation op, the holder's side of
-// preemption: from askWatchAfter on, it watches the lock's queue; on a
-// request it waits while helm cannot be stopped safely (declined is told
-// why, once), then drains the fence, marks the lock's own revision to be
-// settled as preempted, and calls stop. It returns the function that ends
-// the watch (the operation ended).
+// preemption: from askWatchAfter on, it watches the lock's queue for a
+// request to stop this holder. While helm cannot be stopped safely (op is
+// not Preemptible; a hook runs; helm undoes the release), declined is told
+// why, once per asker, and the holder waits for helm's next change of
+// phase, then reads its queue again: it stops only for an asker still
+// waiting. To stop, it closes the write fence in the same step as it
+// judges helm stoppable (helmx.WriteFence.CloseUnlessBusy), drains it,
+// marks its own revision to be settled as preempted, and calls stop. It
+// returns the function that ends the watch (the operation ended).
 func (l *Lock) watchAsks(ctx context.Context, op Operation, declined func(by Waiter, why string), stop func(*PreemptedError)) (end func()) {
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
@@ -100,50 +104,73 @@ func (l *Lock) watchAsks(ctx context.Context, op Operation, declined func(by Wai
 			return
 		case <-t.C():
 		}
+		if by, ok := l.awaitStoppable(ctx, op, declined); ok {
+			l.stopFor(by, stop)
+		}
+	}()
+	return func() { cancel(); <-done }
+}
+
+// awaitStoppable waits for a request to stop this holder at a moment helm
+// can be stopped; the fence is then closed (ok). It returns when ctx ends
+// first.
+func (l *Lock) awaitStoppable(ctx context.Context, op Operation, declined func(by Waiter, why string)) (Waiter, bool) {
+	told := map[string]bool{}
+	for ctx.Err() == nil {
 		var by *Waiter
 		l.joint.WatchAsks(ctx, func(w Waiter) { by = &w })
 		if by == nil {
-			return
+			return Waiter{}, false
 		}
-		told := false
 		for {
 			why := ""
 			var changed <-chan struct{}
 			if ok, reason := Preemptible(op); !ok {
 				why = reason
-			} else if f := l.fence; f != nil {
-				why, changed = f.Busy()
+			} else if l.fence != nil {
+				why, changed = l.fence.CloseUnlessBusy()
 			}
 			if why == "" {
-				break
+				return *by, true
 			}
-			if !told && declined != nil {
+			if !told[by.Session] && declined != nil {
 				declined(*by, why)
-				told = true
+				told[by.Session] = true
 			}
 			select {
 			case <-ctx.Done():
-				return
+				return Waiter{}, false
 			case <-changed: // nil (never) when nothing can change
 			}
+			// Helm's phase changed: stop only for an asker still waiting
+			// (one that gave up, or was killed, asks nothing).
+			w, asked, err := l.joint.AskedNow(ctx)
+			if err != nil || !asked {
+				break // watch again
+			}
+			by = &w
 		}
-		p := &PreemptedError{Release: l.release, Namespace: l.namespace, By: *by}
-		l.mu.Lock()
-		l.preempted = p
-		l.mu.Unlock()
-		// Nothing more of helm's is written from now on, before the
-		// operation is told: helm's own clean-up of a cancelled operation
-		// would mark its revision failed without naming the asker; the
-		// holder marks it itself (settleRevision).
-		l.drain()
-		if rev := l.Record().Revision; rev > 0 {
-			// Settled when the lock is given back: marked failed, naming
-			// the asker, when still pending under this lock.
-			l.OwnRecordWrite(rev, false)
-		}
-		stop(p)
-	}()
-	return func() { cancel(); <-done }
+	}
+	return Waiter{}, false
+}
+
+// stopFor ends the operation at by's request once the fence is closed:
+// drains it, marks the holder's own revision to be settled as preempted
+// (failed, naming by, when the lock is given back), and calls stop.
+func (l *Lock) stopFor(by Waiter, stop func(*PreemptedError)) {
+	p := &PreemptedError{Release: l.release, Namespace: l.namespace, By: by}
+	l.mu.Lock()
+	l.preempted = p
+	l.mu.Unlock()
+	// Nothing more of helm's is written from now on, before the operation
+	// is told: helm's own clean-up of a cancelled operation would mark its
+	// revision failed without naming the asker; the holder marks it itself
+	// (settleRevision).
+	l.drain()
+	if rev := l.Record().Revision; rev > 0 {
+		l.OwnRecordWrite(rev, false)
+	}
+	stop(p)
 }
 
 // Preempted returns the request the holder stopped for, nil when none.
