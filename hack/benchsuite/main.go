@@ -2,7 +2,7 @@
 // on the local control plane (issue 13 item 2) and writes the figures:
 // a generated section of docs/benchmarks.md (tables, plots, the machine,
 // the versions and the command that reruns each), PNG plots and the raw
-// CSV under docs/bench/. Four scenarios, one file each:
+// CSV under docs/bench/. Five scenarios, one file each:
 //
 //   - overhead: install and upgrade of a small and a medium chart, with
 //     and without --wait, the two binaries alternating; wall time, and
