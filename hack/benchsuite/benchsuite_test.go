@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/helm-autorecover/helm-autorecover/internal/exitcode"
 	"github.com/helm-autorecover/helm-autorecover/internal/testenv"
 )
 
@@ -35,6 +36,7 @@ func TestSuiteTiny(t *testing.T) {
 	o.cycles, o.stockCycles, o.leases = 2, 1, []time.Duration{3 * time.Second}
 	o.handoffs = 2
 	o.clients, o.upgrades, o.soloRuns = 3, 2, 2
+	o.preempts = 2
 	const before = "# Benchmarks\n\nA section written by hand.\n"
 	if err := os.WriteFile(o.doc, []byte(before), 0o644); err != nil {
 		t.Fatal(err)
@@ -97,6 +99,17 @@ func TestSuiteTiny(t *testing.T) {
 	if want := 2 + o.soloRuns + o.clients*o.upgrades; !cr.contiguous || cr.revisions != want || cr.badStatus {
 		t.Errorf("contention: %d revisions (%s), contiguous %v; want %d contiguous, the last deployed", cr.revisions, cr.statuses, cr.contiguous, want)
 	}
+	// Preempt: every holder stopped (exit 11), found in the proxy's log,
+	// and silent after the preemptor's take.
+	if got := len(res.preempt.runs); got != o.preempts {
+		t.Errorf("preempt: %d preemptions measured; want %d", got, o.preempts)
+	}
+	for _, r := range res.preempt.runs {
+		if r.holderExit != exitcode.Preempted || r.lateHolderWrites != 0 || r.asked.IsZero() || !r.took.After(r.asked) || !r.released.After(r.asked) {
+			t.Errorf("preempt %d: holder exit %d, %d holder writes after the take, request %v, release %v, take %v; want exit %d, none, and the request first",
+				r.n, r.holderExit, r.lateHolderWrites, r.asked, r.released, r.took, exitcode.Preempted)
+		}
+	}
 
 	// The files: the document keeps what was there and has every
 	// scenario's block once; every plot is a PNG; every CSV parses.
@@ -116,7 +129,7 @@ func TestSuiteTiny(t *testing.T) {
 	if strings.Contains(doc, "not measured yet") {
 		t.Errorf("a scenario's block was not written:\n%s", doc)
 	}
-	for _, f := range []string{"overhead.png", "overhead-requests.png", "recovery.png", "handoff.png", "contention.png"} {
+	for _, f := range []string{"overhead.png", "overhead-requests.png", "recovery.png", "handoff.png", "contention.png", "preempt.png"} {
 		if !strings.Contains(doc, "](bench/"+f+")") {
 			t.Errorf("the document does not show %s", f)
 		}
@@ -136,6 +149,7 @@ func TestSuiteTiny(t *testing.T) {
 		"recovery.csv":          {"lease_s", "cycle", "kill_delay_s", "seconds_after_kill"},
 		"handoff.csv":           {"handoff", "gap_s", "gap_from_exit_s", "waiter_writes_while_queued"},
 		"contention.csv":        {"seconds", "exit"},
+		"preempt.csv":           {"request_to_take_s", "request_to_holder_release_s", "holder_exit", "preemptor_wall_s"},
 	}
 	for f, cols := range numeric {
 		checkCSV(t, filepath.Join(o.data, f), cols)
@@ -216,6 +230,23 @@ func TestWriteSection(t *testing.T) {
 	}
 	if n := strings.Count(doc, beginSuite); n != 1 {
 		t.Errorf("%d suite blocks; want 1", n)
+	}
+	// A scenario the block was written without (one added since) gets a
+	// block of its own, last in the suite's.
+	doc = strings.Replace(doc, beginScenario("contention"), "", 1)
+	doc = strings.Replace(doc, benchFamily.endScenario("contention"), "", 1)
+	if err := os.WriteFile(s.o.doc, []byte(doc), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.writeSection("contention", section{markdown: "new contention"}); err != nil {
+		t.Fatalf("a scenario missing from the block: %v", err)
+	}
+	if b, err = os.ReadFile(s.o.doc); err != nil {
+		t.Fatal(err)
+	}
+	doc = string(b)
+	if i, j := strings.Index(doc, "new contention"), strings.Index(doc, endSuite); i < 0 || j < i || strings.Count(doc, beginScenario("contention")) != 1 || !strings.Contains(doc, "second handoff") {
+		t.Errorf("the added scenario's block is not once inside the suite's:\n%s", doc)
 	}
 	if got := s.dataLink("handoff.png"); got != "bench/handoff.png" {
 		t.Errorf("dataLink = %q; want bench/handoff.png", got)

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"image/color"
 	"os"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -275,12 +274,7 @@ func (s *suite) handoffPlot(gaps, exitGaps []float64) error {
 		if len(xs) == 0 {
 			continue
 		}
-		sorted := slices.Sorted(slices.Values(xs))
-		xys := make(plotter.XYs, 0, 2*len(sorted))
-		for j, x := range sorted {
-			xys = append(xys, plotter.XY{X: x, Y: float64(j) / float64(len(sorted))}, plotter.XY{X: x, Y: float64(j+1) / float64(len(sorted))})
-		}
-		l, err := plotter.NewLine(xys)
+		l, err := plotter.NewLine(cdf(xs))
 		if err != nil {
 			return err
 		}

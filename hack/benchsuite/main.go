@@ -2,7 +2,7 @@
 // on the local control plane (issue 13 item 2) and writes the figures:
 // a generated section of docs/benchmarks.md (tables, plots, the machine,
 // the versions and the command that reruns each), PNG plots and the raw
-// CSV under docs/bench/. Four scenarios, one file each:
+// CSV under docs/bench/. Five scenarios, one file each:
 //
 //   - overhead: install and upgrade of a small and a medium chart, with
 //     and without --wait, the two binaries alternating; wall time, and
@@ -13,11 +13,13 @@
 //     beside it;
 //   - handoff: a holder hands the lock to a waiter queued with
 //     --lock-timeout; the gap between the two;
-//   - contention: many clients upgrading one release with --lock-timeout.
+//   - contention: many clients upgrading one release with --lock-timeout;
+//   - preempt: a holder in upgrade --wait stopped by an upgrade --preempt
+//     (issue 34); the time from the request to the preemptor's take.
 //
 // Every namespace it makes is named bench-suite-*, and deleted at the end.
 //
-//	KUBECONFIG=.local-cluster/kubeconfig go run ./hack/benchsuite [--scenarios overhead,recovery,handoff,contention] [--runs 20] ...
+//	KUBECONFIG=.local-cluster/kubeconfig go run ./hack/benchsuite [--scenarios overhead,recovery,handoff,contention,preempt] [--runs 20] ...
 //	go run ./hack/benchsuite --replot    # the plots again from docs/bench/*.csv, no cluster
 package main
 
@@ -34,7 +36,7 @@ import (
 
 // scenarioNames are the bench's scenarios in the order they run and are
 // written.
-var scenarioNames = []string{"overhead", "recovery", "handoff", "contention"}
+var scenarioNames = []string{"overhead", "recovery", "handoff", "contention", "preempt"}
 
 // options are the command's flags.
 type options struct {
@@ -53,6 +55,7 @@ type options struct {
 	stockCycles       int             // recovery: stock helm's kills per lease
 	leases            []time.Duration // recovery
 	handoffs          int
+	preempts          int // preempt: holders stopped at a preemptor's request
 	clients, upgrades int // contention
 	soloRuns          int // contention: upgrades alone, for the baseline
 
@@ -77,6 +80,7 @@ func defaults() options {
 		stockCycles:       5,
 		leases:            []time.Duration{3 * time.Second, 15 * time.Second},
 		handoffs:          50,
+		preempts:          20,
 		clients:           20,
 		upgrades:          5,
 		soloRuns:          10,
@@ -105,6 +109,7 @@ func main() {
 	fs.IntVar(&o.stockCycles, "stock-cycles", o.stockCycles, "recovery: kill-and-retry cycles of stock helm per lease")
 	leases := fs.String("leases", "3s,15s", "recovery: the --lease-duration values, comma-separated")
 	fs.IntVar(&o.handoffs, "handoffs", o.handoffs, "handoff: handoffs from a holder to a waiter")
+	fs.IntVar(&o.preempts, "preempts", o.preempts, "preempt: holders in upgrade --wait stopped by an upgrade --preempt")
 	fs.IntVar(&o.clients, "clients", o.clients, "contention: clients upgrading one release at once")
 	fs.IntVar(&o.upgrades, "upgrades", o.upgrades, "contention: upgrades per client, one after another")
 	fs.IntVar(&o.soloRuns, "solo-runs", o.soloRuns, "contention: upgrades alone before, whose median is the baseline")

@@ -58,6 +58,22 @@ func replot(o options) error {
 			if err := s.handoffPlot(gaps, exitGaps); err != nil {
 				return fmt.Errorf("replot handoff: %w", err)
 			}
+		case "preempt":
+			rows, err := readCSV(s, "preempt.csv")
+			if err != nil {
+				return fmt.Errorf("replot preempt: %w", err)
+			}
+			var takes, releases []float64
+			for _, r := range rows {
+				takes = append(takes, r.float("request_to_take_s"))
+				releases = append(releases, r.float("request_to_holder_release_s"))
+			}
+			if err := firstErr(rows); err != nil {
+				return fmt.Errorf("replot preempt: %w", err)
+			}
+			if err := s.preemptPlot(takes, releases); err != nil {
+				return fmt.Errorf("replot preempt: %w", err)
+			}
 		case "contention":
 			r, err := readContention(s)
 			if err == nil {

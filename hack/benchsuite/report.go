@@ -84,6 +84,12 @@ func (s *suite) writeSection(name string, sec section) error {
 		doc += blk.String()
 	}
 	begin, end := f.beginScenario(name), f.endScenario(name)
+	if !strings.Contains(doc, begin) && !strings.Contains(doc, end) {
+		// A scenario newer than the document's block: its block goes
+		// last in the suite's.
+		k := strings.LastIndex(doc, f.end)
+		doc = doc[:k] + begin + "\n\n" + end + "\n\n" + doc[k:]
+	}
 	i, j := strings.Index(doc, begin), strings.Index(doc, end)
 	if i < 0 || j < i {
 		return fmt.Errorf("%s: the block of %s (%q ... %q) is missing or broken; remove the whole %s block to have it written again", s.o.doc, name, begin, end, f.word)

@@ -50,6 +50,7 @@ type results struct {
 	recovery   *recoveryResult
 	handoff    *handoffResult
 	contention *contentionResult
+	preempt    *preemptResult
 	chaos      map[string]*chaosResult
 	failed     map[string]error // chaos groups that could not run to their end
 }
@@ -107,6 +108,8 @@ func run(ctx context.Context, o options) (*results, error) {
 			sec, err = measure(ctx, &res.handoff, s.handoff, s.handoffReport)
 		case "contention":
 			sec, err = measure(ctx, &res.contention, s.contention, s.contentionReport)
+		case "preempt":
+			sec, err = measure(ctx, &res.preempt, s.preempt, s.preemptReport)
 		default:
 			sec, err = s.chaosScenario(ctx, name, res)
 			if err != nil && ctx.Err() == nil {

@@ -89,8 +89,9 @@ func runRecipe(t *testing.T, env *testenv.Env, script string, vars ...string) (i
 // another holds the lock past LOCK_TIMEOUT; after that holder is killed
 // outright, a deploy that waits, recovers its revision and deploys; a
 // cancelled deploy (SIGINT to the job's process group) that exits 130 and
-// leaves the lock free; and the shell loop, retrying on exit 3 until a
-// holder is done.
+// leaves the lock free; the shell loop, retrying on exit 3 until a
+// holder is done; and a deploy stopped (exit 11) by a newer one run with
+// HELM_AUTORECOVER_PREEMPT=true.
 func TestCIRecipes(t *testing.T) {
 	env := testenv.Get(t)
 	ha := env.Bin(t)
@@ -153,4 +154,19 @@ func TestCIRecipes(t *testing.T) {
 		t.Errorf("the holder: exit %d; want 1 (its wait timed out)", code)
 	}
 	wantHistory(t, env, ns, rel, "1:superseded 2:failed 3:superseded 4:failed 5:superseded 6:failed 7:deployed")
+
+	// --preempt, as the recipes of "Cancelling a running deploy" set it
+	// (HELM_AUTORECOVER_PREEMPT): a deploy held in its --wait is stopped
+	// by a newer one; the older exits 11 and says it was superseded, the
+	// newer deploys, and the older's revision reads failed.
+	older := startRecipe(t, env, rs["deploy"], append(vars, "HELM_ARGS=--set nodeSelector.never=matches")...)
+	env.WaitForStatus(t, ns, rel, 8, "pending-upgrade", 60*time.Second)
+	waitForWriter(t, env, ns, rel, 8, 10*time.Second)
+	if code, r := runRecipe(t, env, rs["deploy"], append(vars, "HELM_AUTORECOVER_PREEMPT=true")...); code != 0 {
+		t.Fatalf("the preempting deploy: exit %d\n%s", code, r.stderr.String())
+	}
+	if code := older.wait(t, 2*time.Minute); code != exitcode.Preempted || !strings.Contains(older.stderr.String(), "stopped: a newer deploy") {
+		t.Fatalf("the preempted deploy: exit %d; want %d\n%s", code, exitcode.Preempted, older.stderr.String())
+	}
+	wantHistory(t, env, ns, rel, "1:superseded 2:failed 3:superseded 4:failed 5:superseded 6:failed 7:superseded 8:failed 9:deployed")
 }
