@@ -58,9 +58,11 @@ func flagsTable(string) (string, error) {
 	}
 	fs := pflag.NewFlagSet("guard", pflag.ContinueOnError)
 	fs.SortFlags = false
-	if err := (&guard.Options{}).AddFlags(fs); err != nil {
+	opts := &guard.Options{}
+	if err := opts.AddFlags(fs); err != nil {
 		return "", err
 	}
+	opts.AddPreemptFlag(fs) // the guarded commands' alone
 	var b strings.Builder
 	b.WriteString("| flag (env) | default | meaning |\n| --- | --- | --- |\n")
 	var err error

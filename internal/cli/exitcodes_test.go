@@ -31,7 +31,7 @@ func TestExitCodeRule(t *testing.T) {
 	t.Setenv("HELM_CONFIG_HOME", filepath.Join(dir, "config"))
 	t.Setenv("HELM_DATA_HOME", filepath.Join(dir, "data"))
 	t.Setenv("HELM_CACHE_HOME", filepath.Join(dir, "cache"))
-	for _, v := range []string{guard.EnvLockBackend, guard.EnvLeaseDuration, guard.EnvLockTimeout, guard.EnvRecoverLegacyAfter, guard.EnvAutorecover, guard.EnvRecoverDeleteData, guard.EnvRecoverStrategy, guard.EnvLockMaxHold} {
+	for _, v := range []string{guard.EnvLockBackend, guard.EnvLeaseDuration, guard.EnvLockTimeout, guard.EnvRecoverLegacyAfter, guard.EnvAutorecover, guard.EnvRecoverDeleteData, guard.EnvRecoverStrategy, guard.EnvLockMaxHold, guard.EnvPreempt} {
 		t.Setenv(v, "")
 	}
 
@@ -73,6 +73,7 @@ func TestExitCodeRule(t *testing.T) {
 		add(exitcode.Usage, `--recover-strategy="undo": must be fail or rollback`, append(cmd, "--recover-strategy", "undo")...)
 		add(exitcode.Usage, `invalid argument "soon" for "--lock-timeout"`, append(cmd, "--lock-timeout", "soon")...)
 		add(exitcode.Usage, `invalid argument "maybe" for "--autorecover"`, append(cmd, "--autorecover=maybe")...)
+		add(exitcode.Usage, `invalid argument "maybe" for "--preempt"`, append(cmd, "--preempt=maybe")...)
 	}
 	add(exitcode.Usage, `invalid argument "abc" for "--timeout"`, "upgrade", "r", chart, "--timeout", "abc")
 	add(exitcode.Usage, `--lock-backend="etcd": must be auto, lease or release`, "locks", "--lock-backend", "etcd")
@@ -120,6 +121,18 @@ func TestExitCodeRule(t *testing.T) {
 	badBool := map[string]string{guard.EnvRecoverDeleteData: "sure"}
 	envCase(badBool, exitcode.Usage, `HELM_AUTORECOVER_RECOVER_DELETE_DATA="sure" is not true or false`, "unlock", "r", "--session", "s")
 	envCase(badBool, exitcode.Failure, "127.0.0.1:1", "locks")
+	// --preempt's variable: the guarded commands alone read it.
+	badPreempt := map[string]string{guard.EnvPreempt: "soon"}
+	const badPreemptMsg = `HELM_AUTORECOVER_PREEMPT="soon" is not true or false: fix or unset it, or give the flag`
+	for _, cmd := range [][]string{{"install", "r", chart}, {"upgrade", "r", chart}, {"rollback", "r", "1"}, {"uninstall", "r"}} {
+		envCase(badPreempt, exitcode.Usage, badPreemptMsg, cmd...)
+	}
+	envCase(badPreempt, exitcode.Failure, "127.0.0.1:1", "upgrade", "r", chart, "--preempt")
+	envCase(badPreempt, exitcode.Failure, "127.0.0.1:1", "upgrade", "r", chart, "--preempt=false")
+	envCase(badPreempt, exitcode.Failure, "127.0.0.1:1", "locks")
+	envCase(badPreempt, exitcode.Failure, "127.0.0.1:1", "unlock", "r", "--session", "s")
+	envCase(badPreempt, exitcode.Usage, "recover: needs exactly one argument", "recover")
+	envCase(map[string]string{guard.EnvPreempt: "true"}, exitcode.Failure, "127.0.0.1:1", "upgrade", "r", chart)
 
 	for _, c := range cases {
 		name := strings.Join(c.args, " ")

@@ -17,7 +17,7 @@ import (
 	"github.com/helm-autorecover/helm-autorecover/internal/protocol"
 )
 
-const listLocksUsage = "add the columns LOCKED TILL, SESSION ID and HOLDER (and lock_state, locked_till, session_id and holder to -o json|yaml), in API-server time; also reads the releases' lock Leases (no effect with --short)"
+const listLocksUsage = "add the columns LOCKED TILL, SESSION ID and HOLDER (and lock_state, locked_till, session_id and holder to -o json|yaml, and preempt_requested_by once a waiter asked the holder to stop with --preempt), in API-server time; also reads the releases' lock Leases (no effect with --short)"
 
 // wrapList adds --locks to helm's own list. Without the flag, helm's list
 // runs untouched and prints exactly what stock helm prints.

@@ -18,6 +18,10 @@ const locksLong = `Show the lock of each release: who holds it (user@host, pid, 
 operation, CI job URL), its state, when it was acquired and last renewed,
 LOCKED TILL and the time left before another client may take it over. Every
 time is the API server's clock, read from its responses, never this machine's.
+When a client waiting for the lock asked its holder to stop (--preempt),
+HOLDER adds who asked and since when (preempt_requested_by in -o json|yaml),
+and why the holder will not stop when its operation is a rollback or an
+uninstall; the clients waiting are listed under waiters in -o json|yaml.
 
 States:
   live            a holder has the lock and may still be renewing it

@@ -89,7 +89,11 @@ func fixtureInputs() []Input {
 	live := record("web", "prod", "0f3c6a2e-1111-4a5b-9c8d-000000000001", lock.OpUpgrade, 8, at(-40*time.Second), at(-5*time.Second))
 	live.CIJobURL = "https://github.com/acme/web/actions/runs/42"
 	liveSt := held(live, lock.Live)
-	liveSt.Waiters = []lock.Waiter{{Session: "5d1e0000-2222-4a5b-9c8d-000000000002", Who: "bob@laptop", Operation: lock.OpUpgrade, EnqueuedAt: at(-3 * time.Second), HeartbeatAt: at(-time.Second), ExpiresAt: at(14 * time.Second)}}
+	// bob waits; carol, behind him, asked the holder to stop (--preempt).
+	liveSt.Waiters = []lock.Waiter{
+		{Session: "5d1e0000-2222-4a5b-9c8d-000000000002", Who: "bob@laptop", Operation: lock.OpUpgrade, EnqueuedAt: at(-3 * time.Second), HeartbeatAt: at(-time.Second), ExpiresAt: at(14 * time.Second)},
+		{Session: "a1b20000-8888-4a5b-9c8d-000000000008", Who: "carol@ci-9", Operation: lock.OpUpgrade, EnqueuedAt: at(-2 * time.Second), HeartbeatAt: at(-2 * time.Second), ExpiresAt: at(13 * time.Second), Preempt: true},
+	}
 
 	dead := record("api", "prod", "7a9b0000-3333-4a5b-9c8d-000000000003", lock.OpUpgrade, 3, at(-10*time.Minute), at(-9*time.Minute))
 	released := record("db", "prod", "c4d50000-4444-4a5b-9c8d-000000000004", lock.OpInstall, 1, at(-time.Hour), at(-time.Hour))
@@ -100,6 +104,10 @@ func fixtureInputs() []Input {
 		LockedTill: at(5 * time.Second), Now: now,
 	}
 	installing := record("new", "staging", "f8090000-6666-4a5b-9c8d-000000000006", lock.OpInstall, 0, at(-2*time.Second), at(-2*time.Second))
+	// A rollback, which helm cannot cancel, asked to stop all the same.
+	rollingBack := record("jobs", "staging", "b3c40000-9999-4a5b-9c8d-000000000009", lock.OpRollback, 6, at(-20*time.Second), at(-4*time.Second))
+	rollingBackSt := held(rollingBack, lock.Live)
+	rollingBackSt.Waiters = []lock.Waiter{{Session: "c5d60000-aaaa-4a5b-9c8d-00000000000a", Who: "dave@laptop", Operation: lock.OpUpgrade, EnqueuedAt: at(-time.Second), HeartbeatAt: at(-time.Second), ExpiresAt: at(14 * time.Second), Preempt: true}}
 
 	return []Input{
 		{Lock: liveSt, Release: Release{Name: "web", Namespace: "prod", Latest: summary("web", "prod", 8, common.StatusPendingUpgrade, at(-30*time.Second))}},
@@ -109,6 +117,7 @@ func fixtureInputs() []Input {
 		{Lock: &lock.Status{Release: "db", Namespace: "prod", Exists: true, State: lock.Free, Record: released, Now: now}, Release: Release{Name: "db", Namespace: "prod", Latest: summary("db", "prod", 1, common.StatusDeployed, at(-time.Hour))}},
 		{Lock: corrupt, Release: Release{Name: "cache", Namespace: "prod", Latest: summary("cache", "prod", 4, common.StatusDeployed, at(-time.Hour))}},
 		{Lock: held(installing, lock.Live), Release: Release{Name: "new", Namespace: "staging"}},
+		{Lock: rollingBackSt, Release: Release{Name: "jobs", Namespace: "staging", Latest: summary("jobs", "staging", 6, common.StatusPendingRollback, at(-15*time.Second))}},
 		{Release: Release{Name: "broken", Namespace: "staging", Err: errors.New(`reading Secret "sh.helm.release.v1.broken.v1" in namespace "staging": decoding the release payload: not base64 text`)}},
 	}
 }

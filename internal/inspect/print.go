@@ -10,6 +10,9 @@ import (
 	"github.com/gosuri/uitable"
 	"helm.sh/helm/v4/pkg/cli/output"
 	"helm.sh/helm/v4/pkg/release/common"
+
+	"github.com/helm-autorecover/helm-autorecover/internal/lock"
+	"github.com/helm-autorecover/helm-autorecover/internal/protocol"
 )
 
 // none is printed in a table cell that has no value.
@@ -44,7 +47,7 @@ func WriteLocks(out io.Writer, format output.Format, rows []Row, noHeaders bool)
 		if r.RecoverableIn != "" {
 			pending += ", recoverable " + recoverableIn(r.RecoverableIn)
 		}
-		t.AddRow(r.Namespace, r.Release, string(r.State), rev, cell(r.Status), cell(r.Session), Holder(r),
+		t.AddRow(r.Namespace, r.Release, string(r.State), rev, cell(r.Status), cell(r.Session), Holder(r)+asked(r.PreemptRequestedBy),
 			cell(r.Operation), stamp(r.AcquiredAt), stamp(r.RenewedAt), stamp(r.LockedTill), left, pending, cell(r.CIJobURL))
 	}
 	return output.EncodeTable(out, t)
@@ -60,7 +63,8 @@ func recoverableIn(s string) string {
 	return "in " + s
 }
 
-// Holder is the HOLDER cell: who and pid of a held lock.
+// Holder is the HOLDER cell: who and pid of a held lock (the tables add
+// the request to stop a waiter made, if any: asked).
 func Holder(r Row) string {
 	switch {
 	case r.Session == "":
@@ -71,6 +75,21 @@ func Holder(r Row) string {
 		return fmt.Sprintf("%s (pid %d)", r.Who, r.PID)
 	}
 	return r.Who
+}
+
+// asked follows the HOLDER cell of a holder a waiter asked to stop
+// (--preempt): who asked, as the holder's own messages name it
+// (protocol.Asker), since when, and why the holder will not stop, if it
+// will not.
+func asked(p *PreemptRequest) string {
+	if p == nil {
+		return ""
+	}
+	s := fmt.Sprintf("; asked to stop by %s since %s", protocol.Asker(protocol.Waiter{Session: p.Session, Who: p.Who, Operation: lock.Operation(p.Operation)}), stamp(p.RequestedAt))
+	if p.Declined != "" {
+		s += ", which it will not do: " + p.Declined
+	}
+	return s
 }
 
 func cell(s string) string {
@@ -107,6 +126,9 @@ type ListElement struct {
 	SessionID string `json:"session_id"`
 	// Holder is who holds it, user@host (pid).
 	Holder string `json:"holder"`
+	// PreemptRequestedBy is the waiter that asked the holder to stop
+	// (--preempt), absent when none did.
+	PreemptRequestedBy *PreemptRequest `json:"preempt_requested_by,omitempty"`
 }
 
 // LockFields fills the lock fields of e from row.
@@ -116,6 +138,7 @@ func (e *ListElement) LockFields(r Row) {
 	if r.Session != "" {
 		e.Holder = Holder(r)
 	}
+	e.PreemptRequestedBy = r.PreemptRequestedBy
 	if r.Session != "" && !r.LockedTill.IsZero() {
 		e.LockedTill = r.LockedTill.UTC().Format(time.RFC3339Nano)
 	}
@@ -150,7 +173,7 @@ func WriteList(out io.Writer, format output.Format, elems []ListElement, noHeade
 			}
 		}
 		t.AddRow(e.Name, colorize(e.Namespace, noColor, color.FgCyan), e.Revision, e.Updated,
-			colorizeStatus(e.Status, noColor), e.Chart, e.AppVersion, till, cell(e.SessionID), cell(e.Holder))
+			colorizeStatus(e.Status, noColor), e.Chart, e.AppVersion, till, cell(e.SessionID), cell(e.Holder)+asked(e.PreemptRequestedBy))
 	}
 	return output.EncodeTable(out, t)
 }

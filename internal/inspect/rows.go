@@ -9,6 +9,7 @@ import (
 
 	"github.com/helm-autorecover/helm-autorecover/internal/helmx"
 	"github.com/helm-autorecover/helm-autorecover/internal/lock"
+	"github.com/helm-autorecover/helm-autorecover/internal/protocol"
 	"github.com/helm-autorecover/helm-autorecover/internal/recovery"
 	"github.com/helm-autorecover/helm-autorecover/internal/servertime"
 )
@@ -86,6 +87,9 @@ type Row struct {
 	ExpiredFor        string      `json:"-"`
 	ExpiredForSeconds *int64      `json:"expired_for_seconds,omitempty"`
 	Waiters           []WaiterRow `json:"waiters,omitempty"`
+	// PreemptRequestedBy is the live waiter that asked the holder to stop
+	// (--preempt), nil when none did (PreemptRequestOf).
+	PreemptRequestedBy *PreemptRequest `json:"preempt_requested_by,omitempty"`
 
 	// PendingSince and PendingFor describe a pending latest revision, from
 	// its last server-side write; RecoverableIn says, for a legacy pending
@@ -210,6 +214,7 @@ func NewRow(in Input) Row {
 			for _, w := range st.Waiters {
 				r.Waiters = append(r.Waiters, WaiterRow(w))
 			}
+			r.PreemptRequestedBy = PreemptRequestOf(st.Waiters, st.HolderIdentity, lock.Operation(r.Operation))
 		case rec != nil:
 			r.LastSession, r.ReleasedAt, r.ReleasedBy = rec.Session, rec.ReleasedAt, rec.ReleasedBy
 		}
@@ -273,6 +278,42 @@ type WaiterRow struct {
 	// PreemptHolder is the session of the holder it asked.
 	Preempt       bool   `json:"preempt,omitempty"`
 	PreemptHolder string `json:"preempt_holder,omitempty"`
+}
+
+// PreemptRequest is a waiter's request that the holder of the lock stop
+// (cooperative preemption, --preempt), named by the fields the lock shows
+// of its holder: session, who, the operation it waits to run, and since
+// when (its place in the queue, which the request is part of).
+type PreemptRequest struct {
+	Session     string    `json:"session_id"`
+	Who         string    `json:"who,omitempty"`
+	Operation   string    `json:"operation,omitempty"`
+	RequestedAt time.Time `json:"requested_at"`
+	// Declined says why the holder will not stop for it, when its
+	// operation is one helm cannot cancel (protocol.Preemptible): the
+	// waiter waits for it to finish. A running hook of the chart, which
+	// defers the stop too, shows only in the holder's own output.
+	Declined string `json:"declined,omitempty"`
+}
+
+// PreemptRequestOf returns the request the holder (its session and its
+// operation, "" when unknown) acts on: the first waiter of live, the lock's
+// live queue in arrival order (lock.Status.Waiters), that asked it to stop,
+// as lock.Held.WatchAsks picks it; nil when none asked.
+func PreemptRequestOf(live []lock.Waiter, holder string, holderOp lock.Operation) *PreemptRequest {
+	for _, w := range live {
+		if !w.Preempt || w.Session == holder {
+			continue
+		}
+		p := &PreemptRequest{Session: w.Session, Who: w.Who, Operation: string(w.Operation), RequestedAt: w.EnqueuedAt}
+		if holderOp != "" {
+			if ok, why := protocol.Preemptible(holderOp); !ok {
+				p.Declined = why
+			}
+		}
+		return p
+	}
+	return nil
 }
 
 // durations gives d as the table prints it and as whole seconds for JSON.

@@ -258,3 +258,65 @@ func TestVerdict(t *testing.T) {
 		}
 	}
 }
+
+// TestPreemptRequestOf: the request a holder acts on is the first live
+// waiter that asked it to stop (--preempt), in arrival order, whoever
+// waits ahead of it; the holder's own session never asks itself; a
+// holder whose operation helm cannot cancel says so.
+func TestPreemptRequestOf(t *testing.T) {
+	waiter := func(session string, preempt bool) lock.Waiter {
+		return lock.Waiter{Session: session, Who: session + "@host", Operation: lock.OpUpgrade, EnqueuedAt: at(-time.Second), ExpiresAt: at(14 * time.Second), Preempt: preempt}
+	}
+	asker := func(session, declined string) *PreemptRequest {
+		return &PreemptRequest{Session: session, Who: session + "@host", Operation: "upgrade", RequestedAt: at(-time.Second), Declined: declined}
+	}
+	for _, tc := range []struct {
+		name     string
+		live     []lock.Waiter
+		holderOp lock.Operation
+		want     *PreemptRequest
+	}{
+		{"no waiter", nil, lock.OpUpgrade, nil},
+		{"waiters that only wait", []lock.Waiter{waiter("a", false), waiter("b", false)}, lock.OpUpgrade, nil},
+		{"the first waiter asks", []lock.Waiter{waiter("a", true), waiter("b", true)}, lock.OpUpgrade, asker("a", "")},
+		{"an asker behind a waiter", []lock.Waiter{waiter("a", false), waiter("b", true)}, lock.OpInstall, asker("b", "")},
+		{"the holder's own entry asks nothing", []lock.Waiter{waiter("holder", true), waiter("b", true)}, lock.OpUpgrade, asker("b", "")},
+		{"a rollback will not stop", []lock.Waiter{waiter("a", true)}, lock.OpRollback, asker("a", "helm cannot cancel a rollback")},
+		{"an uninstall will not stop", []lock.Waiter{waiter("a", true)}, lock.OpUninstall, asker("a", "helm cannot cancel an uninstall")},
+		{"the holder's operation unknown", []lock.Waiter{waiter("a", true)}, "", asker("a", "")},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := PreemptRequestOf(tc.live, "holder", tc.holderOp)
+			switch {
+			case got == nil && tc.want == nil:
+			case got == nil || tc.want == nil || *got != *tc.want:
+				t.Errorf("PreemptRequestOf = %+v; want %+v", got, tc.want)
+			}
+		})
+	}
+}
+
+// TestHolderCellNamesTheAsker: the tables' HOLDER cell names who asked the
+// holder to stop, since when, and why it will not when it will not; the
+// holder alone otherwise, and the JSON holder field stays the holder alone.
+func TestHolderCellNamesTheAsker(t *testing.T) {
+	byName := map[string]Row{}
+	for _, r := range fixtureRows() {
+		byName[r.Release] = r
+	}
+	for _, tc := range []struct{ release, want string }{
+		{"web", "alice@ci-7 (pid 4242); asked to stop by carol@ci-9 (session a1b20000-8888-4a5b-9c8d-000000000008, waiting to upgrade) since 2026-12-02T13:09:58Z"},
+		{"jobs", "alice@ci-7 (pid 4242); asked to stop by dave@laptop (session c5d60000-aaaa-4a5b-9c8d-00000000000a, waiting to upgrade) since 2026-12-02T13:09:59Z, which it will not do: helm cannot cancel a rollback"},
+		{"new", "alice@ci-7 (pid 4242)"},
+	} {
+		r := byName[tc.release]
+		if got := Holder(r) + asked(r.PreemptRequestedBy); got != tc.want {
+			t.Errorf("%s: HOLDER cell\n  %s\nwant\n  %s", tc.release, got, tc.want)
+		}
+		var e ListElement
+		e.LockFields(r)
+		if e.Holder != "alice@ci-7 (pid 4242)" || e.PreemptRequestedBy != r.PreemptRequestedBy {
+			t.Errorf("%s: list element holder %q, preempt_requested_by %+v; want the holder alone and the row's request", tc.release, e.Holder, e.PreemptRequestedBy)
+		}
+	}
+}
