@@ -18,12 +18,12 @@ import (
 )
 
 // preemptBeat is the beat object of release web in the fixture, whose
-// queue (in the compact form the beat stores, key "p" the request to stop)
+// queue (in the compact form the beat stores, key "p" the request to stop, "ph" the holder it asks)
 // holds one waiter that asked the holder to stop, its entry expiring at
 // expires.
 func preemptBeat(expires time.Time) *corev1.Secret {
 	const lease = 15 * time.Second
-	queue := fmt.Sprintf(`[{"s":"a1b20000-8888-4a5b-9c8d-000000000008","w":"carol@ci-9","o":"upgrade","e":%d,"x":%d,"l":%d,"p":true}]`,
+	queue := fmt.Sprintf(`[{"s":"a1b20000-8888-4a5b-9c8d-000000000008","w":"carol@ci-9","o":"upgrade","e":%d,"x":%d,"l":%d,"p":true,"ph":"0f3c6a2e-1111-4a5b-9c8d-000000000001"}]`,
 		expires.Add(-lease-time.Second).UnixMilli(), expires.UnixMilli(), lease.Milliseconds())
 	return &corev1.Secret{ObjectMeta: metav1.ObjectMeta{
 		Name: lock.LeaseName("web"), Namespace: "prod",

@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"strings"
 )
 
 // HookAnnotation is the annotation helm marks a chart's hook resources with.
@@ -139,12 +140,17 @@ func (f *fenceRT) phaseOfWrite(req *http.Request, g *GuardedWrites) (*http.Reque
 	p := phaseOf{hook: meta.hook()}
 	if p.hook != "" {
 		p.hookPath = req.URL.Path
+		if req.Method == http.MethodPost && meta.Name != "" {
+			// A create is sent to the collection; its delete names it.
+			p.hookPath = strings.TrimSuffix(p.hookPath, "/") + "/" + meta.Name
+		}
 	}
 	return req, p, nil
 }
 
 // objectMeta is the part of a written object's metadata the phase reads.
 type objectMeta struct {
+	Name        string            `json:"name"`
 	Labels      map[string]string `json:"labels"`
 	Annotations map[string]string `json:"annotations"`
 	yamlHook    string

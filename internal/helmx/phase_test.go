@@ -31,8 +31,8 @@ func TestHookOf(t *testing.T) {
 		{"empty body", "", ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := hookOf([]byte(tc.body)); got != tc.want {
-				t.Errorf("hookOf = %q; want %q", got, tc.want)
+			if got := metadataOf([]byte(tc.body)).hook(); got != tc.want {
+				t.Errorf("hook = %q; want %q", got, tc.want)
 			}
 		})
 	}
@@ -52,8 +52,10 @@ func (okTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 // TestWriteFenceBusy follows helm's writes through the fence and what Busy
 // says of each moment of its operation: a write of a hook's resource starts
 // the hook (busy: a holder asked to stop waits); the next write of anything
-// else, or of a release record, ends it; a delete (helm removing a hook's
-// earlier resource) changes nothing; once helm created a revision
+// else, or of a release record, ends it, and so does the delete of the
+// hook's own resource (a hook-succeeded policy); a delete of anything else
+// (helm removing a hook's earlier resource before it creates it again)
+// changes nothing; once helm created a revision
 // pending-rollback (a rollback, or an upgrade's --rollback-on-failure) it
 // is busy for the rest of the operation, whatever it writes; the next
 // operation's Guard starts afresh. The channel Busy returns is closed at a
@@ -78,10 +80,9 @@ func TestWriteFenceBusy(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		// Through route, as the fence sends a write the lock allowed
-		// (dispatch): a record write's own handling may fail on this
-		// transport; its phase is noted before.
-		if resp, err := f.route(req, w.cur.Load()); err == nil {
+		// Through the whole fence: a record write's own handling may
+		// fail on this transport; its phase is noted before it is sent.
+		if resp, err := f.RoundTrip(req); err == nil {
 			_ = resp.Body.Close()
 		}
 	}
@@ -103,10 +104,11 @@ func TestWriteFenceBusy(t *testing.T) {
 	}{
 		{"a chart object", http.MethodPatch, deployment, plain, "", false},
 		{"a hook's resource", http.MethodPost, job, hook, hookBusy, true},
-		{"the hook's resource deleted", http.MethodDelete, job + "/migrate", `{"kind":"DeleteOptions","apiVersion":"v1","propagationPolicy":"Background"}`, hookBusy, false},
-		{"a delete without a body", http.MethodDelete, job + "/migrate", "", hookBusy, false},
-		{"the next chart object", http.MethodPatch, deployment, plain, "", true},
-		{"a hook again", http.MethodPost, job, hook, hookBusy, true},
+		{"another resource deleted", http.MethodDelete, job + "/cleanup", `{"kind":"DeleteOptions","apiVersion":"v1","propagationPolicy":"Background"}`, hookBusy, false},
+		{"the hook's resource deleted", http.MethodDelete, job + "/migrate", "", "", true},
+		{"the next chart object", http.MethodPatch, deployment, plain, "", false},
+		{"a hook, applied", http.MethodPatch, job + "/migrate", hook, hookBusy, true},
+		{"the same hook created", http.MethodPost, job, hook, hookBusy, false},
 		{"a release record", http.MethodPut, record2, `{}`, "", true},
 		{"a revision pending-rollback", http.MethodPost, records, pendingRollback, rollbackBusy, true},
 		{"a chart object of the rollback", http.MethodPatch, deployment, plain, rollbackBusy, false},

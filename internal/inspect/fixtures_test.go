@@ -92,7 +92,7 @@ func fixtureInputs() []Input {
 	// bob waits; carol, behind him, asked the holder to stop (--preempt).
 	liveSt.Waiters = []lock.Waiter{
 		{Session: "5d1e0000-2222-4a5b-9c8d-000000000002", Who: "bob@laptop", Operation: lock.OpUpgrade, EnqueuedAt: at(-3 * time.Second), HeartbeatAt: at(-time.Second), ExpiresAt: at(14 * time.Second)},
-		{Session: "a1b20000-8888-4a5b-9c8d-000000000008", Who: "carol@ci-9", Operation: lock.OpUpgrade, EnqueuedAt: at(-2 * time.Second), HeartbeatAt: at(-2 * time.Second), ExpiresAt: at(13 * time.Second), Preempt: true},
+		{Session: "a1b20000-8888-4a5b-9c8d-000000000008", Who: "carol@ci-9", Operation: lock.OpUpgrade, EnqueuedAt: at(-2 * time.Second), HeartbeatAt: at(-2 * time.Second), ExpiresAt: at(13 * time.Second), Preempt: true, PreemptHolder: "0f3c6a2e-1111-4a5b-9c8d-000000000001"},
 	}
 
 	dead := record("api", "prod", "7a9b0000-3333-4a5b-9c8d-000000000003", lock.OpUpgrade, 3, at(-10*time.Minute), at(-9*time.Minute))
@@ -107,7 +107,7 @@ func fixtureInputs() []Input {
 	// A rollback, which helm cannot cancel, asked to stop all the same.
 	rollingBack := record("jobs", "staging", "b3c40000-9999-4a5b-9c8d-000000000009", lock.OpRollback, 6, at(-20*time.Second), at(-4*time.Second))
 	rollingBackSt := held(rollingBack, lock.Live)
-	rollingBackSt.Waiters = []lock.Waiter{{Session: "c5d60000-aaaa-4a5b-9c8d-00000000000a", Who: "dave@laptop", Operation: lock.OpUpgrade, EnqueuedAt: at(-time.Second), HeartbeatAt: at(-time.Second), ExpiresAt: at(14 * time.Second), Preempt: true}}
+	rollingBackSt.Waiters = []lock.Waiter{{Session: "c5d60000-aaaa-4a5b-9c8d-00000000000a", Who: "dave@laptop", Operation: lock.OpUpgrade, EnqueuedAt: at(-time.Second), HeartbeatAt: at(-time.Second), ExpiresAt: at(14 * time.Second), Preempt: true, PreemptHolder: "b3c40000-9999-4a5b-9c8d-000000000009"}}
 
 	return []Input{
 		{Lock: liveSt, Release: Release{Name: "web", Namespace: "prod", Latest: summary("web", "prod", 8, common.StatusPendingUpgrade, at(-30*time.Second))}},

@@ -298,11 +298,12 @@ type PreemptRequest struct {
 
 // PreemptRequestOf returns the request the holder (its session and its
 // operation, "" when unknown) acts on: the first waiter of live, the lock's
-// live queue in arrival order (lock.Status.Waiters), that asked it to stop,
-// as lock.Held.WatchAsks picks it; nil when none asked.
+// live queue in arrival order (lock.Status.Waiters), that asked this holder
+// to stop (its request names the holder's session), as lock.Held.WatchAsks
+// picks it; nil when none asked.
 func PreemptRequestOf(live []lock.Waiter, holder string, holderOp lock.Operation) *PreemptRequest {
 	for _, w := range live {
-		if !w.Preempt || w.Session == holder {
+		if !w.Preempt || w.PreemptHolder != holder || w.Session == holder {
 			continue
 		}
 		p := &PreemptRequest{Session: w.Session, Who: w.Who, Operation: string(w.Operation), RequestedAt: w.EnqueuedAt}

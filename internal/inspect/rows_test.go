@@ -265,8 +265,14 @@ func TestVerdict(t *testing.T) {
 // holder whose operation helm cannot cancel says so.
 func TestPreemptRequestOf(t *testing.T) {
 	waiter := func(session string, preempt bool) lock.Waiter {
-		return lock.Waiter{Session: session, Who: session + "@host", Operation: lock.OpUpgrade, EnqueuedAt: at(-time.Second), ExpiresAt: at(14 * time.Second), Preempt: preempt}
+		w := lock.Waiter{Session: session, Who: session + "@host", Operation: lock.OpUpgrade, EnqueuedAt: at(-time.Second), ExpiresAt: at(14 * time.Second), Preempt: preempt}
+		if preempt {
+			w.PreemptHolder = "holder"
+		}
+		return w
 	}
+	ofAnother := waiter("a", true)
+	ofAnother.PreemptHolder = "an earlier holder"
 	asker := func(session, declined string) *PreemptRequest {
 		return &PreemptRequest{Session: session, Who: session + "@host", Operation: "upgrade", RequestedAt: at(-time.Second), Declined: declined}
 	}
@@ -284,6 +290,7 @@ func TestPreemptRequestOf(t *testing.T) {
 		{"a rollback will not stop", []lock.Waiter{waiter("a", true)}, lock.OpRollback, asker("a", "helm cannot cancel a rollback")},
 		{"an uninstall will not stop", []lock.Waiter{waiter("a", true)}, lock.OpUninstall, asker("a", "helm cannot cancel an uninstall")},
 		{"the holder's operation unknown", []lock.Waiter{waiter("a", true)}, "", asker("a", "")},
+		{"a request of another holder (its asker died)", []lock.Waiter{ofAnother, waiter("b", true)}, lock.OpUpgrade, asker("b", "")},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got := PreemptRequestOf(tc.live, "holder", tc.holderOp)
