@@ -96,12 +96,17 @@ func (w *WriteFence) Busy() (why string, changed <-chan struct{}) {
 // writes: a write let in before it closed the fence is one whose phase was
 // known to be stoppable, and none is let in after. It returns why not and
 // the channel closed at helm's next change of phase when busy; the caller
-// then calls Drain.
-func (w *WriteFence) CloseUnlessBusy() (why string, changed <-chan struct{}) {
+// then calls Drain. closing, when set, is called just before the fence
+// closes, in the same step (it must not call the fence): whoever sees a
+// write refused by the closed fence can tell why.
+func (w *WriteFence) CloseUnlessBusy(closing func()) (why string, changed <-chan struct{}) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if why, changed = w.phase.busy(); why != "" {
 		return why, changed
+	}
+	if closing != nil {
+		closing()
 	}
 	w.closeLocked()
 	return "", nil

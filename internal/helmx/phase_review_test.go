@@ -80,7 +80,7 @@ func TestCloseUnlessBusyIsOneStep(t *testing.T) {
 	if err := hook(); err != nil {
 		t.Fatalf("a hook's write before any request to stop: %v", err)
 	}
-	why, changed := w.CloseUnlessBusy()
+	why, changed := w.CloseUnlessBusy(nil)
 	if why == "" || changed == nil {
 		t.Fatalf("CloseUnlessBusy while a hook runs = %q, %v; want busy, with a channel", why, changed)
 	}
@@ -98,7 +98,7 @@ func TestCloseUnlessBusyIsOneStep(t *testing.T) {
 	default:
 		t.Fatal("the end of the hook did not close the channel CloseUnlessBusy returned")
 	}
-	if why, _ := w.CloseUnlessBusy(); why != "" {
+	if why, _ := w.CloseUnlessBusy(nil); why != "" {
 		t.Fatalf("CloseUnlessBusy after the hook = %q, want the fence closed", why)
 	}
 	sent := next.got.Load()

@@ -104,34 +104,46 @@ func (l *Lock) watchAsks(ctx context.Context, op Operation, declined func(by Wai
 			return
 		case <-t.C():
 		}
-		if by, ok := l.awaitStoppable(ctx, op, declined); ok {
-			l.stopFor(by, stop)
+		if l.awaitStoppable(ctx, op, declined) {
+			l.stopFor(stop)
 		}
 	}()
 	return func() { cancel(); <-done }
 }
 
 // awaitStoppable waits for a request to stop this holder at a moment helm
-// can be stopped; the fence is then closed (ok). It returns when ctx ends
-// first.
-func (l *Lock) awaitStoppable(ctx context.Context, op Operation, declined func(by Waiter, why string)) (Waiter, bool) {
+// can be stopped; the fence is then closed and the request recorded
+// (Preempted), and it reports true. It returns false when ctx ends first.
+func (l *Lock) awaitStoppable(ctx context.Context, op Operation, declined func(by Waiter, why string)) bool {
 	told := map[string]bool{}
 	for ctx.Err() == nil {
 		var by *Waiter
 		l.joint.WatchAsks(ctx, func(w Waiter) { by = &w })
 		if by == nil {
-			return Waiter{}, false
+			return false
 		}
 		for {
 			why := ""
 			var changed <-chan struct{}
-			if ok, reason := Preemptible(op); !ok {
+			// The request is recorded as the fence closes (so that a
+			// write of helm's refused from then on is known to be the
+			// preemption's), or not at all.
+			p := &PreemptedError{Release: l.release, Namespace: l.namespace, By: *by}
+			record := func() {
+				l.mu.Lock()
+				l.preempted = p
+				l.mu.Unlock()
+			}
+			switch ok, reason := Preemptible(op); {
+			case !ok:
 				why = reason
-			} else if l.fence != nil {
-				why, changed = l.fence.CloseUnlessBusy()
+			case l.fence != nil:
+				why, changed = l.fence.CloseUnlessBusy(record)
+			default:
+				record()
 			}
 			if why == "" {
-				return *by, true
+				return true
 			}
 			if !told[by.Session] && declined != nil {
 				declined(*by, why)
@@ -139,7 +151,7 @@ func (l *Lock) awaitStoppable(ctx context.Context, op Operation, declined func(b
 			}
 			select {
 			case <-ctx.Done():
-				return Waiter{}, false
+				return false
 			case <-changed: // nil (never) when nothing can change
 			}
 			// Helm's phase changed: stop only for an asker still waiting
@@ -151,17 +163,15 @@ func (l *Lock) awaitStoppable(ctx context.Context, op Operation, declined func(b
 			by = &w
 		}
 	}
-	return Waiter{}, false
+	return false
 }
 
-// stopFor ends the operation at by's request once the fence is closed:
-// drains it, marks the holder's own revision to be settled as preempted
-// (failed, naming by, when the lock is given back), and calls stop.
-func (l *Lock) stopFor(by Waiter, stop func(*PreemptedError)) {
-	p := &PreemptedError{Release: l.release, Namespace: l.namespace, By: by}
-	l.mu.Lock()
-	l.preempted = p
-	l.mu.Unlock()
+// stopFor ends the operation at the request recorded (Preempted) once the
+// fence is closed: drains it, marks the holder's own revision to be settled
+// as preempted (failed, naming the asker, when the lock is given back), and
+// calls stop.
+func (l *Lock) stopFor(stop func(*PreemptedError)) {
+	p := l.Preempted()
 	// Nothing more of helm's is written from now on, before the operation
 	// is told: helm's own clean-up of a cancelled operation would mark its
 	// revision failed without naming the asker; the holder marks it itself
