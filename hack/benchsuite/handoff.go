@@ -3,13 +3,11 @@ package main
 import (
 	"context"
 	"fmt"
-	"image/color"
 	"os"
 	"strconv"
 	"strings"
 	"time"
 
-	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/vg"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -270,18 +268,8 @@ func compactHistory(h string) string {
 // distribution), with the goals.
 func (s *suite) handoffPlot(gaps, exitGaps []float64) error {
 	p := s.newPlot("Handoff: the holder's release (or exit) to the waiter's take", "seconds", "fraction of handoffs")
-	for i, xs := range [][]float64{gaps, exitGaps} {
-		if len(xs) == 0 {
-			continue
-		}
-		l, err := plotter.NewLine(cdf(xs))
-		if err != nil {
-			return err
-		}
-		l.Color = []color.Color{colOurs, colStock}[i]
-		l.Width = vg.Points(1.5)
-		p.Add(l)
-		p.Legend.Add([]string{"release to take", "exit to take"}[i], l)
+	if err := addCDFs(p, [][]float64{gaps, exitGaps}, []string{"release to take", "exit to take"}); err != nil {
+		return err
 	}
 	for i, g := range []struct{ x, y float64 }{{0.2, 0.5}, {1, 0.99}} {
 		l, err := hline(0, g.x, g.y, colGoal, true)

@@ -242,3 +242,22 @@ func (s swatch) Thumbnail(c *draw.Canvas) {
 	pts := []vg.Point{{X: c.Min.X, Y: c.Min.Y}, {X: c.Min.X, Y: c.Max.Y}, {X: c.Max.X, Y: c.Max.Y}, {X: c.Max.X, Y: c.Min.Y}}
 	c.FillPolygon(s.c, c.ClipPolygonY(pts))
 }
+
+// addCDFs draws each non-empty series of xs as its cumulative distribution,
+// ours in our colour and the second in stock helm's, named in the legend.
+func addCDFs(p *plot.Plot, xs [][]float64, names []string) error {
+	for i, x := range xs {
+		if len(x) == 0 {
+			continue
+		}
+		l, err := plotter.NewLine(cdf(x))
+		if err != nil {
+			return err
+		}
+		l.Color = []color.Color{colOurs, colStock}[i]
+		l.Width = vg.Points(1.5)
+		p.Add(l)
+		p.Legend.Add(names[i], l)
+	}
+	return nil
+}

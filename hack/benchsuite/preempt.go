@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"image/color"
 	"maps"
 	"os"
 	"slices"
@@ -307,18 +306,8 @@ func (s *suite) preemptReport(r *preemptResult) (section, error) {
 // request to the take and to the holder's release, with the goal.
 func (s *suite) preemptPlot(takes, releases []float64) error {
 	p := s.newPlot("Preemption: the request to the preemptor's take", "seconds after the request", "fraction of preemptions")
-	for i, xs := range [][]float64{takes, releases} {
-		if len(xs) == 0 {
-			continue
-		}
-		l, err := plotter.NewLine(cdf(xs))
-		if err != nil {
-			return err
-		}
-		l.Color = []color.Color{colOurs, colStock}[i]
-		l.Width = vg.Points(1.5)
-		p.Add(l)
-		p.Legend.Add([]string{"request to take", "request to the holder's release"}[i], l)
+	if err := addCDFs(p, [][]float64{takes, releases}, []string{"request to take", "request to the holder's release"}); err != nil {
+		return err
 	}
 	g, err := vline(preemptGoal, 0, 1, colGoal, true)
 	if err != nil {
