@@ -458,10 +458,14 @@ func (l *Lock) settleRevision(ctx context.Context, recs helmx.Records, rev int) 
 		if d := l.Deadline(); !d.IsZero() {
 			wctx, cancel = context.WithDeadline(ctx, d)
 		}
-		_, err = recovery.MarkFailedHeld(recovery.WithBeforeWrite(wctx, l.joint.Valid), recs, l.namespace, s, l.Session(), desc, at)
+		written, err := recovery.MarkFailedHeld(recovery.WithBeforeWrite(wctx, l.joint.Valid), recs, l.namespace, s, l.Session(), desc, at)
 		cancel()
 		switch {
 		case err == nil:
+			// The release is written where this write left the lock,
+			// conditional on its resourceVersion, without a conflict
+			// and a read first.
+			l.RecordWritten(written.Meta)
 			if l.Preempted() == nil {
 				l.noteResolved("release %q in namespace %q: helm's operation left revision %d %s (its final write did not land); it was marked failed, so the next operation proceeds", l.release, l.namespace, rev, s.Status)
 			}
