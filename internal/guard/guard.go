@@ -339,18 +339,25 @@ func (r *run) operate(ctx context.Context, op func() error) error {
 		// may have returned sooner than it because the clean-up closed
 		// the write fence under it.
 		<-r.ended
+		if p := r.held.Preempted(); p != nil && !r.interrupted.Load() {
+			return &exitcode.Error{Code: exitcode.Preempted, Err: p}
+		}
 		if err == nil {
 			err = fmt.Errorf("release %q in namespace %q: interrupted as the operation ended", r.t.Release, r.t.Namespace)
 		}
 		return &exitcode.Error{Code: exitcode.Interrupted, Err: err}
 	}
-	if p := r.held.Preempted(); p != nil && err != nil && !r.interrupted.Load() {
-		// Helm ended on a write the fence refused once it was drained for
-		// a waiter's request to stop (--preempt): the operation was
-		// preempted, whatever helm said.
+	if p := r.held.Preempted(); p != nil && !r.interrupted.Load() {
+		// Helm ended after the fence was closed for a waiter's request to
+		// stop (--preempt), before its revision was settled (helm's
+		// install returns success when its last record write is refused):
+		// the operation was preempted, whatever helm said.
 		fmt.Fprintf(r.g.Stderr, "helm-autorecover: release %q in namespace %q: %s asked this operation to stop (--preempt): %s\n",
 			r.t.Release, r.t.Namespace, protocol.Asker(p.By), PreemptStarted)
-		return &exitcode.Error{Code: exitcode.Preempted, Err: fmt.Errorf("%w (helm: %w)", p, err)}
+		if err != nil {
+			return &exitcode.Error{Code: exitcode.Preempted, Err: fmt.Errorf("%w (helm: %w)", p, err)}
+		}
+		return &exitcode.Error{Code: exitcode.Preempted, Err: p}
 	}
 	if err != nil && r.held.Fence().CreateConflict() {
 		// Another client created the revision this operation was about to

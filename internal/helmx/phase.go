@@ -91,6 +91,17 @@ func (w *WriteFence) Busy() (why string, changed <-chan struct{}) {
 	return w.phase.busy()
 }
 
+// ResetPhase forgets what helm did before its operation starts: a
+// recovery's rollback under the same lock (--recover-strategy=rollback)
+// leaves the phase undoing, and the operation that follows must still be
+// judged by its own writes.
+func (w *WriteFence) ResetPhase() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.phase.apply(phaseOf{})
+	w.phase.undoing = ""
+}
+
 // CloseUnlessBusy closes the fence, as Drain's first step does, unless
 // helm is busy (Busy), in one step with the fence's count of helm's
 // writes: a write let in before it closed the fence is one whose phase was
@@ -131,10 +142,15 @@ func (f *fenceRT) phaseOfWrite(req *http.Request, g *GuardedWrites) (*http.Reque
 		return nil, phaseOf{}, fmt.Errorf("helm-autorecover: reading helm's request body: %w", err)
 	}
 	req = withRawBody(req, body)
-	meta := metadataOf(body)
 	if m := recordPath.FindStringSubmatch(req.URL.Path); m != nil && m[1] == g.Namespace && m[2] == g.Resource {
+		// helm's storage driver sends its records as protobuf (client-go's
+		// typed clients prefer it), read as create and update read them.
+		status := ""
+		if d, err := decode(body); err == nil {
+			status = d.meta.Labels[LabelStatus]
+		}
 		p := phaseOf{}
-		switch status := meta.Labels[LabelStatus]; {
+		switch {
 		case status == "pending-rollback" && req.Method == http.MethodPost:
 			p.undoing = "helm is rolling the release back, which it cannot cancel"
 		case status == "uninstalling":
@@ -142,6 +158,9 @@ func (f *fenceRT) phaseOfWrite(req *http.Request, g *GuardedWrites) (*http.Reque
 		}
 		return req, p, nil
 	}
+	// Everything else helm writes goes through its unstructured client:
+	// JSON, or an apply patch.
+	meta := metadataOf(body)
 	p := phaseOf{hook: meta.hook()}
 	if p.hook != "" {
 		p.hookPath = req.URL.Path

@@ -108,6 +108,12 @@ type Lock struct {
 	// preempted is the request the holder stopped its operation for
 	// (watchAsks): its own revision is marked failed naming the asker.
 	preempted *PreemptedError
+	// preemptDecided is closed once the holder decided whether the stop
+	// for preempted took effect (stopFor).
+	preemptDecided chan struct{}
+	// settledWrites says, for each of the holder's own revisions, whether
+	// the last write of it through the fence settled it (OwnRecordWrite).
+	settledWrites map[int]bool
 	// helmMu guards helmSQL, helm's own sql driver opened for this lock's
 	// session (HelmSQL), closed when the fence is drained (helmDrained:
 	// none is opened afterwards). Opening it talks to the database: it has
@@ -212,6 +218,10 @@ func (l *Lock) RecordWriteUnsure() { l.joint.GateUnsure() }
 func (l *Lock) OwnRecordWrite(rev int, settled bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if l.settledWrites == nil {
+		l.settledWrites = map[int]bool{}
+	}
+	l.settledWrites[rev] = settled
 	if settled {
 		delete(l.unsettled, rev)
 		return

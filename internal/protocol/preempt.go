@@ -131,7 +131,7 @@ func (l *Lock) awaitStoppable(ctx context.Context, op Operation, declined func(b
 			p := &PreemptedError{Release: l.release, Namespace: l.namespace, By: *by}
 			record := func() {
 				l.mu.Lock()
-				l.preempted = p
+				l.preempted, l.preemptDecided = p, make(chan struct{})
 				l.mu.Unlock()
 			}
 			switch ok, reason := Preemptible(op); {
@@ -169,22 +169,48 @@ func (l *Lock) awaitStoppable(ctx context.Context, op Operation, declined func(b
 // stopFor ends the operation at the request recorded (Preempted) once the
 // fence is closed: drains it, marks the holder's own revision to be settled
 // as preempted (failed, naming the asker, when the lock is given back), and
-// calls stop.
+// calls stop; unless helm's last write had settled the revision already,
+// when the request is forgotten (Preempted nil) and helm's outcome stands.
 func (l *Lock) stopFor(stop func(*PreemptedError)) {
-	p := l.Preempted()
+	l.mu.Lock()
+	p, decided := l.preempted, l.preemptDecided
+	l.mu.Unlock()
 	// Nothing more of helm's is written from now on, before the operation
 	// is told: helm's own clean-up of a cancelled operation would mark its
 	// revision failed without naming the asker; the holder marks it itself
 	// (settleRevision).
 	l.drain()
-	if rev := l.Record().Revision; rev > 0 {
+	rev := l.Record().Revision
+	l.mu.Lock()
+	done := rev > 0 && l.settledWrites[rev]
+	if done {
+		// helm's last write, which settled the revision, landed before
+		// the fence closed: the operation has done its work, and its own
+		// outcome stands (helm returns with nothing more to write).
+		l.preempted = nil
+	}
+	l.mu.Unlock()
+	close(decided)
+	if done {
+		return
+	}
+	if rev > 0 {
 		l.OwnRecordWrite(rev, false)
 	}
 	stop(p)
 }
 
 // Preempted returns the request the holder stopped for, nil when none.
+// Once the fence was closed for a request, it waits until the holder has
+// decided whether the stop took effect (stopFor: helm's last write may
+// have settled the revision first).
 func (l *Lock) Preempted() *PreemptedError {
+	l.mu.Lock()
+	decided := l.preemptDecided
+	l.mu.Unlock()
+	if decided != nil {
+		<-decided
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.preempted

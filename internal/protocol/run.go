@@ -225,6 +225,9 @@ func (l *Lock) runOp(ctx context.Context, g Guarded) error {
 	}
 	opCtx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
+	if l.fence != nil {
+		l.fence.ResetPhase()
+	}
 	endAsks := l.watchAsks(ctx, g.Procedure.Next, g.Declined, func(p *PreemptedError) {
 		cancel(p)
 		if g.Preempted != nil {
