@@ -42,6 +42,7 @@ type preemptCase struct {
 	backend        []string // --lock-backend, when not the default
 	read           lockReader
 	node, auditLog string
+	procs          []*testenv.Proc
 }
 
 func newPreemptCase(t *testing.T, rel, backend string) *preemptCase {
@@ -56,6 +57,14 @@ func newPreemptCase(t *testing.T, rel, backend string) *preemptCase {
 		pc.backend, pc.read = []string{"--lock-backend", "release"}, recordLock
 	}
 	pc.node = kwokNode(t, env)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("the audit log of %s:\n%s", pc.ns, pc.trail())
+			for _, p := range pc.procs {
+				t.Logf("stderr of %s:\n%s", strings.Join(p.Cmd.Args[1:], " "), p.Stderr.String())
+			}
+		}
+	})
 	return pc
 }
 
@@ -77,7 +86,9 @@ func (pc *preemptCase) run(user, command string, more ...string) {
 
 func (pc *preemptCase) start(user, command string, more ...string) *testenv.Proc {
 	pc.t.Helper()
-	return pc.env.Start(pc.t, pc.bin, pc.args(user, command, more...)...)
+	p := pc.env.Start(pc.t, pc.bin, pc.args(user, command, more...)...)
+	pc.procs = append(pc.procs, p)
+	return p
 }
 
 // waitWaiter waits until a waiter not among known is in the release's
@@ -145,6 +156,32 @@ func (pc *preemptCase) bindPending(selector string) time.Time {
 			pc.t.Fatalf("no pending pod %q in %s within 60s", selector, pc.ns)
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// exitBinding waits for p's exit and returns its code, binding meanwhile
+// the pods of selector that wait for a node: an operation that goes on
+// into --wait then ends.
+func (pc *preemptCase) exitBinding(p *testenv.Proc, selector string) int {
+	pc.t.Helper()
+	exited := make(chan struct{})
+	go func() {
+		_ = p.Cmd.Wait()
+		close(exited)
+	}()
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		select {
+		case <-exited:
+			return p.Cmd.ProcessState.ExitCode()
+		case <-time.After(100 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			pc.t.Fatalf("%s did not exit within 2m; stderr:\n%s", strings.Join(p.Cmd.Args[1:], " "), p.Stderr.String())
+		}
+		for _, pod := range pendingPods(pc.t, pc.env, pc.ns, selector) {
+			bind(pc.t, pc.env, pc.ns, pod, pc.node)
+		}
 	}
 }
 
@@ -500,8 +537,7 @@ func TestPreemptorKilled(t *testing.T) {
 	p.Kill(t)
 	pc.bindPending("job-name=" + pc.rel + "-hook")
 	// End the holder's wait in case it does not stop.
-	pc.bindPending("app=" + pc.rel)
-	code := h.Wait(t, 2*time.Minute)
+	code := pc.exitBinding(h, "app="+pc.rel)
 	if code != 0 && code != exitcode.Preempted {
 		t.Fatalf("holder: exit %d, want 0 or %d\nstderr:\n%s", code, exitcode.Preempted, h.Stderr.String())
 	}
@@ -535,6 +571,8 @@ func TestPreemptHolderAPIStalled(t *testing.T) {
 	proxy, kubeconfig := startStallProxy(t, pc.env)
 	h := pc.start("holder", "upgrade", args([]string{"--kubeconfig", kubeconfig, "--wait", "--timeout", "2m",
 		"--lease-duration", "6s", "--set", "message=holder"}, unschedulable)...)
+	// In --wait: helm wrote its pending revision and then the chart.
+	pc.env.WaitForStatus(t, pc.ns, pc.rel, 2, "pending-upgrade", 60*time.Second)
 	hRec := waitForWriter(t, pc.env, pc.ns, pc.rel, 2, 60*time.Second)
 	lw := watchLease(t, pc.env, pc.ns, pc.rel)
 	proxy.Stall()
@@ -582,8 +620,8 @@ func TestPreemptHolderAPIStalled(t *testing.T) {
 	var code int
 	select {
 	case code = <-exited:
-	default:
-		h.Kill(t)
+	case <-time.After(30 * time.Second):
+		_ = h.Cmd.Process.Kill()
 		code = <-exited
 	}
 	if code != exitcode.LockLost && code != -1 {
