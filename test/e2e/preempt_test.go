@@ -27,9 +27,9 @@ import (
 
 // What the holder and the preemptor say on stderr.
 const (
-	askedToStop   = "asked this operation to stop (--preempt)"
-	goesOnForNow  = "it goes on for now: "
-	askedTheHoler = "asked the holder of the lock"
+	askedToStop    = "asked this operation to stop (--preempt)"
+	goesOnForNow   = "it goes on for now: "
+	askedTheHolder = "asked the holder of the lock"
 )
 
 // preemptCase is one scenario: a release in its own namespace and the
@@ -48,8 +48,10 @@ type preemptCase struct {
 func newPreemptCase(t *testing.T, rel, backend string) *preemptCase {
 	t.Helper()
 	env := testenv.Get(t)
-	pc := &preemptCase{t: t, env: env, bin: env.Bin(t), chart: env.Chart("app"), ns: env.Namespace(t), rel: rel,
-		read: leaseLock, auditLog: testenv.AuditLog()}
+	pc := &preemptCase{
+		t: t, env: env, bin: env.Bin(t), chart: env.Chart("app"), ns: env.Namespace(t), rel: rel,
+		read: leaseLock, auditLog: testenv.AuditLog(),
+	}
 	if _, err := os.Stat(pc.auditLog); err != nil {
 		t.Fatalf("this test reads the local cluster's audit log: %v", err)
 	}
@@ -345,7 +347,7 @@ func TestPreemptHolderInWait(t *testing.T) {
 			if s := h.Stderr.String(); !saidAll(s, askedToStop, guard.PreemptStarted, asker.Session) {
 				t.Errorf("the holder's stderr does not say who asked it to stop:\n%s", s)
 			}
-			if s := p.Stderr.String(); !saidAll(s, askedTheHoler, hRec.Session) {
+			if s := p.Stderr.String(); !saidAll(s, askedTheHolder, hRec.Session) {
 				t.Errorf("the preemptor's stderr does not say it asked the holder %s:\n%s", hRec.Session, s)
 			}
 			revs := wantHistory(t, pc.env, pc.ns, pc.rel, "1:superseded 2:failed 3:deployed")
@@ -475,8 +477,8 @@ func TestPreemptTwoPreemptors(t *testing.T) {
 		pc := newPreemptCase(t, "twowait", "lease")
 		h, hRec := pc.holdInHook()
 		// A short lease: P1 renews every 2 s, which shows it held on.
-		p1 := pc.start("p1", "upgrade", args([]string{"--preempt", "--lock-timeout", "2m", "--wait", "--timeout", "2m",
-			"--lease-duration", "6s", "--set", "message=p1"}, unschedulable)...)
+		p1Args := []string{"--preempt", "--lock-timeout", "2m", "--wait", "--timeout", "2m", "--lease-duration", "6s", "--set", "message=p1"}
+		p1 := pc.start("p1", "upgrade", args(p1Args, unschedulable)...)
 		a1 := pc.waitWaiter(p1, hRec.Session)
 		pc.waitSaid(h, "holder", askedToStop, a1.Session, goesOnForNow)
 		w2 := pc.start("w2", "upgrade", "--lock-timeout", "2m", "--set", "message=w2")
@@ -496,6 +498,9 @@ func TestPreemptTwoPreemptors(t *testing.T) {
 			l, rec := lease(t, pc.env, pc.ns, pc.rel)
 			if holderOf(l) == a1.Session && rec != nil && rec.RenewedAt.Sub(rec.AcquiredAt) >= 4*time.Second {
 				break
+			}
+			if got := pc.env.Summary(t, pc.ns, pc.rel); len(got) > 2 && got[2] != "3:pending-upgrade" {
+				t.Fatalf("P1's revision is %s while it should be in --wait (history %v)\nP1's stderr:\n%s", got[2], got, p1.Stderr.String())
 			}
 			if time.Now().After(deadline) {
 				t.Fatalf("P1 did not hold the lock through two renewals within 60s; lock %q %+v\nP1's stderr:\n%s", holderOf(l), rec, p1.Stderr.String())
@@ -647,7 +652,7 @@ func TestPreemptRollbackDeclines(t *testing.T) {
 	p := pc.start("preemptor", "upgrade", "--preempt", "--lock-timeout", "2m", "--set", "message=preemptor")
 	pc.waitWaiter(p, hRec.Session)
 	pc.waitSaid(h, "holder", askedToStop, goesOnForNow+"helm cannot cancel a rollback")
-	pc.waitSaid(p, "preemptor", askedTheHoler, "but it will not: helm cannot cancel a rollback")
+	pc.waitSaid(p, "preemptor", askedTheHolder, "but it will not: helm cannot cancel a rollback")
 	if holder, _ := pc.read(t, pc.env, pc.ns, pc.rel); holder != hRec.Session {
 		t.Fatalf("the lock is held by %q during the rollback; want the holder %s", holder, hRec.Session)
 	}
