@@ -373,8 +373,8 @@ func TestPreemptHolderInWait(t *testing.T) {
 func (pc *preemptCase) holdInHook() (*testenv.Proc, *lock.Record) {
 	pc.t.Helper()
 	pc.run("setup", "install", "--wait", "--timeout", "60s")
-	h := pc.start("holder", "upgrade", args([]string{"--wait", "--timeout", "2m", "--set", "message=holder", "--set", "hookEvents=pre-upgrade"},
-		hookUnschedulable, unschedulable)...)
+	hArgs := []string{"--wait", "--timeout", "2m", "--set", "message=holder", "--set", "hookEvents=pre-upgrade"}
+	h := pc.start("holder", "upgrade", args(hArgs, hookUnschedulable, unschedulable)...)
 	rec := waitForWriterIn(pc.t, pc.env, pc.read, pc.ns, pc.rel, 2, 60*time.Second)
 	deadline := time.Now().Add(60 * time.Second)
 	for len(pendingPods(pc.t, pc.env, pc.ns, "job-name="+pc.rel+"-hook")) == 0 {
@@ -574,8 +574,8 @@ func TestPreemptHolderAPIStalled(t *testing.T) {
 	pc := newPreemptCase(t, "stalledholder", "lease")
 	pc.run("setup", "install", "--wait", "--timeout", "60s")
 	proxy, kubeconfig := startStallProxy(t, pc.env)
-	h := pc.start("holder", "upgrade", args([]string{"--kubeconfig", kubeconfig, "--wait", "--timeout", "2m",
-		"--lease-duration", "6s", "--set", "message=holder"}, unschedulable)...)
+	hArgs := []string{"--kubeconfig", kubeconfig, "--wait", "--timeout", "2m", "--lease-duration", "6s", "--set", "message=holder"}
+	h := pc.start("holder", "upgrade", args(hArgs, unschedulable)...)
 	// In --wait: helm wrote its pending revision and then the chart.
 	pc.env.WaitForStatus(t, pc.ns, pc.rel, 2, "pending-upgrade", 60*time.Second)
 	hRec := waitForWriter(t, pc.env, pc.ns, pc.rel, 2, 60*time.Second)
@@ -591,34 +591,49 @@ func TestPreemptHolderAPIStalled(t *testing.T) {
 		exited <- h.Cmd.ProcessState.ExitCode()
 	}()
 
-	// The holder's last LOCKED TILL, and the take that followed it.
+	// The preemptor's first record on the Lease (its claim, or its take)
+	// names the holder it took over from and that holder's LOCKED TILL.
 	var hTill time.Time
 	var take *lock.Record
 	for _, e := range lw.snapshot() {
 		switch {
 		case e.holder == hRec.Session && e.rec != nil && e.rec.LockedTill.After(hTill):
 			hTill = e.rec.LockedTill
-		case e.holder == asker.Session && take == nil:
+		case e.rec != nil && e.rec.Session == asker.Session && take == nil:
 			take = e.rec
 		}
 	}
 	switch {
 	case hTill.IsZero() || take == nil:
 		t.Fatalf("the lease watch saw no holder's LOCKED TILL (%s) or no take by the preemptor (%+v)", hTill, take)
-	case !take.AcquiredAt.After(hTill):
-		t.Errorf("the preemptor took the lock at %s, before the holder's LOCKED TILL %s", take.AcquiredAt, hTill)
-	case take.Abandoned == nil || take.Abandoned.Session != hRec.Session:
-		t.Errorf("the preemptor's take does not record the holder it took over from: %+v", take.Abandoned)
+	case take.Abandoned == nil || take.Abandoned.Session != hRec.Session || !take.Abandoned.LockedTill.Equal(hTill):
+		t.Errorf("the preemptor's take does not record the holder it took over from (session %s, LOCKED TILL %s): %+v", hRec.Session, hTill, take.Abandoned)
 	}
 	revs := wantHistory(t, pc.env, pc.ns, pc.rel, "1:superseded 2:failed 3:deployed")
 	abandoned(t, revs[1], "pending-upgrade", hRec.Session)
+	// The holder's LOCKED TILL in the API server's own clock: the record's
+	// is an upper bound (Date headers count whole seconds, see
+	// docs/protocol.md), and a waiter that saw the lock unchanged for a
+	// lease on its own clock may take it before that bound; the holder
+	// stops writing a lease after it sent its last renewal. By the audit
+	// log, the preemptor's first write holding the lock was received more
+	// than a lease after the holder's last write to its lock was.
 	tr := pc.trail()
 	tr.creators(t, "holder", "preemptor")
-	first := tr.firstWrite(t, "preemptor")
-	if !first.RequestReceived.After(hTill) {
-		t.Errorf("the preemptor's first write holding the lock (%s) came before the holder's LOCKED TILL %s\n%s", stamp(first.RequestReceived), stamp(hTill), tr)
+	var renewed time.Time
+	for _, w := range tr.of("holder") {
+		if tr.lockObject(w) {
+			renewed = w.RequestReceived
+		}
 	}
-	figure(t, "stalled holder: preemptor's take %s after the holder's LOCKED TILL", take.AcquiredAt.Sub(hTill).Round(time.Millisecond))
+	serverTill := renewed.Add(hRec.LeaseDuration.Duration)
+	first := tr.firstWrite(t, "preemptor")
+	if renewed.IsZero() || !first.RequestReceived.After(serverTill) {
+		t.Errorf("the preemptor's first write holding the lock (%s) came before the holder's lock expired in the API server's clock (last renewal received %s, lease %s)\n%s",
+			stamp(first.RequestReceived), stamp(renewed), hRec.LeaseDuration.Duration, tr)
+	}
+	figure(t, "stalled holder: the preemptor's first write holding the lock came %s after the holder's lock expired in the API server's clock (record's LOCKED TILL, an upper bound: %s)",
+		first.RequestReceived.Sub(serverTill).Round(time.Millisecond), first.RequestReceived.Sub(hTill).Round(time.Millisecond))
 
 	// The holder cannot have seen the request; it stops on its own at its
 	// renew deadline (lock lost), or the test ends it.
