@@ -2,6 +2,7 @@ package testenv
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -51,7 +52,13 @@ func ReadAuditWritesOf(path, ns string, resources ...string) ([]AuditEvent, erro
 	var out []AuditEvent
 	sc := bufio.NewScanner(f)
 	sc.Buffer(make([]byte, 1<<20), 16<<20)
+	// Most of the log is other namespaces': a line that does not name ns
+	// anywhere is skipped before it is decoded.
+	quoted := []byte(`"` + ns + `"`)
 	for sc.Scan() {
+		if !bytes.Contains(sc.Bytes(), quoted) {
+			continue
+		}
 		var e AuditEvent
 		if json.Unmarshal(sc.Bytes(), &e) != nil || e.Stage != "ResponseComplete" || e.ObjectRef == nil || e.ObjectRef.Namespace != ns {
 			continue
