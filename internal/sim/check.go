@@ -255,16 +255,27 @@ func (c *checker) afterRelease(w Write, p *partLog, rec, lease, beat bool) {
 	if t == nil || !t.released || t.gone {
 		return
 	}
-	if beat && c.carries(w, p.acquired[w.Client]) {
+	if beat && claims(w) {
 		// A claim of the beat again: a joint lock that gave its gate
 		// back to wait for its Lease takes the gate again, with the
-		// same acquiredAt (seed 978).
+		// same acquiredAt (seed 978) or a new one (seed 13942).
 		t.reclaimed = true
 	}
 	if t.reclaimed || !rec && (!lease || !holds(w)) {
 		return
 	}
 	c.add("S5", "%s wrote (%s %s/%s, write #%d) at %s, after it released its %s lock at %s", w.Client, w.Verb, w.Res, w.Name, w.Seq, c.since(w.At), p.name, c.since(t.releasedAt))
+}
+
+// claims reports whether w carries an unreleased lock record of its
+// writer.
+func claims(w Write) bool {
+	for _, r := range lockRecords(w) {
+		if r.Session == w.Client && r.ReleasedAt.IsZero() {
+			return true
+		}
+	}
+	return false
 }
 
 // renews reports whether w carries a renewal of its writer's lock on p: a
@@ -754,8 +765,9 @@ func partOf(id string) string {
 // nobody (S3); and the holder marked the revision it created failed
 // itself, naming that waiter (DescriptionPreempted), before any other
 // client wrote that record, else it left its revision to recovery (S2).
-// A holder whose network failed it, or that was paused or put to sleep
-// past its lease, may leave it to recovery.
+// A holder whose network failed it, that was paused or put to sleep past
+// its lease, or whose lock expired before that other client's write, may
+// leave it to recovery.
 func (c *checker) preemptions() {
 	for _, r := range c.o.Results {
 		var pe *autorecover.PreemptedError
@@ -779,7 +791,13 @@ func (c *checker) preemptions() {
 				}
 			case w.Name != created:
 			case w.Client != me:
-				c.add("S2", "%s, stopped at the request of %s, left its revision %s to %s (write #%d at %s)", me, asker, created, w.Client, w.Seq, c.since(w.At))
+				// A holder whose lock ran out before it could settle
+				// writes nothing more (S5): the next client recovers
+				// its revision, as any abandoned one (seeds 68370,
+				// 75757: 3 s leases).
+				if !w.At.After(c.parts["gate"].expiry[me]) {
+					c.add("S2", "%s, stopped at the request of %s, left its revision %s to %s (write #%d at %s)", me, asker, created, w.Client, w.Seq, c.since(w.At))
+				}
 				done = true
 			case recordOf(w.Name, w.Object).status == "failed":
 				if d := description(w); !strings.HasPrefix(d, "Preempted ") || !strings.Contains(d, "session "+asker) {

@@ -318,6 +318,16 @@ func TestCheck(t *testing.T) {
 				gate(write(3, s(0.2), "a", 0, true)), onBeat(write(4, s(0.5), "a", 0, false)), gate(write(5, s(0.6), "a", 0, false)),
 			}),
 		}, nil},
+		{"a holder claiming the beat anew after it gave the gate back", Outcome{
+			Writes: join(holding[:2], []Write{
+				gate(write(3, s(0.2), "a", 0, true)), onBeat(write(4, s(0.5), "a", s(0.5), false)), gate(write(5, s(0.6), "a", s(0.5), false)),
+			}),
+		}, nil},
+		{"a holder stopped at a waiter's request whose lock ran out before it marked its revision", Outcome{
+			Results: stopped(asker, true),
+			Writes: join(holding, takeover(5, s(3.5)),
+				[]Write{described(write(7, s(3.6), "b", s(3.5), false), 2, common.StatusFailed, "abandoned")}),
+		}, nil},
 		{"an asker taking the lock before the holder it asked gave it back", Outcome{
 			Results: stopped(asker, true),
 			Writes:  join(holding, settled[:1], takeover(6, s(1.25))),
