@@ -1,12 +1,15 @@
 package sim
 
 import (
+	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"sort"
 	"strings"
 	"time"
 
+	"github.com/helm-autorecover/helm-autorecover/internal/helmx"
 	"github.com/helm-autorecover/helm-autorecover/internal/lock"
 	"github.com/helm-autorecover/helm-autorecover/pkg/autorecover"
 )
@@ -56,6 +59,7 @@ func Check(o Outcome) []Violation {
 	c.interleaved()
 	c.history()
 	c.recovery()
+	c.preemptions()
 	return c.vs
 }
 
@@ -85,10 +89,13 @@ func (c *checker) since(t time.Time) time.Duration { return t.Sub(c.o.Start).Rou
 // write reads one committed write.
 func (c *checker) write(w Write) {
 	rec, lease, beat := isRecord(w.Res, w.Name), isLease(w), isBeat(w)
-	holder := rec || lease && holds(w)
+	// helm's writes of the chart's objects are under the lock as its
+	// records are: the gate's.
+	chart := isChart(w)
+	holder := rec || chart || lease && holds(w)
 	var part *partLog
 	switch {
-	case rec || beat:
+	case rec || beat || chart:
 		part = c.parts["gate"]
 	case lease:
 		part = c.parts["lease"]
@@ -101,7 +108,7 @@ func (c *checker) write(w Write) {
 	}
 	exempt := release && w.Cond != ""
 	if part != nil {
-		c.lock(w, part, rec, lease, beat, holder, exempt)
+		c.lock(w, part, rec || chart, lease, beat, holder, exempt)
 	}
 	if holder && !exempt {
 		// Spans are per part: a client may hold the Lease while the
@@ -139,6 +146,9 @@ func (c *checker) lock(w Write, part *partLog, rec, lease, beat, holder, exempt 
 		}
 		part.take(w.Client, w.Seq, w.At)
 		takes = true
+	}
+	if !exempt && !takes {
+		c.afterRelease(w, part, rec, lease, beat)
 	}
 	// S5: a holder stops writing before its own expiry, taken over or
 	// not. helm's write of a record is under every part its writer holds.
@@ -231,6 +241,43 @@ func (c *checker) pastExpiry(w Write, p *partLog, rec, beat, takes bool) {
 	c.add("S5", "%s wrote (%s %s/%s, write #%d) at %s, sent at %s, after its %s %s expired at %s (%s its expiry)", w.Client, w.Verb, w.Res, w.Name, w.Seq, c.since(w.At), c.since(w.Sent), p.name, what, c.since(expiry), when)
 }
 
+// afterRelease flags w (S5) when its writer had released the tenure of
+// part p it writes under: a record or a chart's object on the gate, not
+// claimed again on the beat since; the Lease naming it. A holder stopped
+// at a waiter's request (issue 34) gives the lock back right after helm's
+// writes were drained: nothing of its may land after. (A write after a
+// release followed by another client's take is S1 too; one with no taker
+// after it is caught here alone.) A gate the checker counts released
+// because an uninstall deleted the last record is not its holder's
+// release: its keeper may still renew the beat.
+func (c *checker) afterRelease(w Write, p *partLog, rec, lease, beat bool) {
+	t := p.cur[w.Client]
+	if t == nil || !t.released || t.gone {
+		return
+	}
+	if beat && claims(w) {
+		// A claim of the beat again: a joint lock that gave its gate
+		// back to wait for its Lease takes the gate again, with the
+		// same acquiredAt (seed 978) or a new one (seed 13942).
+		t.reclaimed = true
+	}
+	if t.reclaimed || !rec && (!lease || !holds(w)) {
+		return
+	}
+	c.add("S5", "%s wrote (%s %s/%s, write #%d) at %s, after it released its %s lock at %s", w.Client, w.Verb, w.Res, w.Name, w.Seq, c.since(w.At), p.name, c.since(t.releasedAt))
+}
+
+// claims reports whether w carries an unreleased lock record of its
+// writer.
+func claims(w Write) bool {
+	for _, r := range lockRecords(w) {
+		if r.Session == w.Client && r.ReleasedAt.IsZero() {
+			return true
+		}
+	}
+	return false
+}
+
 // renews reports whether w carries a renewal of its writer's lock on p: a
 // later renewedAt than the writer's last.
 func (c *checker) renews(w Write, p *partLog) bool {
@@ -264,6 +311,9 @@ func (c *checker) record(w Write) {
 			// An uninstall that deleted the last record took the lock
 			// on the records with it.
 			c.parts["gate"].release(w.Client, w.At)
+			if t := c.parts["gate"].cur[w.Client]; t != nil {
+				t.gone = true
+			}
 		}
 	} else {
 		c.state[w.Name] = recordOf(w.Name, w.Object)
@@ -428,10 +478,11 @@ const slowNetwork = lock.RenewMargin
 // excused reports whether r's failure is explained without recovery: its
 // network failed it (a fault injected on its link, or latency that can
 // outlast the renew margin), or its helm refused the history it read (a
-// refusal; helm's refusal of a pending release is not one).
+// refusal; helm's refusal of a pending release is not one), or it held the
+// lock and stopped at a waiter's request (preemptions checks that one).
 func (c *checker) excused(r Result) bool {
 	var ref refusal
-	return c.netFailed(r) || errors.As(r.Err, &ref)
+	return c.netFailed(r) || errors.As(r.Err, &ref) || errors.Is(r.Err, autorecover.ErrPreempted)
 }
 
 // netFailed reports whether r's network failed it: a fault injected on
@@ -497,6 +548,12 @@ type tenure struct {
 	end      time.Time // zero: held to the end
 	by       string    // who took it over, "" when released or held
 	released bool
+	// releasedAt is when its holder released it; gone, that the release
+	// was the uninstall of the last record, not the holder's.
+	releasedAt time.Time
+	gone       bool
+	// reclaimed: its holder claimed the beat again after its release.
+	reclaimed bool
 	// gaps are the spans in which it stood expired before a late
 	// renewal of its holder landed.
 	gaps []stuckSpan
@@ -603,7 +660,7 @@ func (p *partLog) renew(c string, till, stamped, at time.Time, takes bool) {
 func (p *partLog) release(c string, at time.Time) {
 	p.released[c] = true
 	if t := p.cur[c]; t != nil && !t.released {
-		t.released = true
+		t.released, t.releasedAt = true, at
 		if t.end.IsZero() {
 			t.end = at
 		}
@@ -665,6 +722,12 @@ func (p *partLog) tenure(c string) int {
 	return n
 }
 
+// isChart reports whether w wrote one of the chart's objects (the
+// simulated helm's hook and the object it applies).
+func isChart(w Write) bool {
+	return w.Res == "configmaps" && w.NS == Namespace && (w.Name == Release || w.Name == Release+"-hook")
+}
+
 func isLease(w Write) bool {
 	return w.Res == "leases.coordination.k8s.io" && w.Name == lock.LeaseName(Release)
 }
@@ -695,4 +758,80 @@ func partOf(id string) string {
 	_, part, _ := strings.Cut(id, "/")
 	part, _, _ = strings.Cut(part, "#")
 	return part
+}
+
+// preemptions checks every holder stopped at a waiter's request (issue
+// 34): the waiter it names asked (Plan.Preempt), else it stopped for
+// nobody (S3); and the holder marked the revision it created failed
+// itself, naming that waiter (DescriptionPreempted), before any other
+// client wrote that record, else it left its revision to recovery (S2).
+// A holder whose network failed it, that was paused or put to sleep past
+// its lease, or whose lock expired before that other client's write, may
+// leave it to recovery.
+func (c *checker) preemptions() {
+	for _, r := range c.o.Results {
+		var pe *autorecover.PreemptedError
+		if !errors.As(r.Err, &pe) {
+			continue
+		}
+		me, asker := r.Plan.ID, pe.By.Session
+		if p, ok := c.plans[asker]; !ok || !p.Preempt {
+			c.add("S3", "%s stopped at the request of %s, which did not ask to preempt", me, asker)
+		}
+		if !recovers(r) || c.netFailed(r) {
+			continue
+		}
+		created, done := "", false
+		for _, w := range c.o.Writes {
+			switch {
+			case done || !isRecord(w.Res, w.Name):
+			case created == "":
+				if w.Client == me && w.Verb == "create" {
+					created = w.Name
+				}
+			case w.Name != created:
+			case w.Client != me:
+				// A holder whose lock ran out before it could settle
+				// writes nothing more (S5): the next client recovers
+				// its revision, as any abandoned one (seeds 68370,
+				// 75757: 3 s leases).
+				if !w.At.After(c.parts["gate"].expiry[me]) {
+					c.add("S2", "%s, stopped at the request of %s, left its revision %s to %s (write #%d at %s)", me, asker, created, w.Client, w.Seq, c.since(w.At))
+				}
+				done = true
+			case recordOf(w.Name, w.Object).status == "failed":
+				if d := description(w); !strings.HasPrefix(d, "Preempted ") || !strings.Contains(d, "session "+asker) {
+					c.add("S2", "%s marked its revision %s failed (write #%d) with a description that does not name its preemptor %s: %q", me, created, w.Seq, asker, d)
+				}
+				done = true
+			}
+		}
+		if created != "" && !done {
+			c.add("S2", "%s, stopped at the request of %s, never marked its revision %s failed", me, asker, created)
+		}
+	}
+}
+
+// description is the description of the release a record write stored,
+// "" when it cannot be read.
+func description(w Write) string {
+	data, _ := w.Object["data"].(map[string]any)
+	enc, _ := data["release"].(string)
+	raw, err := base64.StdEncoding.DecodeString(enc)
+	if err != nil {
+		return ""
+	}
+	js, err := helmx.DecodeReleaseJSON(raw)
+	if err != nil {
+		return ""
+	}
+	var rel struct {
+		Info struct {
+			Description string `json:"description"`
+		} `json:"info"`
+	}
+	if json.Unmarshal(js, &rel) != nil {
+		return ""
+	}
+	return rel.Info.Description
 }

@@ -1,15 +1,20 @@
 package sim
 
 import (
+	"encoding/base64"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"helm.sh/helm/v4/pkg/release/common"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/helm-autorecover/helm-autorecover/internal/lock"
+	"github.com/helm-autorecover/helm-autorecover/internal/protocol"
 	"github.com/helm-autorecover/helm-autorecover/pkg/autorecover"
 )
 
@@ -87,6 +92,46 @@ func TestCheck(t *testing.T) {
 	// takeover is b taking the gate over at at.
 	takeover := func(seq int64, at time.Duration) []Write {
 		return []Write{onBeat(write(seq, at, "b", at, false)), gate(write(seq+1, at+s(0.1), "b", at, false))}
+	}
+	// Issue 34: a, holding the gate from 0 (renewing at 1 s), is asked
+	// to stop by b, and marks its revision 2 failed.
+	// described is w carrying the release record of revision rev with
+	// status and description desc.
+	described := func(w Write, rev int, status common.Status, desc string) Write {
+		r := newRelease(rev, status, t0)
+		r.Info.Description = desc
+		enc, err := encodeRecord(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		w = onRecord(w, strconv.Itoa(rev), status.String())
+		w.Object["data"] = map[string]any{"release": base64.StdEncoding.EncodeToString(enc)}
+		return w
+	}
+	asker := lock.Waiter{Session: "b", Who: "b", Operation: lock.OpUpgrade}
+	stoppedBy := func(by lock.Waiter) error {
+		return fmt.Errorf("autorecover: %w: update: refused", &autorecover.PreemptedError{Release: Release, Namespace: Namespace, By: by})
+	}
+	preempted := fmt.Sprintf(protocol.DescriptionPreempted, "pending-upgrade", protocol.Asker(asker), "a", "2000-01-01T00:00:01Z")
+	// stopped is a preempted holder a and its asker b, as clients.
+	stopped := func(by lock.Waiter, preempt bool) []Result {
+		a := result("a", rel, 0, s(1.5), stoppedBy(by))
+		b := result("b", rel, s(0.5), s(3), nil)
+		b.Plan.Wait, b.Plan.Preempt = time.Minute, preempt
+		return []Result{a, b}
+	}
+	// holding is a's take of the gate, its revision 2 created pending and
+	// a renewal.
+	holding := []Write{
+		onBeat(write(1, 0, "a", 0, false)), gate(write(2, s(0.1), "a", 0, false)),
+		verb(described(write(3, s(0.2), "a", 0, false), 2, common.StatusPendingUpgrade, "Preparing upgrade"), "create"),
+		onBeat(write(4, s(1), "a", 0, false)),
+	}
+	// settled is a marking revision 2 failed as preempted, then
+	// releasing the gate, at 1.2 s and 1.3 s.
+	settled := []Write{
+		described(write(5, s(1.2), "a", 0, false), 2, common.StatusFailed, preempted),
+		described(write(6, s(1.3), "a", 0, true), 2, common.StatusFailed, preempted),
 	}
 	join := func(ws ...[]Write) []Write {
 		var out []Write
@@ -245,6 +290,74 @@ func TestCheck(t *testing.T) {
 		{"a contender refused behind another that took over first", Outcome{
 			Results: []Result{result("b", rel, s(3), s(20), nil), result("c", rel, s(5), s(9), locked)},
 			Writes:  join(dead, takeover(3, s(8))),
+		}, nil},
+		// Issue 34: cooperative preemption.
+		{"a holder stopped at a waiter's request that marked its revision failed and gave the lock back", Outcome{
+			Results: stopped(asker, true),
+			Writes:  join(holding, settled, takeover(7, s(1.5))),
+		}, nil},
+		{"a holder's write landing after it gave its lock back at a waiter's request", Outcome{
+			Results: stopped(asker, true),
+			Writes:  join(holding, settled, []Write{onRecord(write(7, s(1.4), "a", 0, false), "1", "superseded")}),
+		}, []string{"S5"}},
+		{"a holder's write landing after it gave its lock back and the asker took it", Outcome{
+			Results: stopped(asker, true),
+			Writes:  join(holding, settled, takeover(7, s(1.5)), []Write{onRecord(write(9, s(1.7), "a", 0, false), "1", "superseded")}),
+		}, []string{"S5", "S1"}},
+		{"a holder's write of the chart's object after it gave its lock back", Outcome{
+			Results: stopped(asker, true),
+			Writes: join(holding, settled, []Write{{
+				Seq: 7, At: t0.Add(s(1.4)), Sent: t0.Add(s(1.4)), Client: "a", Verb: "update", Res: "configmaps", NS: Namespace, Name: Release,
+				Object: map[string]any{"metadata": map[string]any{"name": Release}},
+			}}),
+		}, []string{"S5"}},
+		// A joint lock that gave its gate back to wait for its Lease
+		// claims the beat again, with the same acquiredAt (seed 978).
+		{"a holder claiming the beat again after it gave the gate back", Outcome{
+			Writes: join(holding[:2], []Write{
+				gate(write(3, s(0.2), "a", 0, true)), onBeat(write(4, s(0.5), "a", 0, false)), gate(write(5, s(0.6), "a", 0, false)),
+			}),
+		}, nil},
+		{"a holder claiming the beat anew after it gave the gate back", Outcome{
+			Writes: join(holding[:2], []Write{
+				gate(write(3, s(0.2), "a", 0, true)), onBeat(write(4, s(0.5), "a", s(0.5), false)), gate(write(5, s(0.6), "a", s(0.5), false)),
+			}),
+		}, nil},
+		{"a holder stopped at a waiter's request whose lock ran out before it marked its revision", Outcome{
+			Results: stopped(asker, true),
+			Writes: join(holding, takeover(5, s(3.5)),
+				[]Write{described(write(7, s(3.6), "b", s(3.5), false), 2, common.StatusFailed, "abandoned")}),
+		}, nil},
+		{"an asker taking the lock before the holder it asked gave it back", Outcome{
+			Results: stopped(asker, true),
+			Writes:  join(holding, settled[:1], takeover(6, s(1.25))),
+		}, []string{"S3"}},
+		{"a holder stopped at the request of a client that did not ask", Outcome{
+			Results: stopped(asker, false),
+			Writes:  join(holding, settled),
+		}, []string{"S3"}},
+		{"a holder stopped at a waiter's request that left its revision to its asker", Outcome{
+			Results: stopped(asker, true),
+			Writes: join(holding, []Write{gate(write(5, s(1.3), "a", 0, true))}, takeover(6, s(1.5)),
+				[]Write{described(write(8, s(1.6), "b", s(1.5), false), 2, common.StatusFailed, "abandoned")}),
+		}, []string{"S2"}},
+		{"a holder stopped at a waiter's request that never marked its revision failed", Outcome{
+			Results: stopped(asker, true),
+			Writes:  join(holding, []Write{gate(write(5, s(1.3), "a", 0, true))}),
+		}, []string{"S2", "S2"}},
+		{"a holder stopped at a waiter's request that marked its revision failed without naming it", Outcome{
+			Results: stopped(asker, true),
+			Writes: join(holding, []Write{
+				described(write(5, s(1.2), "a", 0, false), 2, common.StatusFailed, "upgrade failed: context canceled"), gate(write(6, s(1.3), "a", 0, true)),
+			}),
+		}, []string{"S2"}},
+		{"a contender that took over and was stopped at a waiter's request", Outcome{
+			Results: []Result{result("b", rel, s(5), s(10), stoppedBy(lock.Waiter{Session: "c"})), func() Result {
+				r := result("c", rel, s(9), s(12), nil)
+				r.Plan.Preempt = true
+				return r
+			}()},
+			Writes: join(dead, takeover(3, s(8))),
 		}, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -14,7 +14,13 @@ import (
 	rspb "helm.sh/helm/v4/pkg/release/v1"
 	"helm.sh/helm/v4/pkg/storage"
 	"helm.sh/helm/v4/pkg/storage/driver"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
+
+	"github.com/helm-autorecover/helm-autorecover/internal/helmx"
 
 	"github.com/helm-autorecover/helm-autorecover/pkg/autorecover"
 )
@@ -40,6 +46,14 @@ type Plan struct {
 	SleepFor     time.Duration
 	// Clean: no network faults for this client (the final client).
 	Clean bool
+	// Preempt: while it waits, it asks the holder to stop (issue 34,
+	// LockRequest.Preempt).
+	Preempt bool
+	// Hook: an install or upgrade runs a hook of the chart this long
+	// after it created its revision (helm writes the hook's resource, then
+	// the chart's once the hook has run): its holder, asked to stop,
+	// declines meanwhile.
+	Hook time.Duration
 }
 
 // Result is what happened to one client.
@@ -89,13 +103,14 @@ func runClient(ctx context.Context, m *Model, p Plan, faults Faults, seed int64)
 	}
 	req := autorecover.RunConfig{Lock: autorecover.LockRequest{
 		Release: Release, Namespace: Namespace, Operation: p.Op, LeaseDuration: p.Lease, Wait: p.Wait,
-		Session: p.ID, Who: p.ID, PID: 1, ToolVersion: "sim",
+		Session: p.ID, Who: p.ID, PID: 1, ToolVersion: "sim", Preempt: p.Preempt,
 	}}
 	res.Err = c.Run(ctx, req, func(ctx context.Context, cfg *action.Configuration) error {
-		if err := simStorage(cfg); err != nil {
+		objs, err := simStorage(cfg)
+		if err != nil {
 			return err
 		}
-		return helm(ctx, cfg, p, clk, func(f string, a ...any) { res.Notes = append(res.Notes, fmt.Sprintf(f, a...)) })
+		return helm(ctx, cfg, objs, p, clk, func(f string, a ...any) { res.Notes = append(res.Notes, fmt.Sprintf(f, a...)) })
 	})
 	res.Ended = time.Now()
 	res.CrashAt, res.Crashed = link.Crashed()
@@ -109,8 +124,13 @@ func runClient(ctx context.Context, m *Model, p Plan, faults Faults, seed int64)
 var quiet = slog.New(slog.DiscardHandler)
 
 // helm writes the release records of p.Op in the order helm 4's action
-// does, through cfg's (fenced) storage, working p.Work between writes.
-func helm(ctx context.Context, cfg *action.Configuration, p Plan, clk *Clock, note func(string, ...any)) error {
+// does, through cfg's (fenced) storage, working p.Work between writes; an
+// install or upgrade with a hook (p.Hook) writes the hook's resource and
+// then the chart's through objs, the same fenced client. An install or
+// upgrade whose context ends (the lock lost, or its holder asked to stop)
+// marks its revision failed and returns the context's error, writing
+// nothing else, as helm 4's do.
+func helm(ctx context.Context, cfg *action.Configuration, objs typedcorev1.ConfigMapInterface, p Plan, clk *Clock, note func(string, ...any)) error {
 	cfg.SetLogger(quiet.Handler())
 	st := cfg.Releases
 	hist, err := history(cfg)
@@ -130,9 +150,31 @@ func helm(ctx context.Context, cfg *action.Configuration, p Plan, clk *Clock, no
 	if latest != nil {
 		next = latest.Version + 1
 	}
-	// finish writes rel as deployed after marking the previous deployed
-	// revision superseded; helm only logs the latter's failure.
+	// finish runs the hook, applies the chart and waits (p.Work), then
+	// writes rel as deployed after marking the previous deployed revision
+	// superseded; helm only logs the latter's failure.
 	finish := func(rel *rspb.Release) error {
+		if p.Hook > 0 {
+			kind := "pre-upgrade"
+			if p.Op == autorecover.OpInstall {
+				kind = "pre-install"
+			}
+			if err := ctx.Err(); err != nil {
+				return failed(st, rel, err)
+			}
+			if err := apply(objs, Release+"-hook", kind); err != nil {
+				return failed(st, rel, err)
+			}
+			if err := sleepCtx(ctx, p.Hook); err != nil {
+				return failed(st, rel, err)
+			}
+			if err := ctx.Err(); err != nil {
+				return failed(st, rel, err)
+			}
+			if err := apply(objs, Release, ""); err != nil {
+				return failed(st, rel, err)
+			}
+		}
 		if err := work(); err != nil {
 			return failed(st, rel, err)
 		}
@@ -141,6 +183,9 @@ func helm(ctx context.Context, cfg *action.Configuration, p Plan, clk *Clock, no
 			if err := st.Update(deployed); err != nil {
 				note("helm: marking revision %d superseded failed (helm only logs it): %v", deployed.Version, err)
 			}
+		}
+		if err := ctx.Err(); err != nil {
+			return failed(st, rel, err)
 		}
 		rel.Info.Status = common.StatusDeployed
 		rel.Info.Description = string(p.Op) + " complete"
@@ -196,6 +241,24 @@ func helm(ctx context.Context, cfg *action.Configuration, p Plan, clk *Clock, no
 	case autorecover.OpRecover:
 	}
 	return fmt.Errorf("sim: the simulated helm does not run %q", p.Op)
+}
+
+// apply writes the ConfigMap name of the chart, as a hook's resource of
+// kind hook when hook is set: created, or replaced when it exists (helm's
+// apply is no conditional write either).
+func apply(objs typedcorev1.ConfigMapInterface, name, hook string) error {
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"app.kubernetes.io/instance": Release}}}
+	if hook != "" {
+		cm.Annotations = map[string]string{helmx.HookAnnotation: hook}
+	}
+	_, err := objs.Create(context.Background(), cm, metav1.CreateOptions{})
+	if apierrors.IsAlreadyExists(err) {
+		_, err = objs.Update(context.Background(), cm, metav1.UpdateOptions{})
+	}
+	if err != nil {
+		return fmt.Errorf("sim: applying configmap %q: %w", name, err)
+	}
+	return nil
 }
 
 // refusal is the simulated helm's refusal to run its operation on the

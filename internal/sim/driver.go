@@ -32,15 +32,16 @@ type secrets struct {
 }
 
 // simStorage gives cfg, whose storage Run fenced, the simulation's
-// secrets driver over the same fenced client.
-func simStorage(cfg *action.Configuration) error {
+// secrets driver over the same fenced client, and returns that client's
+// ConfigMaps, for the chart's objects.
+func simStorage(cfg *action.Configuration) (typedcorev1.ConfigMapInterface, error) {
 	rc, err := cfg.RESTClientGetter.ToRESTConfig()
 	if err != nil {
-		return fmt.Errorf("sim: the fenced configuration: %w", err)
+		return nil, fmt.Errorf("sim: the fenced configuration: %w", err)
 	}
 	core, err := typedcorev1.NewForConfig(rc)
 	if err != nil {
-		return fmt.Errorf("sim: the fenced client: %w", err)
+		return nil, fmt.Errorf("sim: the fenced client: %w", err)
 	}
 	impl := core.Secrets(Namespace)
 	d := &secrets{Secrets: driver.NewSecrets(impl), impl: impl}
@@ -48,7 +49,7 @@ func simStorage(cfg *action.Configuration) error {
 	s := storage.Init(d)
 	s.MaxHistory = cfg.Releases.MaxHistory
 	cfg.Releases = s
-	return nil
+	return core.ConfigMaps(Namespace), nil
 }
 
 // Create stores rel as a new record, as helm's driver does.

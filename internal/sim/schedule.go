@@ -32,8 +32,33 @@ var (
 // sleep at; a client makes about 10 to 40 requests.
 const maxCrashAt = 40
 
-// Draw returns the random schedule of seed.
+// Draw returns the random schedule of seed: drawBase's, with what issue
+// 34 added drawn from a source of its own, so that a seed draws the same
+// clients, faults and times as before (drawBase replays the regressions
+// found before). Half the clients that wait ask the holder to stop
+// (Plan.Preempt); a sixth of the installs and upgrades run a hook of the
+// chart (Plan.Hook), during which their holder declines to stop.
 func Draw(seed int64) Schedule {
+	s := drawBase(seed)
+	q := rand.New(rand.NewSource(seed ^ preemptSalt))
+	for i := range s.Plans {
+		p := &s.Plans[i]
+		if p.Wait > 0 && q.Intn(2) == 0 {
+			p.Preempt = true
+		}
+		if (p.Op == autorecover.OpInstall || p.Op == autorecover.OpUpgrade) && q.Intn(6) == 0 {
+			p.Hook = time.Duration(1+q.Intn(int(2*p.Lease/time.Millisecond))) * time.Millisecond
+		}
+	}
+	return s
+}
+
+// preemptSalt seeds Draw's second source (issue 34's choices).
+const preemptSalt = 0x34
+
+// drawBase returns the random schedule of seed as Draw drew it before
+// issue 34: no client asks to preempt, no hook runs.
+func drawBase(seed int64) Schedule {
 	r := rand.New(rand.NewSource(seed))
 	s := Schedule{Seed: seed, Setup: r.Float64() < 0.85}
 	s.Faults.MaxLatency = time.Duration(1+r.Intn(100)) * time.Millisecond
@@ -92,6 +117,9 @@ func Draw(seed int64) Schedule {
 // requests (the request reaching the server or not), under each backend,
 // with the second client's wall clock 10 minutes behind, right, or ahead;
 // the second starts while the first holds the lock and waits for it.
+// Then, under each backend, the same two with the second asking the first
+// to stop (Plan.Preempt) while the first is in a long wait: the holder
+// crashed at each of its requests, then the asker (issue 34).
 func Exhaustive() []Schedule {
 	var out []Schedule
 	seed := int64(0)
@@ -107,6 +135,27 @@ func Exhaustive() []Schedule {
 							{ID: "c1", Op: autorecover.OpUpgrade, Backend: backend, Lease: 5 * time.Second, Work: 4 * time.Second, CrashAt: at, CrashCommits: commits},
 							{ID: "c2", Op: autorecover.OpUpgrade, Backend: backend, Lease: 5 * time.Second, Work: time.Second, Start: time.Second, Wait: 5 * time.Minute, Offset: off},
 						},
+					})
+				}
+			}
+		}
+	}
+	for _, backend := range []autorecover.Backend{autorecover.BackendLease, autorecover.BackendRelease} {
+		for _, asker := range []bool{false, true} {
+			for at := 1; at <= maxCrashAt; at++ {
+				for _, commits := range []bool{false, true} {
+					seed++
+					holder := Plan{ID: "c1", Op: autorecover.OpUpgrade, Backend: backend, Lease: 5 * time.Second, Work: 10 * time.Second}
+					preemptor := Plan{ID: "c2", Op: autorecover.OpUpgrade, Backend: backend, Lease: 5 * time.Second, Work: time.Second, Start: 2 * time.Second, Wait: 5 * time.Minute, Preempt: true}
+					crashed := &holder
+					if asker {
+						crashed = &preemptor
+					}
+					crashed.CrashAt, crashed.CrashCommits = at, commits
+					out = append(out, Schedule{
+						Seed: -seed, Setup: true,
+						Faults: Faults{MaxLatency: 20 * time.Millisecond},
+						Plans:  []Plan{holder, preemptor},
 					})
 				}
 			}
@@ -143,6 +192,12 @@ func (p Plan) String() string {
 	}
 	if p.SleepAt > 0 {
 		s += fmt.Sprintf(" sleep@%d(%s)", p.SleepAt, p.SleepFor.Round(time.Millisecond))
+	}
+	if p.Preempt {
+		s += " preempt"
+	}
+	if p.Hook > 0 {
+		s += fmt.Sprintf(" hook=%s", p.Hook)
 	}
 	return s
 }
