@@ -288,7 +288,14 @@ func (s *releaseStore) virtual(release string, r records.Record, beat beatObj, l
 		switch {
 		case own && bt.ReleasedAt.IsZero():
 			gateEffective(g)
-			if bt.RenewedAt.After(g.RenewedAt) {
+			// A released gate is the holder's last word: its beat's
+			// renewals came before the release, and must not take back
+			// what the release says (the revision it names, the holder
+			// it names abandoned: the simulation, seed 84184, found a
+			// preempted holder whose failed settle released naming
+			// itself abandoned, undone here by its own earlier renewal,
+			// and the release left stuck).
+			if g.ReleasedAt.IsZero() && bt.RenewedAt.After(g.RenewedAt) {
 				g.RenewedAt, g.Revision = bt.RenewedAt, bt.Revision
 				if bt.Revision > 0 {
 					g.Abandoned = nil

@@ -190,6 +190,7 @@ var preemptRegressions = []struct {
 	{978, "S5 (checker): a joint lock that gave its gate back to wait for its Lease claimed the beat again with the same acquiredAt, and its record writes counted as writes after its release"},
 	{13942, "S5 (checker): the same, the beat claimed with a new acquiredAt"},
 	{75757, "S2 (checker): a holder stopped at a waiter's request whose 3 s lease ran out before it marked its revision failed wrote nothing more, and the asker recovered the revision as abandoned"},
+	{84184, "S2: a holder stopped at a waiter's request whose settle read failed released naming itself abandoned; its own earlier renewal on the beat took that back in the virtual Lease, and the asker found the revision pending with no lock covering it (a released gate now keeps what its release says)"},
 }
 
 // TestSimRegressions runs every schedule that once found a violation.
