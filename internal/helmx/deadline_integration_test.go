@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -246,5 +247,45 @@ func TestIntegrationFenceCutStopsTheOperation(t *testing.T) {
 	}
 	if st := env.History(t, ns, "web")[0].Status; st != string(common.StatusPendingInstall) {
 		t.Fatalf("revision 1 after a write that followed a cut-off one is %s; want it untouched (pending-install)", st)
+	}
+}
+
+// TestIntegrationFenceStopsAfterAFailedSupersede: helm only logs the
+// failure of its write marking the previous revision superseded, and goes
+// on to write its own revision deployed: two revisions would then read
+// deployed (internal/sim, seeds 35818 and 36433). Once that write failed
+// (after the fence's own retries), every later write of the operation is
+// refused: the previous revision stays deployed and the new one pending,
+// for its holder to mark failed.
+func TestIntegrationFenceStopsAfterAFailedSupersede(t *testing.T) {
+	env := testenv.Get(t)
+	ns := env.Namespace(t)
+	held := newHeld("supersede-session", time.Now())
+	if err := store(t, fencedDriver(t, env.Config, ns, held), 1, common.StatusDeployed); err != nil {
+		t.Fatal(err)
+	}
+	cfg := env.Proxy(t, func(w http.ResponseWriter, r *http.Request, forward http.Handler) {
+		if r.Method == http.MethodPut && strings.HasSuffix(r.URL.Path, "/secrets/"+ReleaseSecretName("web", 1)) {
+			http.Error(w, `{"kind":"Status","apiVersion":"v1","status":"Failure","reason":"Forbidden","code":403}`, http.StatusForbidden)
+			return
+		}
+		forward.ServeHTTP(w, r)
+	})
+	d := fencedDriver(t, cfg, ns, held)
+	if err := store(t, d, 2, common.StatusPendingUpgrade); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Update(ReleaseSecretName("web", 1), webRelease(1, common.StatusSuperseded)); err == nil {
+		t.Fatal("the update of revision 1 went through the failing proxy")
+	}
+	if err := d.Update(ReleaseSecretName("web", 2), webRelease(2, common.StatusDeployed)); err == nil || !strings.Contains(err.Error(), "superseded failed") {
+		t.Fatalf("helm's write of its revision deployed after its supersede failed: %v; want it refused, naming the failed supersede", err)
+	}
+	var got []string
+	for _, s := range env.History(t, ns, "web") {
+		got = append(got, s.Status)
+	}
+	if want := []string{string(common.StatusDeployed), string(common.StatusPendingUpgrade)}; !slices.Equal(got, want) {
+		t.Fatalf("history = %v; want %v (one deployed revision)", got, want)
 	}
 }

@@ -172,6 +172,7 @@ func (f *fenceRT) route(req *http.Request, g *GuardedWrites) (*http.Response, er
 		resp, status, err := f.update(req, g, m[3])
 		f.noteWrite(g, resp, err)
 		f.report(g, rev, resp, err, status)
+		f.supersedeFailed(req, g, rev, status, resp, err)
 		return resp, err
 	case req.Method == http.MethodDelete && rev > 0:
 		resp, err := f.deleteRecord(req, g, m[3])
@@ -196,3 +197,20 @@ func revisionOf(name, release string) int {
 }
 
 func recordPrefix(release string) string { return "sh.helm.release.v1." + release + ".v" }
+
+// supersedeFailed stops the operation after helm's write marking an
+// earlier revision superseded failed (after the fence's own retries):
+// helm only logs that failure and goes on to write its own revision
+// deployed, and two revisions would then read deployed (the simulation,
+// seeds 35818 and 36433). Every later write of the operation is refused,
+// as after a write cut off at the renew deadline (cut); the holder's own
+// revision, left pending, is marked failed when the lock is given back.
+func (f *fenceRT) supersedeFailed(req *http.Request, g *GuardedWrites, rev int, status string, resp *http.Response, err error) {
+	if status != "superseded" || f.own(g, rev) || (err == nil && resp.StatusCode/100 == 2) || req.Context().Err() != nil {
+		// (A write its deadline or helm ended is cut off by roundTrip.)
+		return
+	}
+	cause := fmt.Errorf("helm-autorecover: helm's write marking revision %d of release %q in namespace %q superseded failed (%s): nothing more of the operation is written, so that its own revision is not written deployed beside revision %d; it is marked failed when the lock is given back, and the next operation can run",
+		rev, g.Release, g.Namespace, failureOf(resp, err), rev)
+	f.w.cut.CompareAndSwap(nil, &cause)
+}

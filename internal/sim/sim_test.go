@@ -190,6 +190,8 @@ var preemptRegressions = []struct {
 	{978, "S5 (checker): a joint lock that gave its gate back to wait for its Lease claimed the beat again with the same acquiredAt, and its record writes counted as writes after its release"},
 	{13942, "S5 (checker): the same, the beat claimed with a new acquiredAt"},
 	{75757, "S2 (checker): a holder stopped at a waiter's request whose 3 s lease ran out before it marked its revision failed wrote nothing more, and the asker recovered the revision as abandoned"},
+	{35818, "S7: helm's write marking revision 1 superseded failed past the fence's retries, helm went on and wrote its revision deployed beside it (the fence now stops the operation after a failed supersede)"},
+	{36433, "S7: as 35818"},
 	{84184, "S2: a holder stopped at a waiter's request whose settle read failed released naming itself abandoned; its own earlier renewal on the beat took that back in the virtual Lease, and the asker found the revision pending with no lock covering it (a released gate now keeps what its release says)"},
 }
 
