@@ -316,6 +316,16 @@ func (r *run) do(ctx context.Context, op func() error) (err error) {
 		Declined:    r.declined,
 	}
 	err = r.held.Run(ctx, r.guarded)
+	if p, ok := errors.AsType[*protocol.PreemptedError](err); ok && !r.interrupted.Load() {
+		// Helm ended after the fence was closed for a waiter's request to
+		// stop (--preempt), before its revision was settled (helm's
+		// install returns success when its last record write is refused,
+		// and fails on any other refused write): preempted, whatever
+		// helm said (protocol.Lock.Run).
+		fmt.Fprintf(r.g.Stderr, "helm-autorecover: release %q in namespace %q: %s asked this operation to stop (--preempt): %s\n",
+			r.t.Release, r.t.Namespace, protocol.Asker(p.By), PreemptStarted)
+		return &exitcode.Error{Code: exitcode.Preempted, Err: err}
+	}
 	if err != nil && r.interrupted.Load() {
 		// Helm's install and upgrade handle the first signal themselves
 		// (they cancel, mark the release failed and return an error); the
@@ -329,6 +339,8 @@ func (r *run) do(ctx context.Context, op func() error) (err error) {
 // code.
 func (r *run) operate(ctx context.Context, op func() error) error {
 	err := op()
+	// A request to stop (--preempt) from now on finds nothing to stop.
+	r.held.OperationEnded()
 	r.endMu.Lock()
 	close(r.opDone)
 	ending := r.ending
@@ -346,18 +358,6 @@ func (r *run) operate(ctx context.Context, op func() error) error {
 			err = fmt.Errorf("release %q in namespace %q: interrupted as the operation ended", r.t.Release, r.t.Namespace)
 		}
 		return &exitcode.Error{Code: exitcode.Interrupted, Err: err}
-	}
-	if p := r.held.Preempted(); p != nil && !r.interrupted.Load() {
-		// Helm ended after the fence was closed for a waiter's request to
-		// stop (--preempt), before its revision was settled (helm's
-		// install returns success when its last record write is refused):
-		// the operation was preempted, whatever helm said.
-		fmt.Fprintf(r.g.Stderr, "helm-autorecover: release %q in namespace %q: %s asked this operation to stop (--preempt): %s\n",
-			r.t.Release, r.t.Namespace, protocol.Asker(p.By), PreemptStarted)
-		if err != nil {
-			return &exitcode.Error{Code: exitcode.Preempted, Err: fmt.Errorf("%w (helm: %w)", p, err)}
-		}
-		return &exitcode.Error{Code: exitcode.Preempted, Err: p}
 	}
 	if err != nil && r.held.Fence().CreateConflict() {
 		// Another client created the revision this operation was about to

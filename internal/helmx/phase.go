@@ -102,6 +102,18 @@ func (w *WriteFence) ResetPhase() {
 	w.phase.undoing = ""
 }
 
+// OperationEnded tells the fence that helm's operation returned: a
+// request to stop that comes later finds nothing to stop (Busy says
+// Ended).
+func (w *WriteFence) OperationEnded() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.phase.apply(phaseOf{hook: w.phase.hook, hookPath: w.phase.hookPath, undoing: Ended})
+}
+
+// Ended is what Busy says once helm's operation returned (OperationEnded).
+const Ended = "helm's operation has ended"
+
 // CloseUnlessBusy closes the fence, as Drain's first step does, unless
 // helm is busy (Busy), in one step with the fence's count of helm's
 // writes: a write let in before it closed the fence is one whose phase was
@@ -155,6 +167,10 @@ func (f *fenceRT) phaseOfWrite(req *http.Request, g *GuardedWrites) (*http.Reque
 			p.undoing = "helm is rolling the release back, which it cannot cancel"
 		case status == "uninstalling":
 			p.undoing = "helm is uninstalling the release, which it cannot cancel"
+		case status == "failed" && req.Method == http.MethodPut && f.own(g, revisionOf(m[3], g.Release)):
+			// helm's operation failed: it ends, or undoes itself next
+			// (--rollback-on-failure), which must not be cut short.
+			p.undoing = "helm's operation failed and is ending (with --rollback-on-failure it rolls back next)"
 		}
 		return req, p, nil
 	}

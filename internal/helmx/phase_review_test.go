@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/helm-autorecover/helm-autorecover/internal/lock"
 )
 
 // countingTransport answers every request 200 and counts them.
@@ -126,5 +128,54 @@ func TestInstallRollbackOnFailureUninstallIsBusy(t *testing.T) {
 	}
 	if why, _ := w.Busy(); why == "" {
 		t.Fatal("Busy says helm may be stopped while it uninstalls the release after a failed install (--rollback-on-failure)")
+	}
+}
+
+// revLock is drainLock holding revision rev.
+type revLock struct {
+	drainLock
+	rev int
+}
+
+func (l revLock) Record() lock.Record { return lock.Record{Session: "s-1", Revision: l.rev} }
+
+// TestFailedOperationIsBusy (third review, F2): once helm wrote the
+// operation's own revision failed, it ends, or rolls back next
+// (--rollback-on-failure: its failed write comes before the rollback's
+// pending-rollback create): a request to stop must not cut that short.
+// And once helm's operation returned (OperationEnded), a request finds
+// nothing to stop (F3).
+func TestFailedOperationIsBusy(t *testing.T) {
+	w := &WriteFence{}
+	stop := w.Guard(GuardedWrites{Namespace: "shop", Release: "web", Resource: "secrets", Lock: revLock{drainLock{deadline: time.Now().Add(time.Minute)}, 2}})
+	defer stop()
+	f := &fenceRT{next: &countingTransport{}, w: w}
+	put := func(rev int, status string) {
+		t.Helper()
+		name := ReleaseSecretName("web", rev)
+		body := `{"apiVersion":"v1","kind":"Secret","metadata":{"name":"` + name + `","namespace":"shop","labels":{"name":"web","owner":"helm","status":"` + status + `","version":"2"}},"type":"helm.sh/release.v1","data":{"release":""}}`
+		req, _ := http.NewRequestWithContext(context.Background(), http.MethodPut, "https://api/api/v1/namespaces/shop/secrets/"+name, strings.NewReader(body))
+		if resp, err := f.RoundTrip(req); err == nil {
+			_ = resp.Body.Close()
+		}
+	}
+	put(1, "superseded") // another revision's status: nothing
+	if why, _ := w.Busy(); why != "" {
+		t.Fatalf("Busy after helm superseded an earlier revision = %q; want \"\"", why)
+	}
+	put(2, "failed")
+	if why, _ := w.Busy(); !strings.Contains(why, "failed") {
+		t.Fatalf("Busy after helm wrote its own revision failed = %q; want it busy", why)
+	}
+	w2 := &WriteFence{}
+	stop2 := w2.Guard(GuardedWrites{Namespace: "shop", Release: "web", Resource: "secrets", Lock: revLock{drainLock{deadline: time.Now().Add(time.Minute)}, 2}})
+	defer stop2()
+	w2.OperationEnded()
+	if why, _ := w2.CloseUnlessBusy(nil); why != Ended {
+		t.Fatalf("CloseUnlessBusy after the operation ended = %q; want %q", why, Ended)
+	}
+	w2.ResetPhase()
+	if why, _ := w2.CloseUnlessBusy(nil); why != "" {
+		t.Fatalf("CloseUnlessBusy after ResetPhase = %q; want the fence closed", why)
 	}
 }

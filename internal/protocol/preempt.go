@@ -6,6 +6,9 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/helm-autorecover/helm-autorecover/internal/helmx"
+	"github.com/helm-autorecover/helm-autorecover/internal/recovery"
+
 	"github.com/helm-autorecover/helm-autorecover/internal/lock"
 )
 
@@ -58,6 +61,10 @@ func Asker(w Waiter) string {
 // holder stopped at a waiter's request. Verbs: the pending status, the
 // asker (Asker), the holder's session, the server time.
 const DescriptionPreempted = "Preempted %s: stopped at the request of %s; marked failed by its own holder, helm-autorecover session %s, at %s"
+
+// askPollSQL is how often a holder whose helm writes its records to the sql
+// driver's database judges again whether helm may be stopped (sqlBusy).
+const askPollSQL = time.Second
 
 // askWatchAfter is how long an operation runs before its holder starts
 // watching for a request to stop: an operation that ends sooner (a no-wait
@@ -134,16 +141,28 @@ func (l *Lock) awaitStoppable(ctx context.Context, op Operation, declined func(b
 				l.preempted, l.preemptDecided = p, make(chan struct{})
 				l.mu.Unlock()
 			}
+			var again <-chan time.Time
 			switch ok, reason := Preemptible(op); {
 			case !ok:
 				why = reason
-			case l.fence != nil:
-				why, changed = l.fence.CloseUnlessBusy(record)
 			default:
-				record()
+				if why = l.sqlBusy(ctx); why != "" {
+					// Judged from the database: look again in a
+					// moment, as a holder reads an unwatchable queue.
+					again = l.conn.clock.After(askPollSQL)
+					break
+				}
+				if l.fence != nil {
+					why, changed = l.fence.CloseUnlessBusy(record)
+				} else {
+					record()
+				}
 			}
-			if why == "" {
+			switch why {
+			case "":
 				return true
+			case helmx.Ended:
+				return false // nothing left to stop
 			}
 			if !told[by.Session] && declined != nil {
 				declined(*by, why)
@@ -153,6 +172,7 @@ func (l *Lock) awaitStoppable(ctx context.Context, op Operation, declined func(b
 			case <-ctx.Done():
 				return false
 			case <-changed: // nil (never) when nothing can change
+			case <-again:
 			}
 			// Helm's phase changed: stop only for an asker still waiting
 			// (one that gave up, or was killed, asks nothing).
@@ -214,4 +234,32 @@ func (l *Lock) Preempted() *PreemptedError {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.preempted
+}
+
+// sqlBusy says why helm may not be stopped now when its records go to the
+// sql driver's database, which the write fence does not see ("" when it
+// may, or with any other driver): helm settled or undoes the operation's
+// revision (its operation failed, or rolls back: a newer revision than
+// the holder's own exists). It reads the history once, on the path of a
+// request to stop only.
+func (l *Lock) sqlBusy(ctx context.Context) string {
+	if l.conn.sql == nil {
+		return ""
+	}
+	own := l.Record().Revision
+	hist, err := l.conn.History(ctx, l.namespace, l.release)
+	switch {
+	case err != nil:
+		return "its revisions could not be read from helm's database (" + err.Error() + ")"
+	case len(hist) == 0 || own == 0:
+		return ""
+	}
+	newest := hist[len(hist)-1]
+	switch {
+	case newest.Revision > own:
+		return fmt.Sprintf("helm wrote revision %d after the operation's own (a rollback of --rollback-on-failure), which it cannot cancel", newest.Revision)
+	case newest.Revision == own && !recovery.IsPending(newest.Status):
+		return fmt.Sprintf("helm's operation is ending (revision %d is %s)", own, newest.Status)
+	}
+	return ""
 }

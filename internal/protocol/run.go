@@ -235,9 +235,25 @@ func (l *Lock) runOp(ctx context.Context, g Guarded) error {
 		}
 	})
 	err := g.Op(opCtx)
+	l.OperationEnded()
 	endAsks()
-	if p := l.Preempted(); p != nil && err != nil {
-		return fmt.Errorf("%w: %w", p, err)
+	if p := l.Preempted(); p != nil {
+		// Stopped at a waiter's request, before helm settled its
+		// revision: preempted, whatever helm returned (its install
+		// returns success when its last record write is refused).
+		if err != nil {
+			return fmt.Errorf("%w: %w", p, err)
+		}
+		return p
 	}
 	return err
+}
+
+// OperationEnded tells the lock that helm's operation returned (a door
+// whose operation ends the process calls it as soon as helm returns): a
+// request to stop that comes later is not acted on.
+func (l *Lock) OperationEnded() {
+	if l.fence != nil {
+		l.fence.OperationEnded()
+	}
 }
