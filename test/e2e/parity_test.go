@@ -29,7 +29,7 @@ func TestHelmFlagParity(t *testing.T) {
 	bin := env.Bin(t)
 	ours := []string{
 		"--autorecover", "--lease-duration", "--lock-backend", "--lock-max-hold",
-		"--lock-timeout", "--recover-delete-data", "--recover-legacy-after", "--recover-strategy",
+		"--lock-timeout", "--preempt", "--recover-delete-data", "--recover-legacy-after", "--recover-strategy",
 	}
 	guarded := map[string]bool{"install": true, "upgrade": true, "rollback": true, "uninstall": true}
 	for _, cmd := range []string{
