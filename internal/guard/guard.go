@@ -322,8 +322,7 @@ func (r *run) do(ctx context.Context, op func() error) (err error) {
 		// install returns success when its last record write is refused,
 		// and fails on any other refused write): preempted, whatever
 		// helm said (protocol.Lock.Run).
-		fmt.Fprintf(r.g.Stderr, "helm-autorecover: release %q in namespace %q: %s asked this operation to stop (--preempt): %s\n",
-			r.t.Release, r.t.Namespace, protocol.Asker(p.By), PreemptStarted)
+		r.sayStopping(p)
 		return &exitcode.Error{Code: exitcode.Preempted, Err: err}
 	}
 	if err != nil && r.interrupted.Load() {

@@ -13,7 +13,7 @@ import (
 // who asked) and gives the lock back, then exits with exitcode.Preempted.
 // Helm's install or upgrade is not told: its writes are refused from now
 // on, and its --wait ends with the process. When helm's operation ended
-// first (it may, on a write the drained fence refused), operate gives the
+// first (it may, on a write the drained fence refused), do gives the
 // process the preempted exit code itself.
 func (r *run) preempted(p *protocol.PreemptedError) {
 	if r.interrupted.Load() {
@@ -35,8 +35,7 @@ func (r *run) preempted(p *protocol.PreemptedError) {
 	}
 	r.ending = true
 	r.endMu.Unlock()
-	fmt.Fprintf(r.g.Stderr, "helm-autorecover: release %q in namespace %q: %s asked this operation to stop (--preempt): %s\n",
-		r.t.Release, r.t.Namespace, protocol.Asker(p.By), PreemptStarted)
+	r.sayStopping(p)
 	go func() {
 		defer close(r.ended)
 		r.exitOnce.Do(func() {
@@ -45,6 +44,13 @@ func (r *run) preempted(p *protocol.PreemptedError) {
 			r.g.Exit(exitcode.Preempted)
 		})
 	}()
+}
+
+// sayStopping says on stderr who asked the operation to stop, and that it
+// stops.
+func (r *run) sayStopping(p *protocol.PreemptedError) {
+	fmt.Fprintf(r.g.Stderr, "helm-autorecover: release %q in namespace %q: %s asked this operation to stop (--preempt): %s\n",
+		r.t.Release, r.t.Namespace, protocol.Asker(p.By), PreemptStarted)
 }
 
 // PreemptStarted is what the guard says on stderr when it stops its

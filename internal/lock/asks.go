@@ -47,32 +47,22 @@ func (h *Held) WatchAsks(ctx context.Context, asked func(Waiter)) {
 			if ctx.Err() != nil {
 				return
 			}
-			l, gerr := h.b.leases(ns).Get(ctx, name, metav1.GetOptions{})
-			if gerr == nil && check(decodeQueue(l.Annotations[AnnotationQueue])) {
+			if by, ok, err := h.AskedNow(ctx); err == nil && ok {
+				asked(by)
 				return
 			}
-			t := h.b.clock.NewTimer(askPoll)
-			select {
-			case <-ctx.Done():
-				t.Stop()
+			if h.b.sleep(ctx, askPoll) != nil {
 				return
-			case <-t.C():
 			}
 			continue
 		}
 		if h.drainAsks(ctx, w, queueOf, check) {
 			return
 		}
-		if left := askPoll - h.b.clock.Since(opened); left > 0 {
-			// A watch that ended at once (a proxy, an API server
-			// restarting) is not opened again at once.
-			t := h.b.clock.NewTimer(left)
-			select {
-			case <-ctx.Done():
-				t.Stop()
-				return
-			case <-t.C():
-			}
+		// A watch that ended at once (a proxy, an API server restarting)
+		// is not opened again at once.
+		if h.b.sleep(ctx, askPoll-h.b.clock.Since(opened)) != nil {
+			return
 		}
 	}
 }

@@ -7,9 +7,8 @@ import (
 	"time"
 
 	"github.com/helm-autorecover/helm-autorecover/internal/helmx"
-	"github.com/helm-autorecover/helm-autorecover/internal/recovery"
-
 	"github.com/helm-autorecover/helm-autorecover/internal/lock"
+	"github.com/helm-autorecover/helm-autorecover/internal/recovery"
 )
 
 // Cooperative preemption (issue 34). A client that waits with
