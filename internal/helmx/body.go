@@ -59,6 +59,26 @@ func encodeJSON(d decoded) ([]byte, error) {
 	return buf.Bytes(), nil
 }
 
+// decodedKey carries, in a write's context, its body as phaseOfWrite
+// decoded it (decodedBody), so that a record's create or update does not
+// decode it again.
+type decodedKey struct{}
+
+type decodedBody struct {
+	body []byte
+	d    decoded
+	err  error
+}
+
+// decodeRequest decodes body, req's, or returns what phaseOfWrite decoded
+// of the same body.
+func decodeRequest(req *http.Request, body []byte) (decoded, error) {
+	if c, ok := req.Context().Value(decodedKey{}).(decodedBody); ok && bytes.Equal(c.body, body) {
+		return c.d, c.err
+	}
+	return decode(body)
+}
+
 func readBody(req *http.Request) ([]byte, error) {
 	if req.Body == nil {
 		return nil, nil

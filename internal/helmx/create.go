@@ -24,7 +24,7 @@ func (f *fenceRT) create(req *http.Request, g *GuardedWrites) (*http.Response, e
 	if err != nil {
 		return nil, fmt.Errorf("helm-autorecover: reading helm's request body: %w", err)
 	}
-	d, err := decode(body)
+	d, err := decodeRequest(req, body)
 	rev := 0
 	if err == nil {
 		rev = revisionOf(d.meta.Name, g.Release)

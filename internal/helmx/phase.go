@@ -7,6 +7,7 @@ package helmx
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -158,9 +159,13 @@ func (f *fenceRT) phaseOfWrite(req *http.Request, g *GuardedWrites) (*http.Reque
 		// helm's storage driver sends its records as protobuf (client-go's
 		// typed clients prefer it), read as create and update read them.
 		status := ""
-		if d, err := decode(body); err == nil {
+		d, err := decode(body)
+		if err == nil {
 			status = d.meta.Labels[LabelStatus]
 		}
+		// Decoded once: the record's create or update takes it from here
+		// (decodeRequest).
+		req = req.WithContext(context.WithValue(req.Context(), decodedKey{}, decodedBody{body: body, d: d, err: err}))
 		p := phaseOf{}
 		switch {
 		case status == "pending-rollback" && req.Method == http.MethodPost:

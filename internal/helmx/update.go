@@ -26,7 +26,7 @@ func (f *fenceRT) update(req *http.Request, g *GuardedWrites, name string) (_ *h
 	if err != nil {
 		return nil, "", fmt.Errorf("helm-autorecover: reading helm's request body: %w", err)
 	}
-	d, err := decode(body)
+	d, err := decodeRequest(req, body)
 	if err != nil {
 		return nil, "", fmt.Errorf("helm-autorecover: refused helm's update of %s of release %q in namespace %q: cannot read its body to keep the lock: %w", name, g.Release, g.Namespace, err)
 	}
