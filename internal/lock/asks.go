@@ -31,7 +31,7 @@ const askPoll = progressEvery
 // It only reads: what the holder does when asked is its own decision, and
 // nothing is ever taken from a holder that does not stop. A waiter whose
 // entry has expired in server time asks nothing.
-func (h *Held) WatchAsks(ctx context.Context, asked func(Waiter)) {
+func (h *part) WatchAsks(ctx context.Context, asked func(Waiter)) {
 	ns, name := h.req.Namespace, LeaseName(h.req.Release)
 	check := func(queue []Waiter) bool {
 		if w, ok := h.askIn(queue); ok {
@@ -69,7 +69,7 @@ func (h *Held) WatchAsks(ctx context.Context, asked func(Waiter)) {
 
 // askIn returns the first live waiter in queue that asks this holder to
 // stop.
-func (h *Held) askIn(queue []Waiter) (Waiter, bool) {
+func (h *part) askIn(queue []Waiter) (Waiter, bool) {
 	now, _ := h.b.time.Now()
 	for _, w := range liveWaiters(queue, now, h.b.margin()) {
 		if w.Preempt && w.PreemptHolder == h.req.Session {
@@ -81,7 +81,7 @@ func (h *Held) askIn(queue []Waiter) (Waiter, bool) {
 
 // AskedNow reads the lock's queue once and returns the first live waiter
 // that asks this holder to stop, if any.
-func (h *Held) AskedNow(ctx context.Context) (Waiter, bool, error) {
+func (h *part) AskedNow(ctx context.Context) (Waiter, bool, error) {
 	l, err := h.b.leases(h.req.Namespace).Get(ctx, LeaseName(h.req.Release), metav1.GetOptions{})
 	if err != nil {
 		return Waiter{}, false, err
@@ -92,7 +92,7 @@ func (h *Held) AskedNow(ctx context.Context) (Waiter, bool, error) {
 
 // drainAsks reads w's events until one shows a request to stop (true), ctx
 // ends, or the watch closes (the API server ends watches now and then).
-func (h *Held) drainAsks(ctx context.Context, w watch.Interface, queueOf func(runtime.Object) ([]Waiter, bool), check func([]Waiter) bool) bool {
+func (h *part) drainAsks(ctx context.Context, w watch.Interface, queueOf func(runtime.Object) ([]Waiter, bool), check func([]Waiter) bool) bool {
 	defer w.Stop()
 	for {
 		select {
@@ -137,12 +137,12 @@ func (b *Backend) watchQueue(ctx context.Context, ns, name string) (watch.Interf
 
 // WatchAsks watches the first part's queue, where every waiter queues (the
 // parts are taken in order, and a waiter waits for the first it cannot
-// take: the holder of all of them holds the first): see Held.WatchAsks.
-func (j *Joint) WatchAsks(ctx context.Context, asked func(Waiter)) {
+// take: the holder of all of them holds the first): see part.WatchAsks.
+func (j *Held) WatchAsks(ctx context.Context, asked func(Waiter)) {
 	j.parts[0].WatchAsks(ctx, asked)
 }
 
-// AskedNow reads the first part's queue once: see Held.AskedNow.
-func (j *Joint) AskedNow(ctx context.Context) (Waiter, bool, error) {
+// AskedNow reads the first part's queue once: see part.AskedNow.
+func (j *Held) AskedNow(ctx context.Context) (Waiter, bool, error) {
 	return j.parts[0].AskedNow(ctx)
 }

@@ -69,7 +69,7 @@ func TestWatchAsksBacksOffWatchesThatCloseAtOnce(t *testing.T) {
 	est := servertime.New(clk)
 	est.Observe(clk.Now(), clk.Now(), t0)
 	b := NewLeaseBackend(cs, est, clk)
-	h := &Held{b: b, req: Request{Release: "web", Namespace: ns, Session: "a"}}
+	h := &part{b: b, req: Request{Release: "web", Namespace: ns, Session: "a"}}
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()
 	h.WatchAsks(ctx, func(Waiter) {})

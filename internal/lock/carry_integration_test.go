@@ -47,10 +47,10 @@ func (b *beforePut) RoundTrip(r *http.Request) (*http.Response, error) {
 }
 
 // carryOnto copies h's record onto revision rev as the fence does, through
-// Held.Carry: create when the record does not exist yet (helm's create of
+// part.Carry: create when the record does not exist yet (helm's create of
 // the next revision), else a conditional update (the move before helm
 // prunes the newest record).
-func carryOnto(env *testenv.Env, ns string, h *lock.Held, rev int, status string) error {
+func carryOnto(env *testenv.Env, ns string, h *lock.Part, rev int, status string) error {
 	return h.Carry(func(rec lock.Record) error {
 		ctx := context.Background()
 		rec.Revision = rev
@@ -84,8 +84,8 @@ func carryOnto(env *testenv.Env, ns string, h *lock.Held, rev int, status string
 // (the previous renewal), the lock that counts (on revision 2) would end
 // earlier than the deadline the holder goes by after the renewal, and a
 // client could take it over while the holder still writes: two writers
-// (found by review; the create copied Held.Record() with no ordering).
-// Through Held.Carry the copy waits for the renewal and carries it.
+// (found by review; the create copied part.Record() with no ordering).
+// Through part.Carry the copy waits for the renewal and carries it.
 func TestIntegrationCarryWaitsForRenewal(t *testing.T) {
 	env := testenv.Get(t)
 	ctx := context.Background()
@@ -93,7 +93,7 @@ func TestIntegrationCarryWaitsForRenewal(t *testing.T) {
 	if _, err := env.Client.CoreV1().Secrets(ns).Create(ctx, stockRecord(ns, "web", 1, "deployed"), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	var h *lock.Held
+	var h *lock.Part
 	created := make(chan error, 1)
 	bp := &beforePut{name: lock.LeaseName("web")}
 	bp.hook = func() {
@@ -133,7 +133,7 @@ func TestIntegrationCarryWaitsForRenewal(t *testing.T) {
 // write it. Were the move to copy the record as it stood (before that
 // renewal), revision 1 would carry an older copy of the lock once helm
 // deletes revision 2, and the next renewal would take the lock for lost
-// although nobody else touched it (found by review). Through Held.Carry the
+// although nobody else touched it (found by review). Through part.Carry the
 // move carries the renewal.
 func TestIntegrationCarryBeforePruneIsNoLoss(t *testing.T) {
 	env := testenv.Get(t)
@@ -142,7 +142,7 @@ func TestIntegrationCarryBeforePruneIsNoLoss(t *testing.T) {
 	if _, err := env.Client.CoreV1().Secrets(ns).Create(ctx, stockRecord(ns, "web", 1, "deployed"), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	var h *lock.Held
+	var h *lock.Part
 	moved := make(chan error, 1)
 	bp := &beforePut{name: lock.LeaseName("web")}
 	bp.hook = func() {

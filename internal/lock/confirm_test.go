@@ -17,7 +17,7 @@ import (
 // header runs ahead (a replica with a wrong clock, a proxy's error page).
 
 type tryResult struct {
-	held *Held
+	held *part
 	err  error
 }
 

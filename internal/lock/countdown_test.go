@@ -44,7 +44,7 @@ func TestCountdownNamesTheTake(t *testing.T) {
 	}
 	var mu sync.Mutex
 	var marks []mark
-	done := make(chan *Held, 1)
+	done := make(chan *part, 1)
 	go func() {
 		h, err := c.b.Wait(ctx, req(OpUpgrade, lease), func(_ *Record, left time.Duration) {
 			mu.Lock()

@@ -46,7 +46,7 @@
 // A holder process that is paused (SIGSTOP, a frozen VM, swap storm) for longer
 // than its lease can wake up after another client took the lock over and issue
 // one write it believes safe, because the check and the write are not atomic.
-// Held.Valid narrows that window to the time between a check and a write;
+// part.Valid narrows that window to the time between a check and a write;
 // resourceVersion preconditions on the release's own records, done by the
 // caller, close it for those records.
 package lock

@@ -120,7 +120,7 @@ func newRWorld(t *testing.T) *rworld {
 }
 
 // carry creates (or rewrites) revision rev with h's record, as the fence does.
-func (w *rworld) carry(t *testing.T, h *Held, rev int) {
+func (w *rworld) carry(t *testing.T, h *part, rev int) {
 	err := h.Carry(func(rec Record) error {
 		rec.Revision = rev
 		enc, _ := rec.Encode()
@@ -296,12 +296,12 @@ func TestHolderWritesAfterOwnCarry(t *testing.T) {
 func TestReleaseAfterAnUnsureWriteFindsTheNewest(t *testing.T) {
 	for _, c := range []struct {
 		name   string
-		create func(t *testing.T, w *rworld, h *Held) // the write of revision 3, if any
+		create func(t *testing.T, w *rworld, h *part) // the write of revision 3, if any
 		newest int
 	}{
 		{"every write told", nil, 2},
-		{"answer lost", func(t *testing.T, w *rworld, h *Held) { w.carry(t, h, 3); h.GateUnsure() }, 3},
-		{"carry not told", func(t *testing.T, w *rworld, h *Held) { w.carry(t, h, 3) }, 3},
+		{"answer lost", func(t *testing.T, w *rworld, h *part) { w.carry(t, h, 3); h.GateUnsure() }, 3},
+		{"carry not told", func(t *testing.T, w *rworld, h *part) { w.carry(t, h, 3) }, 3},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			w := newRWorld(t)

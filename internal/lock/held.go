@@ -2,882 +2,427 @@ package lock
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
-	"strconv"
 	"sync"
 	"time"
 
-	coordinationv1 "k8s.io/api/coordination/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-
-	"github.com/helm-autorecover/helm-autorecover/internal/records"
-	"github.com/helm-autorecover/helm-autorecover/internal/sleepclock"
 )
 
-// Held is a lock this process holds. Its methods are safe for concurrent use;
-// writes to the Lease are serialised.
+// Held is the lock one operation holds under one session, over one or
+// more stores, taken in order (Acquire): with --lock-backend=release the
+// lock on the release's records (or the sql driver's lock row) alone, with
+// lease that lock and then the release's Lease. The first store is what
+// every client, whichever backend it chose, takes first, so two clients
+// never hold a release at once even when one of them cannot read Leases;
+// the Lease adds a queue that kubectl can show, and exclusion of clients
+// that take only the Lease. Each store's share is a part; Held is the only
+// held-lock type the engine hands out.
 type Held struct {
-	// Previous is the record found on the Lease before this lock was taken
-	// (nil when there was no Lease or its record was unreadable), and
-	// PreviousState how it was judged: Free (released) or Expired (its holder
-	// died or stalled; the revision it was writing may need recovery).
-	Previous      *Record
-	PreviousState State
-
-	b   *Backend
-	req Request
-
-	// writeMu serialises writes; mu guards the fields below it.
-	writeMu writeGate
-	mu      sync.Mutex
-	lease   *coordinationv1.Lease
-	rec     Record
-	// deadline is the renew deadline on the local clock: the send time of
-	// the last successful write + lease - margin. maxHoldAt is the local time
-	// at which the holder must give up (zero: never).
-	deadline  time.Time
-	maxHoldAt time.Time
-	lastSend  time.Time
-	// gateStamp is the renewedAt of the latest copy of the lock this holder
-	// wrote or carried onto a release record (the release store's gate);
-	// renewals go to the beat and leave it.
-	gateStamp time.Time
-	// lost is set once writing under the lock is no longer safe; gone when,
-	// moreover, someone else holds or deleted the Lease (so even a release
-	// is pointless). released once it was given back. done is closed on
-	// lost or released.
-	lost     error
-	gone     bool
-	released bool
-	done     chan struct{}
-
-	// waited is set by Wait when the lock was not taken at its first
-	// attempt: someone else held it, or waiters came first.
-	waited bool
-
-	// gateAt is, on the release store, where the write fence last wrote
-	// this holder's unreleased lock onto a release record
-	// (recordAt(name, resourceVersion)), on the highest revision it
-	// wrote, gateAtRev; "" when it wrote none. Its release is written there
-	// first (see releaseStore.Update, annotationGateAt).
-	gateAt    string
-	gateAtRev int
-	// gateUnsure is set once a write made under the lock may have left a
-	// copy of it somewhere GateWritten was not told of (GateUnsure, or a
-	// Carry whose write did not call GateWritten): the release then reads
-	// where the lock is. carryNoted is set by GateWritten during a Carry.
-	gateUnsure bool
-	carryNoted bool
-
-	// wrote is the newest revision this holder's session wrote under the
-	// lock (Wrote): every record written from then on names it at least.
-	wrote int
+	parts []*part
 }
 
-// GateUnsure tells a lock on the release store that a write made under it
-// did not end in an accepted answer: it may have committed (a lost answer,
-// a write cut off at the deadline) and left the lock on a record other than
-// the one GateWritten last named, a newer one say. The release is then
-// written only after reading where the lock is, as before any write.
-func (h *Held) GateUnsure() {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	h.gateUnsure = true
-}
+// maxRetakes bounds how often an earlier part is taken again after a
+// later one was waited for (a release installed meanwhile turns a virtual
+// record lock into a real one held by someone else).
+const maxRetakes = 5
 
-// Newest is the release's newest record as this lock last read or wrote
-// it, on the release store (ok false on a Lease, and when a record of the
-// release carries no status label): its name, revision (0 and "" when the
-// release had no record) and status label.
-func (h *Held) Newest() (name string, rev int, status string, ok bool) {
-	if h.b.store != StoreRelease {
-		return "", 0, "", false
-	}
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	a := h.lease.Annotations
-	if a[annotationAnchor] == "" {
-		return "", 0, "", true
-	}
-	if a[annotationUnlabelled] != "" {
-		return "", 0, "", false // read the whole history: see read
-	}
-	rev, err := strconv.Atoi(a[annotationAnchorRevision])
-	if err != nil || rev <= 0 {
-		return "", 0, "", false
-	}
-	return a[annotationAnchor], rev, a[annotationAnchorStatus], true
-}
-
-// GateWritten tells a lock on the release store that a write made under it
-// (the write fence's copy of the lock onto helm's record write) was
-// accepted: meta is the record as the API server returned it. A write that
-// copies the lock goes through Carry and calls GateWritten inside it, while
-// no release can run: a Carry whose write does not makes the release read
-// where the lock is (it may have left a copy on a newer record). When it
-// carries this holder's unreleased lock, at a revision no lower than the
-// last such write, the release is written there, conditional on that
-// resourceVersion, without reading the records again: if anything wrote
-// the record since, the release reads them as usual.
-func (h *Held) GateWritten(meta metav1.ObjectMeta) {
-	if h.b.store != StoreRelease || meta.ResourceVersion == "" {
-		return
-	}
-	rec := annotatedRecord(meta.Annotations)
-	if rec == nil || rec.Session != h.req.Session || !rec.ReleasedAt.IsZero() {
-		return
-	}
-	rev := records.RevisionOf(meta.Labels)
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	h.carryNoted = true
-	if rev >= h.gateAtRev {
-		h.gateAt, h.gateAtRev = recordAt(meta.Name, meta.ResourceVersion), rev
-	}
-}
-
-func (b *Backend) newHeld(req *Request, l *coordinationv1.Lease, rec Record, sent time.Time, prev *Record, prevState State) *Held {
-	h := &Held{
-		Previous:      prev,
-		PreviousState: prevState,
-		b:             b,
-		req:           *req,
-		lease:         l,
-		rec:           rec,
-		lastSend:      sent,
-		gateStamp:     rec.RenewedAt,
-		deadline:      sent.Add(req.LeaseDuration - b.renewMargin()),
-		done:          make(chan struct{}),
-	}
-	if req.MaxHold > 0 {
-		h.maxHoldAt = sent.Add(req.MaxHold)
-	}
-	return h
-}
-
-// Carry runs write, a write that copies this lock's record onto another
-// release record (the fence's create of the next revision, or its move of
-// the lock before helm prunes the newest record), with the record as it
-// stands and while no renewal or other write of this lock is in flight. A
-// renewal committing in between would extend the lock on the old record
-// only: the copy everyone else judges would show an earlier LOCKED TILL
-// than the deadline the holder goes by, and a client could take the lock
-// over while the holder still writes.
-func (h *Held) Carry(write func(Record) error) error {
-	h.writeMu.Lock()
-	defer h.writeMu.Unlock()
-	if err := h.Valid(); err != nil {
-		return err
-	}
-	h.mu.Lock()
-	if h.b.store == StoreRelease && !h.rec.RenewedAt.After(h.gateStamp) {
-		// Every copy of the lock on a release record gets its own stamp
-		// (a millisecond later: others wait that much longer, the
-		// holder's deadline stays), so a copy left behind on an older
-		// record is told from the latest (see vanished).
-		h.rec.RenewedAt = h.gateStamp.Add(time.Millisecond)
-		h.rec.LockedTill = h.rec.RenewedAt.Add(h.rec.LeaseDuration.Duration)
-	}
-	rec := h.rec
-	h.gateStamp = later(h.gateStamp, rec.RenewedAt)
-	virtual := h.lease.Annotations[annotationAnchor] == ""
-	h.mu.Unlock()
-	if h.b.store == StoreRelease {
-		if e, ok := h.b.leases(h.req.Namespace).(*releaseStore); ok && virtual {
-			// Taken while the release had no record: the beat names us
-			// before the first gate appears. Best effort: without it the
-			// gate is judged by its long bound until the first renewal,
-			// which only delays a takeover.
-			// The deadline is on the backend's clock, not the runtime's
-			// (a test build's offset clock, an embedder's): the time left
-			// bounds the write. Found by the simulation (seed 389): with
-			// a clock 10 min behind, the context had always expired, the
-			// beat was never written, and a holder that died before its
-			// first renewal left its gate judged by the 24 h bound.
-			ctx, cancel := h.b.withDeadline(withFence(context.Background(), h.Valid), h.Deadline())
-			if beatRV, err := e.ensureBeat(ctx, rec); err == nil {
-				// The lock as this holder knows it now has that beat: a
-				// release that deletes it (the first revision was never
-				// written) removes exactly this one.
-				h.mu.Lock()
-				gate, _, list := splitRV(h.lease.ResourceVersion)
-				h.lease.ResourceVersion = joinRV(gate, beatRV, list)
-				h.mu.Unlock()
-			}
-			cancel()
-		}
-		rec = gateForm(rec)
-	}
-	// The beat's write may have taken the time left (its fence then found
-	// the lock past its deadline): nothing more is sent under it.
-	if err := h.Valid(); err != nil {
-		return err
-	}
-	h.mu.Lock()
-	h.carryNoted = false
-	h.mu.Unlock()
-	err := write(rec)
-	h.mu.Lock()
-	if !h.carryNoted {
-		// The copy went somewhere this lock was not told of (GateWritten
-		// inside write), or its outcome is unknown: the release reads
-		// where the lock is.
-		h.gateUnsure = true
-	}
-	h.mu.Unlock()
-	return err
-}
-
-// Wrote tells the lock that its holder's session wrote revision rev under
-// it (the write fence's create of that revision's record, which may have
-// committed). From then on the record names rev, when newer than the
-// revision it named: every copy of the lock written later (a renewal of the
-// beat or the Lease, a release, a taker's copy of it as the abandoned
-// holder) names the newest revision the session wrote. Without it an
-// upgrade's --rollback-on-failure, which writes a second revision under the
-// lock taken for the first, would leave the lock naming the first, and the
-// second would be taken for stock helm's once a renewal carried that on.
-// Nothing is written now; the next write of the lock carries it.
-func (h *Held) Wrote(rev int) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	h.wrote = max(h.wrote, rev)
-	h.rec.Revision = max(h.rec.Revision, rev)
-}
-
-// Session is the holder's session ID.
-func (h *Held) Session() string { return h.req.Session }
-
-// ReadFloor is a resourceVersion of the release's records written at or
-// after this lock was taken: the gate's, when this part is a record lock
-// whose gate (the newest record) names this session, which only this
-// session's take can have written. A read of the records "not older than"
-// it sees every record written before the take, without the wait a fully
-// consistent read may cost right after a write. "" when there is none (a
-// Lease, a virtual record lock).
-func (h *Held) ReadFloor() string {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.b.store != StoreRelease || h.lease.Annotations[annotationAnchor] == "" {
-		return ""
-	}
-	rec, err := DecodeRecord(h.lease.Annotations[AnnotationRecord])
-	if err != nil || rec == nil || rec.Session != h.req.Session {
-		return ""
-	}
-	gate, _, _ := splitRV(h.lease.ResourceVersion)
-	return gate
-}
-
-// Record returns a copy of the record as last written.
-func (h *Held) Record() Record {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return h.rec
-}
-
-// Deadline is the renew deadline on the injected local clock: unless a
-// renewal succeeds first, the lock must be considered lost from then on. It
-// is moved earlier by any time the machine spent asleep since the last
-// renewal was sent, which the clock's readings do not count but the lease
-// does (sleepclock.Elapsed's larger estimate).
-func (h *Held) Deadline() time.Time {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return h.deadlineLocked()
-}
-
-func (h *Held) deadlineLocked() time.Time {
-	now := h.b.clock.Now()
-	_, hi := sleepclock.Elapsed(h.b.clock, h.lastSend, now)
-	return h.deadline.Add(now.Sub(h.lastSend) - hi)
-}
-
-// Done is closed once the lock has been released or lost.
-func (h *Held) Done() <-chan struct{} { return h.done }
-
-// Valid reports whether it is still safe to write under this lock: nil while
-// the lock is held and its renew deadline has not passed. It is the check a
-// fenced writer makes before every write. Passing the maximum hold time does
-// not by itself invalidate the lock (the holder may still record its
-// failure before the deadline); Keep reports it through onLost.
-func (h *Held) Valid() error {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return h.validLocked()
-}
-
-func (h *Held) validLocked() error {
-	switch {
-	case h.lost != nil:
-		return h.lost
-	case h.released:
-		return fmt.Errorf("lock on release %q in namespace %q was already released: %w", h.req.Release, h.req.Namespace, ErrLost)
-	case !h.b.clock.Now().Before(h.deadlineLocked()):
-		return h.loseLocked(fmt.Errorf("lock on release %q in namespace %q was not renewed before its renew deadline (lease %s less margin %s after the last renewal was sent); stop writing: %w", h.req.Release, h.req.Namespace, h.req.LeaseDuration, h.b.renewMargin(), ErrLost))
-	}
-	if h.b.time == nil {
-		return nil
-	}
-	// The local deadline above stands still with this process's clocks;
-	// the API server's clock does not (see ServerPassedLockedTill).
-	if now, ok := h.b.time.Now(); ServerPassedLockedTill(h.rec.LockedTill, now, ok, h.b.renewMargin()) {
-		return h.loseLocked(fmt.Errorf("lock on release %q in namespace %q: the API server's clock reads at least %s, past its LOCKED TILL %s less the renew margin %s, though this process's clocks say its renew deadline has not come (they stood still: a paused or restored virtual machine, a restored snapshot); another client may have taken the release over; stop writing: %w",
-			h.req.Release, h.req.Namespace, now.Earliest.UTC().Format(time.RFC3339Nano), h.rec.LockedTill.UTC().Format(time.RFC3339Nano), h.b.renewMargin(), ErrLost))
-	}
-	return nil
-}
-
-func (h *Held) loseLocked(err error) error {
-	if h.lost == nil && !h.released {
-		h.lost = err
-		close(h.done)
-	}
-	if h.lost != nil {
-		return h.lost
-	}
-	return err
-}
-
-// loseGone marks the lock as held or deleted by someone else.
-func (h *Held) loseGone(err error) error {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	h.gone = true
-	return h.loseLocked(err)
-}
-
-// isGone reports whether the lock was lost to someone else (taken, released
-// by a person, or vanished with its record), not merely at its renew
-// deadline.
-// isVirtual reports whether the lock is a record lock taken while the
-// release had no record (nothing was written to take it).
-func (h *Held) isVirtual() bool {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return h.b.store == StoreRelease && h.lease.Annotations[annotationAnchor] == ""
-}
-
-func (h *Held) isGone() bool {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return h.gone
-}
-
-func (h *Held) maxHoldPassedLocked() bool {
-	return !h.maxHoldAt.IsZero() && !h.b.clock.Now().Before(h.maxHoldAt)
-}
-
-func (h *Held) maxHoldErr() error {
-	return fmt.Errorf("lock on release %q in namespace %q held for %s, its maximum hold time; stopping: %w", h.req.Release, h.req.Namespace, h.req.MaxHold, ErrMaxHold)
-}
-
-// Renew extends the lock by one lease from now. It fails with an error
-// wrapping ErrLost when the lock is no longer this session's (the caller must
-// stop writing at once) and with ErrMaxHold once the maximum hold time has
-// passed; other errors are transient and the lock stays valid until
-// Deadline.
-func (h *Held) Renew(ctx context.Context) error {
-	return h.write(ctx, false, func(*Record) {})
-}
-
-// SetRevision records the revision being written, renewing the lock in the
-// same write.
+// Acquire takes the lock of every backend in order, for one request and
+// one session. With wait false it fails at once when any part is held by a
+// live client (releasing the parts it took); with wait true it waits for
+// each in turn until ctx ends, keeping every part it holds renewed while it
+// waits for another (an earlier one lost meanwhile included). onProgress
+// is passed to Backend.Wait; with wait false, it is called when a part
+// that expired too recently to be taken at once is waited for (see
+// Confirm).
 //
-// It writes nothing when the record already names rev and no abandoned
-// holder (the take named it: nextRevision), beyond checking the lock is
-// still valid. On the release store the take's beat is then left as the
-// claim it wrote: it names the record it was made against
-// (annotationClaimedOn), so it is never taken for a claim in flight against
-// a later record (stock helm's, say: TestUnreadableRecordIsSkipped); the
-// first renewal makes it the holder's own beat.
-func (h *Held) SetRevision(ctx context.Context, rev int) error {
-	h.mu.Lock()
-	named := h.rec.Revision == rev && h.rec.Abandoned == nil && !h.released
-	h.mu.Unlock()
-	if named {
-		return h.Valid()
+// A part taken while a later one was awaited may have been lost meanwhile
+// (a virtual record lock whose release was installed by another client):
+// once all are taken each is confirmed (lostPart), and a lost one is taken
+// again, with every part after it given back first and taken again after
+// it. Lock order holds on every take: a client that waited for an earlier
+// part while it held a later one would wait for ever on one that took them
+// in order and waits for the later one.
+func Acquire(ctx context.Context, req Request, wait bool, onProgress func(*Record, time.Duration), backends ...*Backend) (*Held, error) {
+	if len(backends) == 0 {
+		return nil, errors.New("acquire lock: no backend")
 	}
-	return h.write(ctx, false, func(r *Record) { r.Revision, r.Abandoned = rev, nil })
-}
-
-// Release gives the lock back: holderIdentity becomes empty and the record is
-// kept, marked released, for whoever looks next. It is idempotent. It works
-// after the renew deadline or the maximum hold time too, since the write is
-// conditional on this session still being the holder. Pass a context that is
-// not already cancelled (for example context.WithoutCancel plus a timeout)
-// when releasing on the way out of an interrupted operation.
-func (h *Held) Release(ctx context.Context) error {
-	return h.write(ctx, true, func(r *Record) { r.Abandoned = nil })
-}
-
-// ReleaseAbandoning gives the lock back, as Release does, after this holder
-// failed to recover the revision that abandoned, an expired holder's record,
-// left pending: the record it leaves names that holder (Record.Abandoned), so
-// the next client recovers the revision at once. A nil abandoned is Release.
-func (h *Held) ReleaseAbandoning(ctx context.Context, abandoned *Record) error {
-	if abandoned == nil {
-		return h.Release(ctx)
+	if req.Session == "" {
+		req.Session = NewSession()
 	}
-	a := *abandoned
-	a.Abandoned = nil
-	return h.write(ctx, true, func(r *Record) { r.Abandoned = &a })
-}
-
-// releaseNamingExpired gives h back naming the holder it was taken over
-// from, when that holder had expired (Found, ReleaseAbandoning): the next
-// client, this one retrying included, recovers at once what that holder
-// abandoned rather than judge it stock helm's.
-func (h *Held) releaseNamingExpired(ctx context.Context) error {
-	return h.ReleaseAbandoning(ctx, HandedOn(h.Previous, h.PreviousState))
-}
-
-// ReleaseAndDelete gives the lock back by deleting the Lease, for uninstall,
-// so nothing of the release is left behind. The delete is conditional on the
-// resourceVersion last seen. When waiters are queued it only releases, so
-// their order survives.
-func (h *Held) ReleaseAndDelete(ctx context.Context) error {
-	h.writeMu.Lock()
-	defer h.writeMu.Unlock()
-	h.mu.Lock()
-	cur := h.lease
-	done, gone, err := h.released, h.gone, h.lost
-	h.mu.Unlock()
-	if done {
-		return nil
+	a := &acquisition{
+		req: req, wait: wait, onProgress: onProgress, backends: backends,
+		held: make([]*part, len(backends)), waited: make([]bool, len(backends)), unkeep: make([]func(), len(backends)),
 	}
-	if gone {
-		return err
-	}
-	leases := h.b.leases(h.req.Namespace)
-	for range maxConflicts {
-		now, err := h.b.serverNow(ctx)
+	from := 0
+	for range maxRetakes + 1 {
+		for i := from; i < len(backends); i++ {
+			if err := a.take(ctx, i); err != nil {
+				return a.fail(ctx, err)
+			}
+		}
+		lost, err := a.lostPart(ctx)
 		if err != nil {
-			return fmt.Errorf("release lock on release %q in namespace %q: %w", h.req.Release, h.req.Namespace, err)
+			return a.fail(ctx, err)
 		}
-		if len(liveWaiters(decodeQueue(cur.Annotations[AnnotationQueue]), now, h.b.margin())) > 0 {
-			return h.writeLocked(ctx, true, func(*Record) {})
+		if lost < 0 {
+			a.stopKeeping()
+			return &Held{parts: a.held}, nil
 		}
-		err = leases.Delete(ctx, cur.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{
-			UID:             &cur.UID,
-			ResourceVersion: &cur.ResourceVersion,
-		}})
-		switch {
-		case err == nil:
-			h.mu.Lock()
-			if !h.released && h.lost == nil {
-				h.released = true
-				close(h.done)
-			}
-			h.mu.Unlock()
-			return nil
-		case apierrors.IsConflict(err):
-			fresh, err := h.reread(ctx, cur)
-			if err != nil {
-				return err
-			}
-			cur = fresh
-			h.mu.Lock()
-			h.lease = fresh
-			h.mu.Unlock()
-		case apierrors.IsNotFound(err):
-			return h.loseGone(fmt.Errorf("lock on release %q in namespace %q: %s was deleted by someone else: %w", h.req.Release, h.req.Namespace, h.b.object(cur.Name), ErrLost))
-		default:
-			return fmt.Errorf("release lock on release %q in namespace %q: delete %s: %w", h.req.Release, h.req.Namespace, h.b.object(cur.Name), err)
+		if err := a.giveBackFrom(ctx, lost); err != nil {
+			return a.fail(ctx, err)
 		}
+		from = lost
 	}
-	return fmt.Errorf("release lock on release %q in namespace %q: lease changed %d times; retry", h.req.Release, h.req.Namespace, maxConflicts)
+	return a.fail(ctx, fmt.Errorf("lock release %q in namespace %q: its lock kept moving while it was being taken; retry", req.Release, req.Namespace))
 }
 
-// reread fetches the Lease after a conflict on cur (the Lease as last
-// written or read) and checks that this session still holds it.
-//
-// In the release store, the lock moves from record to record: our own
-// fenced helm writes carry it onto a new revision, and before helm prunes
-// the newest record they write our current record onto the next newest. Any
-// other change that leaves no record of ours on the newest record means the
-// lock vanished while held (stock helm, which takes no lock, rewrote or
-// superseded the record, or deleted it): the lock is lost, never written
-// back. When the newest record is older than the one the lock was on (the
-// newer one was deleted), a record of ours found there counts only if it is
-// at least as recent as our last write: an older copy is what was left
-// behind when the lock moved on, not the lock.
-func (h *Held) reread(ctx context.Context, cur *coordinationv1.Lease) (*coordinationv1.Lease, error) {
-	name := LeaseName(h.req.Release)
-	fresh, err := h.b.leases(h.req.Namespace).Get(ctx, name, metav1.GetOptions{})
-	if apierrors.IsNotFound(err) {
-		what := "lease " + name + " was deleted by someone else"
-		if h.b.store == StoreRelease {
-			what = "every stored revision of the release was deleted (by a client that takes no lock, such as stock helm's uninstall, or by hand)"
+// acquisition is one Acquire under way: the parts taken so far, in the
+// order of the stores, each renewed from the moment it is taken until the
+// lock is handed over (while a later part is awaited, and while an earlier
+// part that was lost is awaited again).
+type acquisition struct {
+	req        Request
+	wait       bool
+	onProgress func(*Record, time.Duration)
+	backends   []*Backend
+	held       []*part
+	// waited[i] is set once part i had to be waited for (part.waited), in
+	// any of its takes: an earlier part may have been lost meanwhile.
+	waited []bool
+	// unkeep[i] stops the renewals of part i and waits for them to end.
+	unkeep []func()
+}
+
+// take takes part i, and keeps it renewed.
+func (a *acquisition) take(ctx context.Context, i int) error {
+	if i == 0 {
+		// A hint comes only from this take of the first part, never
+		// from an earlier one (lost since: the newest record may have
+		// changed).
+		a.req.nextRevision = 0
+	}
+	r := a.req
+	if later := a.backends[i+1:]; len(later) > 0 {
+		// A dead holder's later parts are confirmed expired while
+		// this one is (see Confirm), not one after the other.
+		r.sightLater = func(ctx context.Context) {
+			for _, b := range later {
+				_, _ = b.Inspect(ctx, a.req.Namespace, a.req.Release)
+			}
 		}
-		return nil, h.loseGone(fmt.Errorf("lock on release %q in namespace %q: %s: %w", h.req.Release, h.req.Namespace, what, ErrLost))
+	}
+	var h *part
+	var err error
+	if a.wait {
+		h, err = a.backends[i].Wait(ctx, r, a.onProgress)
+	} else {
+		r.onConfirm = a.onProgress
+		h, _, err = a.backends[i].TryAcquire(ctx, r)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("lock on release %q in namespace %q: read %s: %w", h.req.Release, h.req.Namespace, h.b.object(name), err)
+		return err
 	}
-	if err := h.vanished(cur, fresh); err != nil {
-		return nil, h.loseGone(err)
+	a.held[i] = h
+	a.waited[i] = a.waited[i] || h.waited
+	if rec := h.Record(); i == 0 && rec.Abandoned == nil && rec.Revision > 0 && a.req.Revision == 0 {
+		// The later parts name the revision the first found.
+		a.req.nextRevision = rec.Revision
 	}
-	if holder := holderOf(&fresh.Spec); holder != h.req.Session {
-		by := "nobody (released)"
-		if holder != "" {
-			by = "session " + holder
-			if rec, err := DecodeRecord(fresh.Annotations[AnnotationRecord]); err == nil && rec.Session == holder && rec.Who != "" {
-				by += " of " + rec.Who
-			}
-		}
-		return nil, h.loseGone(fmt.Errorf("lock on release %q in namespace %q is now held by %s: %w", h.req.Release, h.req.Namespace, by, ErrLost))
-	}
-	if c := claimOf(fresh); c != nil {
-		// The release store's beat (see sidecar.go): a person's release
-		// marks it before the gate, a takeover claims it before the gate.
-		switch {
-		case c.Session == h.req.Session && !c.ReleasedAt.IsZero():
-			return nil, h.loseGone(fmt.Errorf("lock on release %q in namespace %q was released by %s: %w", h.req.Release, h.req.Namespace, firstNonEmpty(c.ReleasedBy, "someone else"), ErrLost))
-		case c.Session != h.req.Session && fresh.Annotations[annotationClaimedFrom] == h.req.Session:
-			return nil, h.loseGone(fmt.Errorf("lock on release %q in namespace %q is being taken over by session %s of %s: %w", h.req.Release, h.req.Namespace, c.Session, firstNonEmpty(c.Who, "unknown"), ErrLost))
-		}
-	}
-	// A write of ours whose answer was lost may have committed a later
-	// renewal than the last one we know of: the next one stamps after it,
-	// so LOCKED TILL never moves back.
-	if rec, err := DecodeRecord(fresh.Annotations[AnnotationRecord]); err == nil && rec.Session == h.req.Session {
-		h.mu.Lock()
-		if rec.RenewedAt.After(h.rec.RenewedAt) {
-			h.rec.RenewedAt, h.rec.LockedTill = rec.RenewedAt, rec.LockedTill
-		}
-		h.mu.Unlock()
-	}
-	return fresh, nil
-}
-
-// vanished reports, for the release store, a lock that vanished while held:
-// fresh, the release's newest record, carries no lock record at all (stock
-// helm rewrote it, or wrote a newer revision), or it is older than cur's
-// record and carries an older copy of our record than our last write (the
-// record the lock was on was deleted). See reread.
-func (h *Held) vanished(cur, fresh *coordinationv1.Lease) error {
-	if h.b.store != StoreRelease {
-		return nil
-	}
-	ref := fresh.Annotations[annotationAnchorRef]
-	s, ok := fresh.Annotations[AnnotationRecord]
-	if !ok {
-		return fmt.Errorf("lock on release %q in namespace %q vanished: the release's newest record %s no longer carries it (rewritten or written by a client that takes no lock, such as stock helm's rollback or uninstall): %w", h.req.Release, h.req.Namespace, ref, ErrLost)
-	}
-	was, _ := strconv.Atoi(cur.Annotations[annotationAnchorRevision])
-	now, _ := strconv.Atoi(fresh.Annotations[annotationAnchorRevision])
-	if cur.Annotations[annotationAnchor] == "" || now >= was {
-		return nil
-	}
-	rec, err := DecodeRecord(s)
-	if err != nil || rec.Session != h.req.Session {
-		return nil // judged by its holder below
-	}
-	// The gate's own stamp, before the beat's renewals are merged in.
-	stamped := rec.RenewedAt
-	if t, err := time.Parse(time.RFC3339Nano, fresh.Annotations[annotationGateRenewed]); err == nil {
-		stamped = t
-	}
-	h.mu.Lock()
-	last := h.gateStamp
-	h.mu.Unlock()
-	if stamped.Before(last) {
-		return fmt.Errorf("lock on release %q in namespace %q vanished: revision %d, which it was on, was deleted, and %s carries only an older copy of it (written %s, last copy %s): %w", h.req.Release, h.req.Namespace, was, ref, stamped.UTC().Format(time.RFC3339Nano), last.UTC().Format(time.RFC3339Nano), ErrLost)
-	}
+	kctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		h.Keep(kctx, nil)
+	}()
+	a.unkeep[i] = func() { cancel(); <-done }
 	return nil
 }
 
-func (h *Held) write(ctx context.Context, release bool, mutate func(*Record)) error {
-	h.writeMu.Lock()
-	defer h.writeMu.Unlock()
-	return h.writeLocked(ctx, release, mutate)
+// stopKeeping stops the renewals of every part taken.
+func (a *acquisition) stopKeeping() {
+	for i := range a.unkeep {
+		a.stopKeepingPart(i)
+	}
 }
 
-// writeLocked updates the Lease, conditional on the last resourceVersion; on
-// a conflict it re-reads and goes on only while this session still holds the
-// lock. Callers hold writeMu.
-func (h *Held) writeLocked(ctx context.Context, release bool, mutate func(*Record)) error {
-	h.mu.Lock()
-	if h.released {
-		h.mu.Unlock()
-		return nil
+func (a *acquisition) stopKeepingPart(i int) {
+	if u := a.unkeep[i]; u != nil {
+		u()
+		a.unkeep[i] = nil
 	}
-	cur := h.lease
-	h.mu.Unlock()
-	if !release {
-		// Every request this write sends is checked against the renew
-		// deadline right before it leaves, and none is sent or retried
-		// after it (the simulation, seed 842: a read held up by a system
-		// sleep, then the beat written 20 s after the lock expired). A
-		// release is conditional on this session still holding the lock:
-		// it may go after the deadline.
-		var cancel context.CancelFunc
-		ctx, cancel = h.b.withDeadline(withFence(ctx, h.Valid), h.Deadline())
-		defer cancel()
+}
+
+// fail gives back every part taken, the last first, and returns err.
+func (a *acquisition) fail(ctx context.Context, err error) (*Held, error) {
+	a.stopKeeping()
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	for i := len(a.held) - 1; i >= 0; i-- {
+		if h := a.held[i]; h != nil {
+			_ = h.releaseNamingExpired(rctx)
+		}
 	}
-	leases := h.b.leases(h.req.Namespace)
-	for range maxConflicts {
-		h.mu.Lock()
+	return nil, err
+}
+
+// lostPart confirms every part taken and returns the first one someone
+// else took (or whose lock vanished) meanwhile, -1 when none. Only such a
+// part is taken again: one lost at its renew deadline is still named ours
+// on the server, and taking it again would queue behind our own session.
+// The last part has been kept renewed since it was taken: checking it is
+// enough. When no later part had to be waited for (wait false, or each
+// free at its first attempt, as when a waiter's turn comes) the parts were
+// taken one right after the other, each kept renewed since: checking each
+// is enough, as for the last part, and no request is made for it; but a
+// virtual record lock (a release with no record: its take wrote nothing)
+// is read again, since a first revision someone created meanwhile shows
+// nowhere else.
+func (a *acquisition) lostPart(ctx context.Context) (int, error) {
+	for i, h := range a.held {
 		var err error
-		if release {
-			if h.gone {
-				err = h.lost
-			}
-		} else if err = h.validLocked(); err == nil && h.maxHoldPassedLocked() {
-			err = h.maxHoldErr()
-		}
-		rec, wrote := h.rec, h.wrote
-		h.mu.Unlock()
-		if err != nil {
-			return err
-		}
-		sent := h.b.clock.Now()
-		now, err := h.b.serverNow(ctx)
-		if err != nil {
-			return fmt.Errorf("lock on release %q in namespace %q: %w", h.req.Release, h.req.Namespace, err)
-		}
-		if !release {
-			// serverNow may have asked the API server: check again.
-			if err := fenced(ctx); err != nil {
-				return err
-			}
-		}
-		mutate(&rec)
-		rec.Revision = max(rec.Revision, wrote) // see Wrote
-		if release {
-			rec.ReleasedAt = later(ceilMilli(now.Latest), rec.RenewedAt)
+		if i == len(a.held)-1 || (!slices.Contains(a.waited[i+1:], true) && !h.isVirtual()) {
+			err = h.Valid()
 		} else {
-			stamp(&rec, now)
+			err = h.Renew(ctx)
 		}
-		l := cur.DeepCopy()
-		if err := setHolder(l, &rec); err != nil {
+		if err == nil {
+			continue
+		}
+		if !errors.Is(err, ErrLost) || !h.isGone() {
+			return -1, err
+		}
+		return i, nil
+	}
+	return -1, nil
+}
+
+// giveBackFrom gives back part lost and every part after it, the last
+// first, to be taken again in order.
+func (a *acquisition) giveBackFrom(ctx context.Context, lost int) error {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	for i := len(a.held) - 1; i > lost; i-- {
+		a.stopKeepingPart(i)
+		// The retake finds the expired holder named again. A part
+		// already lost to someone else (its Lease deleted or
+		// force-released) has nothing to give back; on any other
+		// failure held[i] stays set, so that fail gives it back once
+		// more.
+		if err := a.held[i].releaseNamingExpired(rctx); err != nil && (!errors.Is(err, ErrLost) || !a.held[i].isGone()) {
 			return err
 		}
-		if h.b.store == StoreRelease {
-			// The holder's own write (see releaseStore.Update); never stored.
-			l.Annotations[annotationHolderWrite] = h.req.Session
-			h.mu.Lock()
-			if release && h.gateAt != "" && !h.gateUnsure {
-				l.Annotations[annotationGateAt] = h.gateAt
-			}
-			h.mu.Unlock()
-		}
-		updated, err := leases.Update(ctx, l, metav1.UpdateOptions{})
-		switch {
-		case err == nil:
-			h.mu.Lock()
-			defer h.mu.Unlock()
-			h.lease, h.rec = updated, rec
-			// A revision written while this write was in flight (Wrote,
-			// on a part no Carry serialises with it) is named by the next.
-			h.rec.Revision = max(h.rec.Revision, h.wrote)
-			if release {
-				if !h.released && h.lost == nil {
-					h.released = true
-					close(h.done)
-				}
-				return nil
-			}
-			h.lastSend = sent
-			h.deadline = sent.Add(h.req.LeaseDuration - h.b.renewMargin())
-			return nil
-		case apierrors.IsConflict(err):
-			fresh, err := h.reread(ctx, cur)
-			if err != nil {
-				return err
-			}
-			cur = fresh
-		case apierrors.IsNotFound(err):
-			return h.loseGone(fmt.Errorf("lock on release %q in namespace %q: %s was deleted by someone else: %w", h.req.Release, h.req.Namespace, h.b.object(cur.Name), ErrLost))
-		default:
-			return fmt.Errorf("renew lock on release %q in namespace %q: %w", h.req.Release, h.req.Namespace, err)
+		a.held[i] = nil
+	}
+	a.stopKeepingPart(lost)
+	a.held[lost] = nil
+	return nil
+}
+
+// GateWritten tells the first part that a write made under the lock was
+// accepted (part.GateWritten).
+func (j *Held) GateWritten(meta metav1.ObjectMeta) { j.parts[0].GateWritten(meta) }
+
+// GateUnsure tells the first part that a write made under the lock may
+// have committed unseen (part.GateUnsure).
+func (j *Held) GateUnsure() { j.parts[0].GateUnsure() }
+
+// Newest is the release's newest record as the first part last read or
+// wrote it (part.Newest).
+func (j *Held) Newest() (name string, rev int, status string, ok bool) {
+	return j.parts[0].Newest()
+}
+
+// Session is the session ID all parts share.
+func (j *Held) Session() string { return j.parts[0].Session() }
+
+// Record returns the record of the first part (the release record's lock),
+// the one written into new revisions.
+func (j *Held) Record() Record { return j.parts[0].Record() }
+
+// Deadline is the earliest renew deadline of the parts (part.Deadline), on
+// the lock's injected local clock: unless a renewal succeeds first, the lock
+// must be considered lost from then on, so no write made under it may still
+// be in flight then.
+func (j *Held) Deadline() time.Time {
+	var d time.Time
+	for _, h := range j.parts {
+		if hd := h.Deadline(); d.IsZero() || hd.Before(d) {
+			d = hd
 		}
 	}
-	return fmt.Errorf("renew lock on release %q in namespace %q: lease changed %d times; retry", h.req.Release, h.req.Namespace, maxConflicts)
+	return d
 }
 
-// fenceKey is the context key of a write's fence (withFence).
-type fenceKey struct{}
+// Carry runs write with the record of the first part (the one written into
+// new revisions) while no write of that part is in flight (part.Carry).
+func (j *Held) Carry(write func(Record) error) error { return j.parts[0].Carry(write) }
 
-// withFence returns ctx carrying valid, the check that the lock a write
-// belongs to (a take's new record, a holder's renewal) may still be
-// written: nil while its renew deadline has not passed, on the local clock
-// and in the API server's (Held.Valid). A store that sends several
-// requests for one write of the lock (the release store: it reads, then
-// claims the beat, then writes the gate) checks it right before each
-// write request it sends (fenced), so that none leaves once that deadline
-// has passed, however long the process stood still in between: a read
-// held up by a pause or a system sleep, say (the simulation, seeds 302
-// and 842).
-func withFence(ctx context.Context, valid func() error) context.Context {
-	return context.WithValue(ctx, fenceKey{}, valid)
-}
-
-// fenced runs the check ctx carries (withFence); nil when it carries none.
-func fenced(ctx context.Context) error {
-	if valid, ok := ctx.Value(fenceKey{}).(func() error); ok {
-		return valid()
+// Valid is nil while every part may still be written under.
+func (j *Held) Valid() error {
+	for _, h := range j.parts {
+		if err := h.Valid(); err != nil {
+			return err
+		}
 	}
 	return nil
 }
 
-// withDeadline bounds ctx by the renew deadline d, on the backend's clock
-// (a test build's offset clock, an embedder's): no request of the write,
-// client-go's retries of a throttled one included, is sent after it.
-func (b *Backend) withDeadline(ctx context.Context, d time.Time) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(ctx, max(d.Sub(b.clock.Now()), 0))
-}
-
-// firstProbeAfter bounds how long a holder waits, once it holds the lock,
-// before its first server-time probe (see Keep).
-const firstProbeAfter = time.Second
-
-// Keep renews the lock every third of its lease until ctx is done or the
-// lock is released or lost. It calls onLost once, with an error wrapping
-// ErrLost or ErrMaxHold, when the lock was taken, could not be renewed before
-// its renew deadline, or was held past the maximum hold time; the caller must
-// then stop its operation before writing again. Transient renewal errors are
-// retried until the deadline. Run it in its own goroutine.
-func (h *Held) Keep(ctx context.Context, onLost func(error)) {
-	clk := h.b.clock
-	lease := h.req.LeaseDuration
-	retry := max(lease/15, 100*time.Millisecond)
-	var nextRenew, probeAfter time.Time
-	report := func(err error) {
-		if onLost != nil {
-			onLost(err)
-		}
+// Previous returns what was found before the lock was taken, for recovery:
+// the record of a part that was Expired (its holder died) if any, the first
+// part's when it was, else the one naming the highest revision; otherwise
+// the first part's (Free).
+//
+// A part released by a holder that failed to recover an expired holder's
+// revision counts as that expired holder's (see Found). An Expired record is
+// HandedOn's copy: marked Stopped when this client confirmed that holder's
+// expiry itself, as it was handed on otherwise.
+func (j *Held) Previous() (*Record, State) {
+	type found struct {
+		rec   *Record
+		state State
 	}
-	// The probes below narrow the server-time bounds for the LOCKED TILL
-	// the next renewal writes; the take's is written already. An operation
-	// that ends within its first moments (a no-wait upgrade: half a
-	// second) renews nothing, and probing would only add requests: the
-	// first probe waits a sixth of the lease, at most firstProbeAfter.
-	probeAfter = clk.Now().Add(min(lease/6, firstProbeAfter))
-	for {
-		h.mu.Lock()
-		if h.released || h.lost != nil {
-			lost := h.lost
-			h.mu.Unlock()
-			if lost != nil {
-				report(lost)
-			}
-			return
-		}
-		deadline, maxHoldAt := h.deadline, h.maxHoldAt
-		if nextRenew.IsZero() || nextRenew.Before(h.lastSend) {
-			nextRenew = h.renewAt(h.lastSend.Add(lease / 3))
-		}
-		h.mu.Unlock()
-
-		// Between renewals, a few cheap requests timed to split the Date
-		// header's second narrow the server-time bounds, so the LOCKED TILL
-		// written is close to the truth and a dead holder is recovered from
-		// soon after its lease.
-		probeAt, probing := h.b.time.ProbeAt(later(clk.Now(), probeAfter), probeWidth)
-		wake := slices.MinFunc([]time.Time{nextRenew, deadline, orFar(maxHoldAt), orFar(probeAt)}, time.Time.Compare)
-		timer := clk.NewTimer(wake.Sub(clk.Now()))
-		select {
-		case <-ctx.Done():
-			timer.Stop()
-			return
-		case <-h.done:
-			timer.Stop()
-			continue
-		case <-timer.C():
-		}
-
-		now := clk.Now()
-		h.mu.Lock()
-		switch {
-		case h.released:
-			h.mu.Unlock()
-			return
-		case h.lost == nil && h.maxHoldPassedLocked():
-			err := h.maxHoldErr()
-			h.mu.Unlock()
-			report(err)
-			return
-		}
-		err := h.validLocked()
-		h.mu.Unlock()
-		if err != nil {
-			continue // reported at the top of the loop
-		}
-		if now.Before(nextRenew) {
-			if probing && !now.Before(probeAt) {
-				pctx, cancel := context.WithTimeout(ctx, min(time.Second, max(nextRenew.Sub(now), 100*time.Millisecond)))
-				err := h.b.time.Probe(pctx, h.b.client.Discovery())
-				cancel()
-				probeAfter = clk.Now().Add(probeWidth)
-				if err != nil {
-					probeAfter = clk.Now().Add(lease)
-				}
-			}
+	var best *found
+	for i, h := range j.parts {
+		if _, st := Found(h.Previous, h.PreviousState); st != Expired {
 			continue
 		}
-		err = h.Renew(ctx) // bounded by its deadline (writeLocked)
-		switch {
-		case err == nil:
-			nextRenew = time.Time{}
-		case ctx.Err() != nil:
-			return
-		default:
-			h.mu.Lock()
-			lost := h.lost
-			h.mu.Unlock()
-			if lost == nil {
-				nextRenew = clk.Now().Add(retry)
+		rec := HandedOn(h.Previous, h.PreviousState)
+		if i == 0 {
+			// The first part, the release records' lock, is taken first
+			// by every client, and its holder is the newest record's: a
+			// later part found Expired too is as recent at best (a client
+			// of the release backend alone leaves the Lease as an earlier
+			// holder left it; the simulation, seed 5070, found such a
+			// Lease's stale holder preferred for naming a higher revision,
+			// and the revision pending left for stock helm's).
+			return rec, Expired
+		}
+		if best == nil || best.rec == nil || (rec != nil && rec.Revision > best.rec.Revision) {
+			best = &found{rec, Expired}
+		}
+	}
+	if best == nil {
+		best = &found{j.parts[0].Previous, j.parts[0].PreviousState}
+		for _, h := range j.parts {
+			if best.rec == nil && h.Previous != nil {
+				best = &found{h.Previous, h.PreviousState}
 			}
 		}
 	}
+	return best.rec, best.state
 }
 
-// renewAt picks when to renew: at target, or up to a sixth of the lease (at
-// most a second) earlier when that lets the renewal double as a probe of the
-// server clock (servertime.Estimator.ProbeAt). Tighter bounds make the
-// LOCKED TILL this holder writes closer to the truth, so a dead holder is
-// recovered from sooner.
-func (h *Held) renewAt(target time.Time) time.Time {
-	window := min(time.Second, h.req.LeaseDuration/6)
-	if p, ok := h.b.time.ProbeAt(target.Add(-window), probeWidth); ok && !p.After(target) {
-		return p
+// ReadFloor is the first part's part.ReadFloor that is not "".
+func (j *Held) ReadFloor() string {
+	for _, h := range j.parts {
+		if rv := h.ReadFloor(); rv != "" {
+			return rv
+		}
 	}
-	return target
+	return ""
 }
 
-func later(a, b time.Time) time.Time {
-	if a.After(b) {
-		return a
+// Renew extends every part by one lease from now; the first error stops it
+// (see part.Renew).
+func (j *Held) Renew(ctx context.Context) error {
+	for _, h := range j.parts {
+		if err := h.Renew(ctx); err != nil {
+			return err
+		}
 	}
-	return b
+	return nil
 }
 
-func orFar(t time.Time) time.Time {
-	if t.IsZero() {
-		return time.Unix(1<<62, 0)
+// SetRevision records the revision being written in every part.
+func (j *Held) SetRevision(ctx context.Context, rev int) error {
+	for _, h := range j.parts {
+		if err := h.SetRevision(ctx, rev); err != nil {
+			return err
+		}
 	}
-	return t
+	return nil
 }
 
-// writeGate is a mutex held across a request. It is a channel rather than a
-// sync.Mutex so that a goroutine waiting for it is durably blocked in a
-// testing/synctest bubble (internal/sim runs this package on virtual time,
-// which advances only when every goroutine is durably blocked; one waiting
-// on a sync.Mutex is not).
-type writeGate struct {
-	once sync.Once
-	ch   chan struct{}
+// Wrote tells every part that the session wrote revision rev under the
+// lock (part.Wrote).
+func (j *Held) Wrote(rev int) {
+	for _, h := range j.parts {
+		h.Wrote(rev)
+	}
 }
 
-// Lock takes the gate, waiting for it.
-func (g *writeGate) Lock() {
-	g.once.Do(func() { g.ch = make(chan struct{}, 1) })
-	g.ch <- struct{}{}
+// Release gives every part back, the last taken first.
+func (j *Held) Release(ctx context.Context) error {
+	return j.releaseNaming(ctx, func(*part) *Record { return nil })
 }
 
-// Unlock gives the gate back.
-func (g *writeGate) Unlock() { <-g.ch }
+// ReleaseAbandoning gives every part back, the last taken first, with a
+// record naming abandoned (see part.ReleaseAbandoning): the next client
+// treats abandoned as an expired holder and recovers the revision it names
+// at once. A holder passes its own record when it cannot resolve a revision
+// of its own that helm left pending.
+func (j *Held) ReleaseAbandoning(ctx context.Context, abandoned *Record) error {
+	return j.releaseNaming(ctx, func(*part) *Record { return abandoned })
+}
+
+// releaseNaming gives every part back, the last taken first, each with a
+// record naming as abandoned the holder abandoned(part) returns (none when
+// nil; part.ReleaseAbandoning).
+func (j *Held) releaseNaming(ctx context.Context, abandoned func(*part) *Record) error {
+	var errs []error
+	for i := len(j.parts) - 1; i >= 0; i-- {
+		errs = append(errs, j.parts[i].ReleaseAbandoning(ctx, abandoned(j.parts[i])))
+	}
+	return errors.Join(errs...)
+}
+
+// ReleaseAfterFailedRecovery gives every part back after a failed recovery
+// of what the previous holder abandoned: each part's record names the
+// holder that part itself was found Expired with (see part.ReleaseAbandoning
+// and Found), and no other. A part never names a holder it did not find:
+// the release record's lock is the evidence recovery attributes a revision
+// by (helmx.Summary.CarriesLockOf), so naming there a holder found only in
+// the Lease would attribute to it a revision stock helm wrote after the
+// holder stamped the number in its Lease and died.
+func (j *Held) ReleaseAfterFailedRecovery(ctx context.Context) error {
+	return j.releaseNaming(ctx, func(h *part) *Record { return HandedOn(h.Previous, h.PreviousState) })
+}
+
+// ReleaseAndDelete gives every part back and removes what is left of it
+// (after an uninstall that kept no history).
+func (j *Held) ReleaseAndDelete(ctx context.Context) error {
+	var errs []error
+	for i := len(j.parts) - 1; i >= 0; i-- {
+		err := j.parts[i].ReleaseAndDelete(ctx)
+		if errors.Is(err, ErrLost) && j.parts[i].b.store == StoreRelease {
+			// helm deleted the records, and the lock with them.
+			err = nil
+		}
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// Keep renews every part until ctx ends or the locks are released; onLost is
+// called once, for the first part lost.
+func (j *Held) Keep(ctx context.Context, onLost func(error)) {
+	var once sync.Once
+	var wg sync.WaitGroup
+	for _, h := range j.parts {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			h.Keep(ctx, func(err error) {
+				once.Do(func() {
+					if onLost != nil {
+						onLost(err)
+					}
+				})
+			})
+		}()
+	}
+	wg.Wait()
+}

@@ -104,12 +104,12 @@ func TestIntegrationJointRetakesInOrder(t *testing.T) {
 	// virtual, and it queues for the Lease.
 	a := newClient(t, env, nil)
 	type result struct {
-		j   *lock.Joint
+		j   *lock.Held
 		err error
 	}
 	got := make(chan result, 1)
 	go func() {
-		j, err := lock.AcquireJoint(ctx, request(ns, "web", lease), true, nil, a.release, a.lease)
+		j, err := lock.Acquire(ctx, request(ns, "web", lease), true, nil, a.release, a.lease)
 		got <- result{j, err}
 	}()
 	waitQueued(t, b.lease, ns, "web", 1)
@@ -160,7 +160,7 @@ func TestIntegrationJointRetakesInOrder(t *testing.T) {
 
 	r := <-got
 	if r.err != nil {
-		t.Fatalf("AcquireJoint: %v", r.err)
+		t.Fatalf("Acquire: %v", r.err)
 	}
 	defer func() { _ = r.j.Release(context.Background()) }()
 	aSession := r.j.Session()
@@ -181,7 +181,7 @@ func TestIntegrationJointRetakesInOrder(t *testing.T) {
 
 // holdRecordLock installs revision 1 of release web as stock helm would and
 // takes its record lock with a fresh client.
-func holdRecordLock(t *testing.T, env *testenv.Env, ns string) (*client, *lock.Held) {
+func holdRecordLock(t *testing.T, env *testenv.Env, ns string) (*client, *lock.Part) {
 	t.Helper()
 	ctx := context.Background()
 	if _, err := env.Client.CoreV1().Secrets(ns).Create(ctx, stockRecord(ns, "web", 1, "deployed"), metav1.CreateOptions{}); err != nil {
@@ -210,7 +210,7 @@ func lockOn(t *testing.T, env *testenv.Env, ns string, rev int) (string, string)
 // (helm's create of the next revision carries it; before helm prunes the
 // newest record the lock is moved onto the next newest): create when the
 // record does not exist yet, else a conditional update.
-func ourRecordOn(t *testing.T, env *testenv.Env, ns string, h *lock.Held, rev int, status string) {
+func ourRecordOn(t *testing.T, env *testenv.Env, ns string, h *lock.Part, rev int, status string) {
 	t.Helper()
 	if err := carryOnto(env, ns, h, rev, status); err != nil {
 		t.Fatal(err)
@@ -235,7 +235,7 @@ func TestIntegrationVanishedLockIsLost(t *testing.T) {
 	} {
 		return env.Client.CoreV1().Secrets(ns)
 	}
-	lost := func(t *testing.T, h *lock.Held) {
+	lost := func(t *testing.T, h *lock.Part) {
 		t.Helper()
 		err := h.Renew(ctx)
 		if !errors.Is(err, lock.ErrLost) {
@@ -454,7 +454,7 @@ func TestIntegrationLostAnswerTakeIsAdopted(t *testing.T) {
 				lost.mu.Unlock()
 				r := request(ns, "web", lease)
 				r.Session = lock.NewSession()
-				var h *lock.Held
+				var h *lock.Part
 				var err error
 				if wait {
 					h, err = b.Wait(ctx, r, nil)

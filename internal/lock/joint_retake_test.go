@@ -18,7 +18,7 @@ import (
 
 // retakeWorld: a release with no record (part 0 virtual) and a CAS Lease
 // store on the same fake clientset; after is called once, right after the
-// first successful write of the Lease (AcquireJoint's take of part 1).
+// first successful write of the Lease (Acquire's take of part 1).
 func retakeWorld(t *testing.T, after func(w *rworld, leases *casLeases)) (*rworld, *casLeases, *Backend) {
 	w := newRWorld(t)
 	ctx := context.Background()
@@ -63,16 +63,16 @@ func TestJointRetakeAfterTheLeaseWasDeleted(t *testing.T) {
 		delete(leases.objs, key(ns, LeaseName("web")))
 		leases.mu.Unlock()
 	})
-	j, err := AcquireJoint(context.Background(), req(OpInstall, 15*time.Second), false, nil, w.b, lb)
+	j, err := Acquire(context.Background(), req(OpInstall, 15*time.Second), false, nil, w.b, lb)
 	if err != nil {
-		t.Fatalf("AcquireJoint failed instead of taking both parts again in order: %v (ErrLost: %v)", err, errors.Is(err, ErrLost))
+		t.Fatalf("Acquire failed instead of taking both parts again in order: %v (ErrLost: %v)", err, errors.Is(err, ErrLost))
 	}
 	_ = j.Release(context.Background())
 }
 
 // TestJointRetakeKeepsExpiredLeaseHolder: a Lease taken over from an
 // expired holder X, given back because the record lock was lost, and taken
-// again still names X (Joint.Previous), so what X abandoned is recovered.
+// again still names X (Held.Previous), so what X abandoned is recovered.
 func TestJointRetakeKeepsExpiredLeaseHolder(t *testing.T) {
 	w, leases, lb := retakeWorld(t, func(w *rworld, _ *casLeases) { installStock(w) })
 	x := Record{
@@ -85,7 +85,7 @@ func TestJointRetakeKeepsExpiredLeaseHolder(t *testing.T) {
 		t.Fatal(err)
 	}
 	leases.put(l)
-	j, err := AcquireJoint(context.Background(), req(OpUpgrade, 15*time.Second), false, nil, w.b, lb)
+	j, err := Acquire(context.Background(), req(OpUpgrade, 15*time.Second), false, nil, w.b, lb)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -95,6 +95,6 @@ func TestJointRetakeKeepsExpiredLeaseHolder(t *testing.T) {
 	}
 	rec, st := j.Previous()
 	if st != Expired || rec == nil || rec.Session != "X" || rec.Revision != 7 {
-		t.Errorf("after give-back and retake, Joint.Previous = %+v %v; want X's revision 7, Expired", rec, st)
+		t.Errorf("after give-back and retake, Held.Previous = %+v %v; want X's revision 7, Expired", rec, st)
 	}
 }

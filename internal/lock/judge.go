@@ -153,7 +153,7 @@ type Waiter struct {
 	// Preempt marks a waiter that asked the holder to stop (cooperative
 	// preemption, --preempt): a holder that can stop safely does, as on a
 	// first SIGINT, and gives the lock back to the queue; nothing is ever
-	// taken from a holder that does not (see Held.WatchAsks).
+	// taken from a holder that does not (see part.WatchAsks).
 	// PreemptHolder is the session of the holder it asks: the one it saw
 	// when it last wrote its entry. A waiter that is still alive asks each
 	// new holder in turn (enqueue); the entry of one that died asks only

@@ -178,7 +178,7 @@ func TestTakeNamesNextRevision(t *testing.T) {
 
 // TestJointNamesNextRevision: the Lease, taken after the record lock, names
 // the revision the record lock found, so the joint SetRevision of it does
-// not write at all (Held.SetRevision).
+// not write at all (part.SetRevision).
 func TestJointNamesNextRevision(t *testing.T) {
 	w := newRWorld(t)
 	ctx := context.Background()
@@ -186,7 +186,7 @@ func TestJointNamesNextRevision(t *testing.T) {
 	est.Observe(w.clk.Now(), w.clk.Now(), t0.Truncate(time.Second))
 	lb := fakeClocked(NewLeaseBackend(w.cs, est, w.clk))
 	lb.Margin = time.Second
-	j, err := AcquireJoint(ctx, req(OpUpgrade, 15*time.Second), false, nil, w.b, lb)
+	j, err := Acquire(ctx, req(OpUpgrade, 15*time.Second), false, nil, w.b, lb)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -316,7 +316,7 @@ func TestReadFloorIsTheTakesGate(t *testing.T) {
 // TestJointTakenAtOnceWritesNoMore: a waiter whose parts are all free at
 // their first attempt (its turn came) writes no more than a client that
 // does not wait: no renewal of the record lock to confirm it, since no
-// later part was waited for meanwhile (see AcquireJoint).
+// later part was waited for meanwhile (see Acquire).
 func TestJointTakenAtOnceWritesNoMore(t *testing.T) {
 	writes := func(wait bool) []string {
 		w := newRWorld(t)
@@ -324,7 +324,7 @@ func TestJointTakenAtOnceWritesNoMore(t *testing.T) {
 		est.Observe(w.clk.Now(), w.clk.Now(), t0.Truncate(time.Second))
 		lb := fakeClocked(NewLeaseBackend(w.cs, est, w.clk))
 		lb.Margin = time.Second
-		j, err := AcquireJoint(context.Background(), req(OpUpgrade, 15*time.Second), wait, nil, w.b, lb)
+		j, err := Acquire(context.Background(), req(OpUpgrade, 15*time.Second), wait, nil, w.b, lb)
 		if err != nil {
 			t.Fatal(err)
 		}

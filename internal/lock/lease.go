@@ -42,12 +42,12 @@ type Request struct {
 	Namespace string
 	Operation Operation
 	// Revision is the revision the operation will write, when known; see
-	// Held.SetRevision.
+	// part.SetRevision.
 	Revision int
 	// onConfirm, when set, is told when TryAcquire waits for an expired
 	// lock to be confirmed (see Confirm): the holder, and for how long.
 	onConfirm func(holder *Record, in time.Duration)
-	// sightLater, when set, reads the lock's later parts (AcquireJoint)
+	// sightLater, when set, reads the lock's later parts (Acquire)
 	// whenever this part is found held by another session while the
 	// client waits, or waiting to be confirmed, so that their
 	// confirmations run alongside this one's rather than after it: a
@@ -56,7 +56,7 @@ type Request struct {
 	// found a joint lock recovered two leases after the kill). A free
 	// part reads nothing more.
 	sightLater func(ctx context.Context)
-	// nextRevision is the revision a part taken first (AcquireJoint) found
+	// nextRevision is the revision a part taken first (Acquire) found
 	// the operation will write, for the parts after it (see nextRevision).
 	nextRevision int
 	// arrived, when set (TryAcquire, after its first read), holds the
@@ -253,10 +253,10 @@ func (b *Backend) complete(req Request) (Request, error) {
 // waiter is queued first. When a live holder has it, it returns that holder's
 // record (nil if unreadable) and a *LockedError; it never waits.
 //
-// A takeover of an Expired lock is reported in Held.PreviousState and
-// Held.Previous, so the caller can recover the revision the previous holder
+// A takeover of an Expired lock is reported in part.PreviousState and
+// part.Previous, so the caller can recover the revision the previous holder
 // abandoned.
-func (b *Backend) TryAcquire(ctx context.Context, req Request) (*Held, *Record, error) {
+func (b *Backend) TryAcquire(ctx context.Context, req Request) (*part, *Record, error) {
 	req, err := b.complete(req)
 	if err != nil {
 		return nil, nil, err
@@ -578,7 +578,7 @@ type waitState struct {
 }
 
 type attemptResult struct {
-	held   *Held
+	held   *part
 	locked *LockedError
 	// seen is the Lease as last read or written; a waiter watches from its
 	// resourceVersion.
@@ -740,7 +740,7 @@ func (b *Backend) takeoverIn(lockedTill, confirmAt time.Time, now servertime.Bou
 // others wait longer, never shorter), and stamps at least a millisecond after
 // the previous renewal, so every write of one holder has its own RenewedAt
 // and an older copy of its record is told from the current one (see
-// Held.vanished).
+// part.vanished).
 func stamp(rec *Record, now servertime.Bounds) {
 	t := ceilMilli(now.Latest)
 	if !rec.RenewedAt.IsZero() && !t.After(rec.RenewedAt) {
@@ -790,7 +790,7 @@ func nextRevision(req *Request, anchor map[string]string) int {
 	}
 	if _, record := anchor[annotationAnchorRevision]; !record {
 		// A Lease shows no record: the hint of the record lock taken
-		// just before, in the same AcquireJoint, if any.
+		// just before, in the same Acquire, if any.
 		return req.nextRevision
 	}
 	if !SettledStatus(anchor[annotationAnchorStatus]) {
@@ -871,7 +871,7 @@ func ptr[T any](v T) *T { return &v }
 // create makes the Lease with the caller as holder. It fails with
 // AlreadyExists when someone else created it first. A failure that leaves
 // the outcome unknown is noted in maybe.
-func (b *Backend) create(ctx context.Context, req *Request, maybe *maybeTaken) (*Held, error) {
+func (b *Backend) create(ctx context.Context, req *Request, maybe *maybeTaken) (*part, error) {
 	sent := b.clock.Now()
 	now, err := b.serverNow(ctx)
 	if err != nil {
@@ -882,7 +882,7 @@ func (b *Backend) create(ctx context.Context, req *Request, maybe *maybeTaken) (
 		rec.Revision = nextRevision(req, nil)
 		if b.store == StoreRelease && rec.Revision == 0 && (req.Operation == OpInstall || req.Operation == OpUpgrade) {
 			// The release has no record: the operation writes its first
-			// revision, named now (Held.SetRevision then writes nothing).
+			// revision, named now (part.SetRevision then writes nothing).
 			rec.Revision = 1
 		}
 	}
@@ -919,7 +919,7 @@ func (b *Backend) create(ctx context.Context, req *Request, maybe *maybeTaken) (
 // take updates a Free or Expired Lease to name the caller as holder,
 // conditional on the resourceVersion of v. A failure that leaves the outcome
 // unknown is noted in maybe.
-func (b *Backend) take(ctx context.Context, req *Request, v view, maybe *maybeTaken) (*Held, error) {
+func (b *Backend) take(ctx context.Context, req *Request, v view, maybe *maybeTaken) (*part, error) {
 	sent := b.clock.Now()
 	now, err := b.serverNow(ctx)
 	if err != nil {
@@ -935,7 +935,7 @@ func (b *Backend) take(ctx context.Context, req *Request, v view, maybe *maybeTa
 	}
 	if rec.Revision == 0 && rec.Abandoned == nil {
 		// Nothing to recover: the revision the operation writes is known
-		// now, and named in the take (Held.SetRevision then writes nothing).
+		// now, and named in the take (part.SetRevision then writes nothing).
 		rec.Revision = nextRevision(req, v.lease.Annotations)
 	}
 	l := v.lease.DeepCopy()
@@ -1001,7 +1001,7 @@ var errLate = errors.New("its renew deadline passed before its next write was se
 // no request is sent or retried after it. late turns the error of a write
 // that the check stopped into one marked errLate, and leaves any other as
 // it is.
-func (b *Backend) takeFence(ctx context.Context, h *Held) (context.Context, context.CancelFunc, func(error) error) {
+func (b *Backend) takeFence(ctx context.Context, h *part) (context.Context, context.CancelFunc, func(error) error) {
 	stopped := false
 	fence := func() error {
 		err := h.Valid()

@@ -157,7 +157,7 @@ func TestTakeoverOnlyAfterServerTimeExpiry(t *testing.T) {
 	// b's estimate can tell, and takes over only then.
 	w.advance(1100 * time.Millisecond)
 	type result struct {
-		held *Held
+		held *part
 		err  error
 	}
 	done := make(chan result, 1)
@@ -456,7 +456,7 @@ func TestWaitServesInArrivalOrder(t *testing.T) {
 	}
 	type result struct {
 		name string
-		h    *Held
+		h    *part
 		err  error
 	}
 	got := make(chan result, 2)
@@ -517,7 +517,7 @@ func TestWaitTakesOverAtExpiry(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	done := make(chan *Held, 1)
+	done := make(chan *part, 1)
 	go func() {
 		h, err := c.b.Wait(ctx, req(OpUpgrade, 3*time.Second), nil)
 		if err != nil {
@@ -591,7 +591,7 @@ func TestReleaseAbandoningHandsOn(t *testing.T) {
 	if failed.PreviousState != Expired {
 		t.Fatalf("takeover found %v, want expired", failed.PreviousState)
 	}
-	if err := (&Joint{parts: []*Held{failed}}).ReleaseAfterFailedRecovery(ctx); err != nil {
+	if err := (&Held{parts: []*part{failed}}).ReleaseAfterFailedRecovery(ctx); err != nil {
 		t.Fatal(err)
 	}
 	next, _, err := c.b.TryAcquire(ctx, req(OpUpgrade, 3*time.Second))
@@ -601,9 +601,9 @@ func TestReleaseAbandoningHandsOn(t *testing.T) {
 	if next.PreviousState != Free || next.Previous == nil || next.Previous.Session != failed.Session() {
 		t.Fatalf("next found %v %+v, want the failed holder's released record", next.PreviousState, next.Previous)
 	}
-	rec, st := (&Joint{parts: []*Held{next}}).Previous()
+	rec, st := (&Held{parts: []*part{next}}).Previous()
 	if st != Expired || rec == nil || rec.Session != dead.Session() || rec.Revision != 8 || rec.Abandoned != nil {
-		t.Errorf("Joint.Previous = %v %+v, want the dead holder's expired record of revision 8", st, rec)
+		t.Errorf("Held.Previous = %v %+v, want the dead holder's expired record of revision 8", st, rec)
 	}
 	// A plain release hands nothing on.
 	if err := next.Release(ctx); err != nil {

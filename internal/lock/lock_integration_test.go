@@ -95,7 +95,7 @@ func TestIntegrationRaceOneWinner(t *testing.T) {
 		}
 		var wg sync.WaitGroup
 		start := make(chan struct{})
-		held := make([]*lock.Held, 2)
+		held := make([]*lock.Part, 2)
 		errs := make([]error, 2)
 		for i, c := range clients {
 			wg.Go(func() {
@@ -271,7 +271,7 @@ func TestIntegrationWaiterStartsWithinOneSecondOfRelease(t *testing.T) {
 	}
 	go h.Keep(ctx, nil)
 	type took struct {
-		held *lock.Held
+		held *lock.Part
 		at   time.Time
 	}
 	got := make(chan took, 1)
@@ -351,7 +351,7 @@ func TestIntegrationWaiterTakesOverDeadHolderAtExpiry(t *testing.T) {
 	keepCtx, kill := context.WithCancel(ctx)
 	go dead.Keep(keepCtx, nil)
 
-	got := make(chan *lock.Held, 1)
+	got := make(chan *lock.Part, 1)
 	go func() {
 		h, err := w.Wait(ctx, request(ns, "web", lease), nil)
 		if err != nil {
@@ -447,7 +447,7 @@ func TestIntegrationWaitersServedInArrivalOrder(t *testing.T) {
 
 // waitRefreshed waits until every waiter queued on the lock has refreshed
 // its entry (its ExpiresAt moved on) and the holder h has renewed twice.
-func waitRefreshed(ctx context.Context, t *testing.T, b *lock.Backend, h *lock.Held, ns, release string) {
+func waitRefreshed(ctx context.Context, t *testing.T, b *lock.Backend, h *lock.Part, ns, release string) {
 	t.Helper()
 	st, err := b.Inspect(ctx, ns, release)
 	if err != nil {

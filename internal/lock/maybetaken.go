@@ -83,7 +83,7 @@ func (m *maybeTaken) committed(rec *Record) maybeWrite {
 	return *best
 }
 
-// adopt makes a Held of the lock v, which names this session as holder
+// adopt makes a part of the lock v, which names this session as holder
 // because one of the takes in m committed although its answer was lost.
 // Its renew deadline is never later than that of a holder whose write
 // committed as it was sent: the send time of the write that stored the
@@ -94,7 +94,7 @@ func (m *maybeTaken) committed(rec *Record) maybeWrite {
 //
 // A lock of ours that has already expired (the answer was lost long ago) is
 // taken again with a fresh write, as what that write took over.
-func (b *Backend) adopt(ctx context.Context, req *Request, v view, now servertime.Bounds, m *maybeTaken) (*Held, error) {
+func (b *Backend) adopt(ctx context.Context, req *Request, v view, now servertime.Bounds, m *maybeTaken) (*part, error) {
 	rec := v.rec
 	if v.recErr != nil || rec == nil || rec.Session != req.Session || !rec.ReleasedAt.IsZero() {
 		rec = nil

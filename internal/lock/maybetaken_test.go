@@ -73,7 +73,7 @@ func TestLostAnswerAfterExpiryTakesAgain(t *testing.T) {
 	b := fakeClocked(NewLeaseBackend(cs, est, clk))
 	const lease = 3 * time.Second
 
-	got := make(chan *Held, 1)
+	got := make(chan *part, 1)
 	go func() {
 		h, err := b.Wait(context.Background(), req(OpUpgrade, lease), nil)
 		if err != nil {
@@ -85,7 +85,7 @@ func TestLostAnswerAfterExpiryTakesAgain(t *testing.T) {
 	// lock it wrote expire meanwhile.
 	eventually(t, "the waiter to back off", func() bool { return clk.Waiters() >= 1 })
 	clk.Step(lease + 3*time.Second)
-	var h *Held
+	var h *part
 	select {
 	case h = <-got:
 	case <-time.After(10 * time.Second):

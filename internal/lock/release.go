@@ -60,7 +60,7 @@ const annotationAnchorRevision = "helm-autorecover.io/anchor-revision"
 const annotationAnchorStatus = "helm-autorecover.io/anchor-status"
 
 // annotationHolderWrite marks, on a virtual Lease only (never stored), a
-// write by the holder itself (Held), naming its session: only such a write
+// write by the holder itself (part), naming its session: only such a write
 // goes on when the holder's own writes moved the gate (see Update).
 const annotationHolderWrite = "helm-autorecover.io/holder-write"
 
@@ -69,7 +69,7 @@ const annotationHolderWrite = "helm-autorecover.io/holder-write"
 const annotationUnlabelled = "helm-autorecover.io/unlabelled-records"
 
 // annotationGateAt carries, on a virtual Lease only (never stored), where
-// the holder's last fenced write left its lock (Held.GateWritten): a
+// the holder's last fenced write left its lock (part.GateWritten): a
 // holder's own release is written there first, conditional on that
 // resourceVersion, with no read (see releaseStore.Update).
 const annotationGateAt = "helm-autorecover.io/gate-at"
@@ -99,7 +99,7 @@ const unreadableHolder = "unreadable-lock-record"
 // finds out at its next renewal and stops (ErrLost), whether its record
 // vanished from the newest record, a newer record without it appeared, or
 // the newest record was deleted and an older one shows an older copy of its
-// record (see Held.reread); it never writes its lock back.
+// record (see part.reread); it never writes its lock back.
 func NewReleaseBackend(client kubernetes.Interface, est *servertime.Estimator, clk clock.Clock, driver records.Driver) *Backend {
 	store := records.New(client, driver)
 	bt := beats{client: client, kind: store.Kind(), unlisted: &atomic.Bool{}}
@@ -225,7 +225,7 @@ func (s *releaseStore) read(ctx context.Context, release string) (records.Record
 		// A record without helm's status label (written by another tool,
 		// or corrupted): said on the virtual Lease, so that the history is
 		// read in full, and such records named, before a decision is made
-		// from the newest record alone (see Held.Newest).
+		// from the newest record alone (see part.Newest).
 		markUnlabelled(&gate, "true")
 	}
 	if !beat.exists && (floored || s.beats.isUnlisted()) {
@@ -501,7 +501,7 @@ func (s *releaseStore) Update(ctx context.Context, l *coordinationv1.Lease, _ me
 		// release carries the holder's record from a view of its own), only
 		// while the beat still names the holder unreleased, and only when
 		// the gate did not move back to an older record (the newest was
-		// deleted under the holder: Held's vanished check decides).
+		// deleted under the holder: part's vanished check decides).
 		wasRev, _ := strconv.Atoi(l.Annotations[annotationAnchorRevision])
 		bt := beatRecord(beat)
 		if want == nil || have == nil || want.Session != have.Session || !have.ReleasedAt.IsZero() ||
@@ -561,7 +561,7 @@ func (s *releaseStore) Update(ctx context.Context, l *coordinationv1.Lease, _ me
 		// A renewal or a revision named: the gate's holder's beat, which
 		// claims from the holder itself (holding). A claim of another
 		// session found there was made from a stale view of the gate (a
-		// takeover of this holder names it in claimed-from, and Held stops
+		// takeover of this holder names it in claimed-from, and part stops
 		// on it before writing).
 		from := want.Session
 		if err := setBeat(*want, &from, ""); err != nil {
@@ -666,7 +666,7 @@ func (s *releaseStore) writeGate(ctx context.Context, rel, name, rv string, want
 }
 
 // releaseWhereWritten writes the holder's own release of l (see
-// Held.writeLocked) onto the record where its last fenced write left the
+// part.writeLocked) onto the record where its last fenced write left the
 // lock (annotationGateAt), conditional on the resourceVersion that write
 // returned, without reading the records or the beat: ok reports that it
 // did. Nobody wrote that record since, so it still carries this holder's

@@ -60,19 +60,19 @@ func TestSpecOf(t *testing.T) {
 func TestJointPrevious(t *testing.T) {
 	rec := func(rev int) *Record { return &Record{Session: "x", Revision: rev} }
 	cases := map[string]struct {
-		parts   []*Held
+		parts   []*part
 		wantRev int
 		want    State
 	}{
-		"record expired":   {parts: []*Held{{Previous: rec(3), PreviousState: Expired}, {Previous: rec(2), PreviousState: Free}}, wantRev: 3, want: Expired},
-		"lease expired":    {parts: []*Held{{PreviousState: Free}, {Previous: rec(4), PreviousState: Expired}}, wantRev: 4, want: Expired},
-		"both expired":     {parts: []*Held{{Previous: rec(5), PreviousState: Expired}, {Previous: rec(4), PreviousState: Expired}}, wantRev: 5, want: Expired},
-		"both free":        {parts: []*Held{{PreviousState: Free}, {Previous: rec(2), PreviousState: Free}}, wantRev: 2, want: Free},
-		"nothing anywhere": {parts: []*Held{{PreviousState: Free}, {PreviousState: Free}}, wantRev: 0, want: Free},
+		"record expired":   {parts: []*part{{Previous: rec(3), PreviousState: Expired}, {Previous: rec(2), PreviousState: Free}}, wantRev: 3, want: Expired},
+		"lease expired":    {parts: []*part{{PreviousState: Free}, {Previous: rec(4), PreviousState: Expired}}, wantRev: 4, want: Expired},
+		"both expired":     {parts: []*part{{Previous: rec(5), PreviousState: Expired}, {Previous: rec(4), PreviousState: Expired}}, wantRev: 5, want: Expired},
+		"both free":        {parts: []*part{{PreviousState: Free}, {Previous: rec(2), PreviousState: Free}}, wantRev: 2, want: Free},
+		"nothing anywhere": {parts: []*part{{PreviousState: Free}, {PreviousState: Free}}, wantRev: 0, want: Free},
 	}
 	for name, c := range cases {
 		t.Run(name, func(t *testing.T) {
-			got, state := (&Joint{parts: c.parts}).Previous()
+			got, state := (&Held{parts: c.parts}).Previous()
 			rev := 0
 			if got != nil {
 				rev = got.Revision

@@ -36,7 +36,7 @@ func (c *countRequests) since(n int) []string {
 }
 
 // TestIntegrationReleaseWhereLastWritten: a holder on the release store
-// whose last fenced write left its lock on a record (Held.GateWritten)
+// whose last fenced write left its lock on a record (part.GateWritten)
 // releases with one conditional patch of that record and no read; when the
 // record was written since, it reads and judges as before: a record
 // rewritten by someone else's harmless write is released all the same, and

@@ -79,7 +79,7 @@ const (
 	// in flight, a forced release, or a stale claim (judged by its expiry).
 	annotationClaim = "helm-autorecover.io/claim"
 	// annotationGateRenewed carries, on a virtual Lease only, the renewedAt
-	// of the gate's own record (before the beat is merged in), for Held's
+	// of the gate's own record (before the beat is merged in), for part's
 	// check that the record the lock was on was deleted.
 	annotationGateRenewed = "helm-autorecover.io/gate-renewed"
 	// annotationBeatSilent marks, on a virtual Lease only, an unreleased

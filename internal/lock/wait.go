@@ -45,7 +45,7 @@ const probeWidth = 50 * time.Millisecond
 //
 // When ctx ends first, Wait leaves the queue and returns an error wrapping
 // both ctx's cause and the last *LockedError (so errors.Is(err, ErrLocked)).
-func (b *Backend) Wait(ctx context.Context, req Request, onProgress func(holder *Record, left time.Duration)) (*Held, error) {
+func (b *Backend) Wait(ctx context.Context, req Request, onProgress func(holder *Record, left time.Duration)) (*part, error) {
 	req, err := b.complete(req)
 	if err != nil {
 		return nil, err
@@ -62,7 +62,7 @@ func (b *Backend) Wait(ctx context.Context, req Request, onProgress func(holder 
 	return held, err
 }
 
-func (b *Backend) waitLoop(ctx context.Context, req *Request, w *waitState, onProgress func(*Record, time.Duration)) (*Held, error) {
+func (b *Backend) waitLoop(ctx context.Context, req *Request, w *waitState, onProgress func(*Record, time.Duration)) (*part, error) {
 	var last *LockedError
 	for tries := 0; ; tries++ {
 		res, err := b.attempt(ctx, req, w, &w.maybe)

@@ -15,7 +15,7 @@ import (
 // creates helm's next revision under j: inside Carry, the record carrying
 // j's record naming rev, the lock told where its gate went (GateWritten)
 // and which revision its session wrote (Wrote).
-func createUnder(t *testing.T, env *testenv.Env, ns string, j *lock.Joint, rev int, status string) {
+func createUnder(t *testing.T, env *testenv.Env, ns string, j *lock.Held, rev int, status string) {
 	t.Helper()
 	err := j.Carry(func(rec lock.Record) error {
 		rec.Revision = rev
@@ -67,7 +67,7 @@ func TestIntegrationTakerFindsTheLastRevisionWritten(t *testing.T) {
 			if withLease {
 				holderParts, takerParts = append(holderParts, a.lease), append(takerParts, b.lease)
 			}
-			j, err := lock.AcquireJoint(ctx, request(ns, "web", lease), false, nil, holderParts...)
+			j, err := lock.Acquire(ctx, request(ns, "web", lease), false, nil, holderParts...)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -92,7 +92,7 @@ func TestIntegrationTakerFindsTheLastRevisionWritten(t *testing.T) {
 				}
 			}
 
-			taker, err := lock.AcquireJoint(ctx, request(ns, "web", lease), true, nil, takerParts...)
+			taker, err := lock.Acquire(ctx, request(ns, "web", lease), true, nil, takerParts...)
 			if err != nil {
 				t.Fatalf("taking the dead holder's lock over: %v", err)
 			}

@@ -27,14 +27,14 @@ import (
 // waits in arrival order until ctx ends, calling onProgress as
 // lock.Backend.Wait does.
 func (c *Conn) acquire(ctx context.Context, req lock.Request, stores []*lock.Backend, wait bool, onProgress func(*lock.Record, time.Duration)) (*Lock, error) {
-	j, err := lock.AcquireJoint(ctx, req, wait, onProgress, stores...)
+	h, err := lock.Acquire(ctx, req, wait, onProgress, stores...)
 	if err != nil {
 		return nil, err
 	}
-	l := &Lock{conn: c, joint: j, release: req.Release, namespace: req.Namespace}
+	l := &Lock{conn: c, held: h, release: req.Release, namespace: req.Namespace}
 	// Until recovery succeeds, a holder found expired is handed on when
 	// this lock is released (see Release).
-	_, found := j.Previous()
+	_, found := h.Previous()
 	l.handOn = found == lock.Expired
 	return l, nil
 }
@@ -48,7 +48,7 @@ func (l *Lock) ReadFloor() string {
 	if l.floorGiven.Swap(true) {
 		return ""
 	}
-	return l.joint.ReadFloor()
+	return l.held.ReadFloor()
 }
 
 // NewestAtTake is the release's newest record as the take of its record
@@ -63,7 +63,7 @@ func (l *Lock) NewestAtTake() (helmx.Summary, bool) {
 	if l.newestGiven.Swap(true) {
 		return helmx.Summary{}, false
 	}
-	name, rev, status, ok := l.joint.Newest()
+	name, rev, status, ok := l.held.Newest()
 	if !ok {
 		return helmx.Summary{}, false
 	}
@@ -75,7 +75,7 @@ func (l *Lock) NewestAtTake() (helmx.Summary, bool) {
 // concurrent use.
 type Lock struct {
 	conn               *Conn
-	joint              *lock.Joint
+	held               *lock.Held
 	release, namespace string
 	// fence is the write fence Take armed for the lock (Fence).
 	fence *helmx.WriteFence
@@ -152,26 +152,26 @@ const maxSettleAttempts = 3
 // found: Free when it released, Expired when this lock took it over (an
 // abandoned holder handed on already stands in for it, lock.Found). The
 // record is nil when there was none or it was unreadable.
-func (l *Lock) Taken() (*Record, State) { return l.joint.Previous() }
+func (l *Lock) Taken() (*Record, State) { return l.held.Previous() }
 
 // Session is the lock's session ID.
-func (l *Lock) Session() string { return l.joint.Session() }
+func (l *Lock) Session() string { return l.held.Session() }
 
 // Record is the lock's record as last written (the release record's part).
-func (l *Lock) Record() lock.Record { return l.joint.Record() }
+func (l *Lock) Record() lock.Record { return l.held.Record() }
 
 // Carry runs write with the lock's record while no renewal of it is in
 // flight (lock.Held.Carry), for writes that copy it onto another record.
-func (l *Lock) Carry(write func(lock.Record) error) error { return l.joint.Carry(write) }
+func (l *Lock) Carry(write func(lock.Record) error) error { return l.held.Carry(write) }
 
 // Valid is nil while it is still safe to write under the lock.
-func (l *Lock) Valid() error { return l.joint.Valid() }
+func (l *Lock) Valid() error { return l.held.Valid() }
 
-// Deadline is the lock's renew deadline (lock.Joint.Deadline) on this
+// Deadline is the lock's renew deadline (lock.Held.Deadline) on this
 // process's clock as time.Now reads it, whatever clock the lock was given:
 // the write fence puts it on every write as its deadline. Zero means none.
 func (l *Lock) Deadline() time.Time {
-	d := l.joint.Deadline()
+	d := l.held.Deadline()
 	if d.IsZero() || l.conn == nil || l.conn.clock == nil {
 		return d
 	}
@@ -201,14 +201,14 @@ func (l *Lock) RecordWritten(meta metav1.ObjectMeta) {
 	l.mu.Lock()
 	l.lastRecordWrite = meta.ResourceVersion
 	l.mu.Unlock()
-	l.joint.GateWritten(meta)
+	l.held.GateWritten(meta)
 }
 
 // RecordWriteUnsure is how the write fence (helmx.RecordWriteNoter) tells
 // the lock that a record write it was asked to make did not end in an
 // accepted answer: the release then reads where the lock is before writing
 // it (lock.Held.GateUnsure).
-func (l *Lock) RecordWriteUnsure() { l.joint.GateUnsure() }
+func (l *Lock) RecordWriteUnsure() { l.held.GateUnsure() }
 
 // OwnRecordWrite is how the write fence (helmx.OwnRecordReporter) tells the
 // lock that a write of revision rev, one of the holder's own, failed or
@@ -235,10 +235,10 @@ func (l *Lock) OwnRecordWrite(rev int, settled bool) {
 // Wrote is how the write fence (helmx.RevisionNoter) tells the lock that
 // the holder wrote revision rev: its record names the newest revision the
 // session wrote (lock.Held.Wrote).
-func (l *Lock) Wrote(rev int) { l.joint.Wrote(rev) }
+func (l *Lock) Wrote(rev int) { l.held.Wrote(rev) }
 
 // Previous maps what the lock was taken from onto recovery's input.
-func (l *Lock) Previous() recovery.LockInfo { return recovery.PreviousLock(l.joint.Previous()) }
+func (l *Lock) Previous() recovery.LockInfo { return recovery.PreviousLock(l.held.Previous()) }
 
 // NextRevision is the revision op is about to write, to record with
 // SetRevision so that whoever finds it abandoned recovers it at once: the
@@ -266,16 +266,16 @@ func (l *Lock) NextRevision(ctx context.Context, op lock.Operation, latest int) 
 }
 
 // Renew extends every part by one lease from now.
-func (l *Lock) Renew(ctx context.Context) error { return l.joint.Renew(ctx) }
+func (l *Lock) Renew(ctx context.Context) error { return l.held.Renew(ctx) }
 
 // SetRevision records the revision the operation is about to write.
 func (l *Lock) SetRevision(ctx context.Context, rev int) error {
-	return l.joint.SetRevision(ctx, rev)
+	return l.held.SetRevision(ctx, rev)
 }
 
 // Keep renews every part until ctx ends or the lock is released; onLost is
 // called once, when a part is lost or held past its maximum hold.
-func (l *Lock) Keep(ctx context.Context, onLost func(error)) { l.joint.Keep(ctx, onLost) }
+func (l *Lock) Keep(ctx context.Context, onLost func(error)) { l.held.Keep(ctx, onLost) }
 
 // Release gives the lock back, once its write fence is drained (no write
 // let through it can land any more). When it was taken over from an expired
@@ -308,16 +308,16 @@ func (l *Lock) Release(ctx context.Context) error {
 		ctx = records.WithNotOlderThan(ctx, l.lastRecordWrite)
 	}
 	l.mu.Unlock()
-	if err := l.joint.Valid(); err != nil {
+	if err := l.held.Valid(); err != nil {
 		return err
 	}
 	if done, err := l.settleOwn(ctx); done {
 		return err
 	}
 	if handOn {
-		return l.joint.ReleaseAfterFailedRecovery(ctx)
+		return l.held.ReleaseAfterFailedRecovery(ctx)
 	}
-	return l.joint.Release(ctx)
+	return l.held.Release(ctx)
 }
 
 // drain closes the lock's write fence and waits until no write let through
@@ -357,7 +357,7 @@ func (l *Lock) drainNow() {
 // lock is released naming this holder as abandoned instead of deleted.
 func (l *Lock) ReleaseAndDelete(ctx context.Context) error {
 	l.drain()
-	if err := l.joint.Valid(); err != nil {
+	if err := l.held.Valid(); err != nil {
 		// Lost: nothing is written (the lock may be on a revision that
 		// landed meanwhile, which the next client must find).
 		return err
@@ -365,7 +365,7 @@ func (l *Lock) ReleaseAndDelete(ctx context.Context) error {
 	if done, err := l.settleOwn(ctx); done {
 		return err
 	}
-	return l.joint.ReleaseAndDelete(ctx)
+	return l.held.ReleaseAndDelete(ctx)
 }
 
 // settleOwn resolves the holder's own revisions left unsettled (see
@@ -404,7 +404,7 @@ func (l *Lock) settleOwn(ctx context.Context) (done bool, err error) {
 		return false, nil
 	}
 	cause := errors.Join(failed...)
-	a := l.joint.Record()
+	a := l.held.Record()
 	a.Revision = left
 	// This holder stops writing with its release: the next client need
 	// not wait for its LOCKED TILL either.
@@ -416,7 +416,7 @@ func (l *Lock) settleOwn(ctx context.Context) (done bool, err error) {
 		// renewed to.
 		a.LockedTill = now.Latest
 	}
-	if err := l.joint.ReleaseAbandoning(ctx, &a); err != nil {
+	if err := l.held.ReleaseAbandoning(ctx, &a); err != nil {
 		return true, fmt.Errorf("release %q in namespace %q: revision %d, which this operation wrote, may still be pending: %w; and releasing the lock naming this session as its abandoned holder failed too (%w): the next operation recovers it once the lock has expired",
 			l.release, l.namespace, left, cause, err)
 	}
@@ -431,7 +431,7 @@ func (l *Lock) settleRevision(ctx context.Context, recs helmx.Records, rev int) 
 	name := helmx.ReleaseSecretName(l.release, rev)
 	subject := fmt.Sprintf("revision %d of release %q in namespace %q", rev, l.release, l.namespace)
 	for range maxSettleAttempts {
-		if err := l.joint.Valid(); err != nil {
+		if err := l.held.Valid(); err != nil {
 			return fmt.Errorf("%s: stopped before resolving it: %w", subject, err)
 		}
 		cur, err := recs.Get(ctx, l.namespace, name)
@@ -461,14 +461,14 @@ func (l *Lock) settleRevision(ctx context.Context, recs helmx.Records, rev int) 
 		// simulation, seed 1997, found a holder that slept during them
 		// write after its lock had been claimed; the write is conditional
 		// on the record as read, which the claim had not changed).
-		if err := l.joint.Valid(); err != nil {
+		if err := l.held.Valid(); err != nil {
 			return fmt.Errorf("%s: stopped before resolving it: %w", subject, err)
 		}
 		wctx, cancel := ctx, context.CancelFunc(func() {})
 		if d := l.Deadline(); !d.IsZero() {
 			wctx, cancel = context.WithDeadline(ctx, d)
 		}
-		written, err := recovery.MarkFailedHeld(recovery.WithBeforeWrite(wctx, l.joint.Valid), recs, l.namespace, s, l.Session(), desc, at)
+		written, err := recovery.MarkFailedHeld(recovery.WithBeforeWrite(wctx, l.held.Valid), recs, l.namespace, s, l.Session(), desc, at)
 		cancel()
 		switch {
 		case err == nil:

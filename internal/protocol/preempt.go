@@ -124,7 +124,7 @@ func (l *Lock) awaitStoppable(ctx context.Context, op Operation, declined func(b
 	told := map[string]bool{}
 	for ctx.Err() == nil {
 		var by *Waiter
-		l.joint.WatchAsks(ctx, func(w Waiter) { by = &w })
+		l.held.WatchAsks(ctx, func(w Waiter) { by = &w })
 		if by == nil {
 			return false
 		}
@@ -175,7 +175,7 @@ func (l *Lock) awaitStoppable(ctx context.Context, op Operation, declined func(b
 			}
 			// Helm's phase changed: stop only for an asker still waiting
 			// (one that gave up, or was killed, asks nothing).
-			w, asked, err := l.joint.AskedNow(ctx)
+			w, asked, err := l.held.AskedNow(ctx)
 			if err != nil || !asked {
 				break // watch again
 			}

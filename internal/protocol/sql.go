@@ -99,7 +99,7 @@ func (l *Lock) HelmSQL(ctx context.Context) (driver.Driver, error) {
 	if l.helmDrained {
 		return nil, fmt.Errorf("release %q in namespace %q: helm's sql driver asked for once the lock is being given back: %w", l.release, l.namespace, ErrLost)
 	}
-	if err := l.joint.Valid(); err != nil {
+	if err := l.held.Valid(); err != nil {
 		return nil, err
 	}
 	h, err := l.conn.sql.OpenHelm(ctx, l.namespace, l.Session())

@@ -43,7 +43,7 @@ func FromRecord(rec *lock.Record, state LockState) LockInfo {
 }
 
 // PreviousLock maps what a client found when it took the lock (the record
-// and state of lock.Joint.Previous) onto the decision's input: an Expired
+// and state of lock.Held.Previous) onto the decision's input: an Expired
 // holder's record is LockExpired, any other record LockReleased (a holder
 // that releases resolves its own revision first), none LockNone. A record
 // released by a holder that failed to recover an expired holder's revision
@@ -58,7 +58,7 @@ func PreviousLock(prev *lock.Record, found lock.State) LockInfo {
 		state = LockExpired
 	}
 	// Stopped comes from the record alone: lock.HandedOn marks the
-	// holder a taker found Expired itself (lock.Joint.Previous passes
+	// holder a taker found Expired itself (lock.Held.Previous passes
 	// its copy here).
 	return FromRecord(p, state)
 }

@@ -38,7 +38,7 @@ func TestLockMapping(t *testing.T) {
 			LockInfo{State: LockExpired, Session: "s1", Who: "alice@ci", Operation: "upgrade", Revision: 4, LockedTill: till},
 		},
 		{
-			"taken from an expired holder (as lock.Joint.Previous hands it on)", PreviousLock(lock.HandedOn(rec(4), lock.Expired), lock.Expired),
+			"taken from an expired holder (as lock.Held.Previous hands it on)", PreviousLock(lock.HandedOn(rec(4), lock.Expired), lock.Expired),
 			LockInfo{State: LockExpired, Session: "s1", Who: "alice@ci", Operation: "upgrade", Revision: 4, LockedTill: till, Stopped: true},
 		},
 		{

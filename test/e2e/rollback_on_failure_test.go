@@ -35,7 +35,7 @@ var failingUpgrade = []string{"--set", "replicaCount=-1", "--set", "message=v2"}
 // pending-rollback and after a renewal of its lock, leaves a revision that
 // the next operation recovers as soon as the lock has expired, under either
 // backend, with --recover-legacy-after at its default and at 0 (never
-// recover stock helm's): the upgrade (lock.Joint.Previous, what a client
+// recover stock helm's): the upgrade (lock.Held.Previous, what a client
 // taking the lock finds) and recover (the lock as read beforehand, as the
 // controller reads it). Before, each refused it with exit 5 as stock
 // helm's leftover, for 15 minutes, or for good with 0.
