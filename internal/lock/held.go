@@ -17,8 +17,9 @@ import (
 // lease that lock and then the release's Lease. The first store is what
 // every client, whichever backend it chose, takes first, so two clients
 // never hold a release at once even when one of them cannot read Leases;
-// the Lease adds a queue that kubectl can show, and exclusion of clients
-// that take only the Lease. Each store's share is a part; Held is the only
+// the Lease adds a lock for a release that has no stored revision yet (the
+// record lock is then virtual: its take writes nothing), a queue that
+// kubectl can show, and exclusion of clients that take only the Lease. Each store's share is a part; Held is the only
 // held-lock type the engine hands out.
 type Held struct {
 	parts []*part

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -96,5 +97,70 @@ func TestJointRetakeKeepsExpiredLeaseHolder(t *testing.T) {
 	rec, st := j.Previous()
 	if st != Expired || rec == nil || rec.Session != "X" || rec.Revision != 7 {
 		t.Errorf("after give-back and retake, Held.Previous = %+v %v; want X's revision 7, Expired", rec, st)
+	}
+}
+
+// acquireWhileRecordsMove takes a record lock and then the Lease, while
+// the record lock is lost losses times: the release has no record (the
+// record lock is virtual), each Lease take installs a stock revision 1
+// (the record lock is lost), and each Lease give-back deletes it again (the
+// record lock's retake is virtual once more). It returns the Lease takes
+// made and Acquire's error.
+func acquireWhileRecordsMove(t *testing.T, losses int) (int, error) {
+	t.Helper()
+	w := newRWorld(t)
+	ctx := context.Background()
+	w.s.mu.Lock()
+	delete(w.s.objs, "sh.helm.release.v1.web.v1")
+	w.s.mu.Unlock()
+	leases := &casLeases{objs: map[string]*coordinationv1.Lease{}, calls: map[string]int{}}
+	lost, takes := 0, 0
+	w.cs.PrependReactor("*", "leases", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		handled, obj, err := leases.react(a)
+		if err != nil || (a.GetVerb() != "create" && a.GetVerb() != "update") {
+			return handled, obj, err
+		}
+		l := obj.(*coordinationv1.Lease)
+		if l.Spec.HolderIdentity != nil && *l.Spec.HolderIdentity != "" {
+			takes++
+			if lost < losses {
+				lost++
+				installStock(w)
+			}
+		} else {
+			w.s.mu.Lock()
+			delete(w.s.objs, "sh.helm.release.v1.web.v1")
+			w.s.mu.Unlock()
+		}
+		return handled, obj, err
+	})
+	est := servertime.New(w.clk)
+	est.Observe(w.clk.Now(), w.clk.Now(), t0.Truncate(time.Second))
+	lb := fakeClocked(NewLeaseBackend(w.cs, est, w.clk))
+	lb.Margin = time.Second
+	h, err := Acquire(ctx, req(OpInstall, 15*time.Second), false, nil, w.b, lb)
+	if h != nil {
+		if err := h.Release(ctx); err != nil {
+			t.Errorf("release: %v", err)
+		}
+	}
+	return takes, err
+}
+
+// TestAcquireConfirmsItsLastRetake: a part lost while a later one was
+// taken is taken again up to maxRetakes times, and the last retake is
+// confirmed like the others (found by review: the loop before it gave up
+// after its fifth retake without checking it); one loss more fails with
+// "kept moving", every part given back.
+func TestAcquireConfirmsItsLastRetake(t *testing.T) {
+	for _, losses := range []int{1, maxRetakes} {
+		if takes, err := acquireWhileRecordsMove(t, losses); err != nil {
+			t.Errorf("%d losses: %v after %d Lease takes, want the lock", losses, err, takes)
+		} else if takes != losses+1 {
+			t.Errorf("%d losses: %d Lease takes, want %d", losses, takes, losses+1)
+		}
+	}
+	if _, err := acquireWhileRecordsMove(t, maxRetakes+1); err == nil || !strings.Contains(err.Error(), "kept moving") {
+		t.Errorf("%d losses: %v, want the lock kept moving", maxRetakes+1, err)
 	}
 }
