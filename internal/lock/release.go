@@ -395,6 +395,10 @@ func (s *releaseStore) Read(ctx context.Context, name string) (*Snapshot, error)
 		}
 		return nil, apierrors.NewNotFound(leaseResource, name)
 	}
+	if s.seen != nil {
+		// A record found since: a Create that follows reads again.
+		s.seen.take(s.ns + "/" + name)
+	}
 	return s.snapshot(rel, r, beat, listRV), nil
 }
 
