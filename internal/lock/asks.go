@@ -6,10 +6,6 @@ package lock
 import (
 	"context"
 
-	coordinationv1 "k8s.io/api/coordination/v1"
-	"k8s.io/apimachinery/pkg/api/meta"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/watch"
 )
@@ -82,11 +78,11 @@ func (h *part) askIn(queue []Waiter) (Waiter, bool) {
 // AskedNow reads the lock's queue once and returns the first live waiter
 // that asks this holder to stop, if any.
 func (h *part) AskedNow(ctx context.Context) (Waiter, bool, error) {
-	l, err := h.b.leases(h.req.Namespace).Get(ctx, LeaseName(h.req.Release), metav1.GetOptions{})
+	l, err := h.b.store(h.req.Namespace).Read(ctx, LeaseName(h.req.Release))
 	if err != nil {
 		return Waiter{}, false, err
 	}
-	w, ok := h.askIn(decodeQueue(l.Annotations[AnnotationQueue]))
+	w, ok := h.askIn(l.Queue)
 	return w, ok, nil
 }
 
@@ -115,24 +111,7 @@ func (h *part) drainAsks(ctx context.Context, w watch.Interface, queueOf func(ru
 // watchQueue watches the object the lock's queue lives on, and says how to
 // read the queue from one of its events.
 func (b *Backend) watchQueue(ctx context.Context, ns, name string) (watch.Interface, func(runtime.Object) ([]Waiter, bool), error) {
-	if rs, ok := b.leases(ns).(*releaseStore); ok {
-		w, err := rs.beats.watch(ctx, ns, name, "")
-		return w, func(o runtime.Object) ([]Waiter, bool) {
-			m, err := meta.Accessor(o)
-			if err != nil || m.GetName() != name {
-				return nil, false
-			}
-			return decodeWaiters(m.GetAnnotations()[AnnotationWaiters]), true
-		}, err
-	}
-	w, err := b.leases(ns).Watch(ctx, metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("metadata.name", name).String()})
-	return w, func(o runtime.Object) ([]Waiter, bool) {
-		l, ok := o.(*coordinationv1.Lease)
-		if !ok || l.Name != name {
-			return nil, false
-		}
-		return decodeQueue(l.Annotations[AnnotationQueue]), true
-	}, err
+	return b.store(ns).WatchQueue(ctx, name)
 }
 
 // WatchAsks watches the first part's queue, where every waiter queues (the

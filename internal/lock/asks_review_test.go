@@ -39,11 +39,11 @@ func TestHeartbeatRestoresPreemptMark(t *testing.T) {
 	l = w.store.put(l)
 	r := req(OpUpgrade, 30*time.Second)
 	r.Session, r.Preempt = "b", true
-	got, err := c.b.enqueue(context.Background(), &r, &waitState{}, view{lease: l, live: dropped})
+	got, err := c.b.enqueue(context.Background(), &r, &waitState{}, view{snap: leaseSnapshot(l), live: dropped})
 	if err != nil {
 		t.Fatal(err)
 	}
-	q := decodeQueue(got.Annotations[AnnotationQueue])
+	q := got.Queue
 	if len(q) != 1 || !q[0].Preempt {
 		t.Fatalf("after the --preempt waiter's heartbeat its entry reads %+v; want Preempt set again", q)
 	}

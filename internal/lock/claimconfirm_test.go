@@ -29,7 +29,7 @@ func TestClaimIsConfirmedOnOwnClock(t *testing.T) {
 	claim := Record{Session: "B", Operation: OpUpgrade, LeaseDuration: metav1.Duration{Duration: lease}, AcquiredAt: t0, RenewedAt: t0.Add(2 * time.Second), LockedTill: t0.Add(2*time.Second + lease)}
 	beatEnc, _ := encodeBeat(claim)
 	r := records.Record{Kind: records.KindSecret, Meta: metav1.ObjectMeta{Name: "sh.helm.release.v1.web.v3", Namespace: "shop", ResourceVersion: "5", Annotations: map[string]string{AnnotationRecord: gateEnc}}}
-	l := (&releaseStore{ns: "shop"}).virtual("web", r, beatObj{exists: true, meta: metav1.ObjectMeta{Name: LeaseName("web"), Namespace: "shop", ResourceVersion: "7", Annotations: map[string]string{AnnotationBeat: beatEnc, annotationClaimedFrom: "A"}}}, "9")
+	l := (&releaseStore{ns: "shop"}).snapshot("web", r, beatObj{exists: true, meta: metav1.ObjectMeta{Name: LeaseName("web"), Namespace: "shop", ResourceVersion: "7", Annotations: map[string]string{AnnotationBeat: beatEnc, annotationClaimedFrom: "A"}}}, "9")
 	at := func(d time.Duration) servertime.Bounds {
 		return servertime.Bounds{Earliest: t0.Add(d), Latest: t0.Add(d + 100*time.Millisecond)}
 	}
@@ -82,12 +82,12 @@ func TestStoppedWaitersAreSkipped(t *testing.T) {
 	dead := Waiter{Session: "dead", EnqueuedAt: ahead, HeartbeatAt: ahead, ExpiresAt: ahead.Add(lease)}
 	old := Waiter{Session: "old", EnqueuedAt: ahead, ExpiresAt: ahead.Add(lease)}
 	me := Waiter{Session: "me", EnqueuedAt: ahead, HeartbeatAt: ahead, ExpiresAt: ahead.Add(lease)}
-	queueOf := func(ws ...Waiter) *coordinationv1.Lease {
+	queueOf := func(ws ...Waiter) *Snapshot {
 		l := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: LeaseName("web"), Namespace: "shop", Annotations: map[string]string{}}}
 		if err := setQueue(l, ws); err != nil {
 			t.Fatal(err)
 		}
-		return l
+		return leaseSnapshot(l)
 	}
 	sessions := func(ws []Waiter) []string {
 		var out []string
@@ -167,7 +167,7 @@ func TestSilentBeatBoundsTheGate(t *testing.T) {
 		{"the holder's own beat, expired in server time, seen for a lease", beatOf(t, "7", holder, "A"), need, Free},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			l := (&releaseStore{ns: "shop"}).virtual("web", r, tc.beat, "9")
+			l := (&releaseStore{ns: "shop"}).snapshot("web", r, tc.beat, "9")
 			clk := clocktesting.NewFakeClock(t0)
 			b := &Backend{Margin: TakeoverMargin, clock: clk, Sightings: NewSightings()}
 			b.decode(l, now, "C")
@@ -192,7 +192,7 @@ func TestSilentGatePastItsLeaseIsConfirmed(t *testing.T) {
 	t0 := time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)
 	lease := 15 * time.Second
 	holder := Record{Schema: SchemaVersion, Session: "A", Release: "web", Namespace: "shop", Operation: OpInstall, LeaseDuration: metav1.Duration{Duration: lease}, AcquiredAt: t0, RenewedAt: t0, LockedTill: t0.Add(lease)}
-	l := (&releaseStore{ns: "shop"}).virtual("web", firstInstallGate(t, holder), beatObj{}, "9")
+	l := (&releaseStore{ns: "shop"}).snapshot("web", firstInstallGate(t, holder), beatObj{}, "9")
 	for _, tc := range []struct {
 		name       string
 		at         time.Duration // server time after t0
@@ -235,7 +235,7 @@ func TestClaimConfirmedBesideItsGate(t *testing.T) {
 	r := records.Record{Kind: records.KindSecret, Meta: metav1.ObjectMeta{Name: "sh.helm.release.v1.web.v3", Namespace: "shop", ResourceVersion: "5", Annotations: map[string]string{AnnotationRecord: gateEnc}}}
 	claim := Record{Session: "C", Operation: OpUpgrade, LeaseDuration: metav1.Duration{Duration: time.Minute}, AcquiredAt: t0.Add(-2 * time.Minute), RenewedAt: t0.Add(-2 * time.Minute), LockedTill: t0.Add(-time.Minute)}
 	claimEnc, _ := encodeBeat(claim)
-	l := (&releaseStore{ns: "shop"}).virtual("web", r, beatObj{exists: true, meta: metav1.ObjectMeta{Name: LeaseName("web"), Namespace: "shop", ResourceVersion: "7", Annotations: map[string]string{
+	l := (&releaseStore{ns: "shop"}).snapshot("web", r, beatObj{exists: true, meta: metav1.ObjectMeta{Name: LeaseName("web"), Namespace: "shop", ResourceVersion: "7", Annotations: map[string]string{
 		AnnotationBeat: claimEnc, annotationClaimedFrom: "G", annotationClaimedOn: claimedOn("C", r.Meta.Name, "5"),
 	}}}, "9")
 	now := servertime.Bounds{Earliest: t0, Latest: t0.Add(100 * time.Millisecond)}
@@ -334,13 +334,13 @@ func TestSilentBeatCountsEveryBeatWrite(t *testing.T) {
 		n := clk.Now()
 		return servertime.Bounds{Earliest: n, Latest: n.Add(100 * time.Millisecond)}
 	}
-	if v := b.decode(st.virtual("web", r, beatOf(t, "7", l1, "L1"), "9"), now(), "R"); v.state != Live {
+	if v := b.decode(st.snapshot("web", r, beatOf(t, "7", l1, "L1"), "9"), now(), "R"); v.state != Live {
 		t.Fatalf("first read: %s", v.state)
 	}
 	// W renews on its own beat (rv 8), then L2 writes its beat (rv 10):
 	// neither is read here.
 	clk.Step(lease + TakeoverMargin)
-	if v := b.decode(st.virtual("web", r, beatOf(t, "10", l2, "L2"), "9"), now(), "R"); v.state != Live {
+	if v := b.decode(st.snapshot("web", r, beatOf(t, "10", l2, "L2"), "9"), now(), "R"); v.state != Live {
 		t.Fatalf("a lease after the first read, the beat written since: %s; want live (W may write until %v)", v.state, 5*time.Second+lease-RenewMargin)
 	}
 	// The reader's own queue refreshes rewrite the beat (rv 11, 12) and
@@ -348,11 +348,11 @@ func TestSilentBeatCountsEveryBeatWrite(t *testing.T) {
 	// simulation, seed 414, found a waiter that never took a dead holder's
 	// release over, its own refreshes restarting its count).
 	clk.Step(lease / 2)
-	if v := b.decode(st.virtual("web", r, beatOf(t, "11", l2, "L2"), "9"), now(), "R"); v.state != Live {
+	if v := b.decode(st.snapshot("web", r, beatOf(t, "11", l2, "L2"), "9"), now(), "R"); v.state != Live {
 		t.Fatalf("half a lease later: %s; want live", v.state)
 	}
 	clk.Step(lease/2 + TakeoverMargin)
-	if v := b.decode(st.virtual("web", r, beatOf(t, "12", l2, "L2"), "9"), now(), "R"); v.state == Live {
+	if v := b.decode(st.snapshot("web", r, beatOf(t, "12", l2, "L2"), "9"), now(), "R"); v.state == Live {
 		t.Fatalf("the same heartbeat seen for a lease and the margin, the queue rewritten: %s; want expired", v.state)
 	}
 }

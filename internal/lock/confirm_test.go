@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/clock"
 
 	"github.com/helm-autorecover/helm-autorecover/internal/servertime"
@@ -319,8 +318,8 @@ func TestConfirmingTakerKeepsItsTurn(t *testing.T) {
 	defer stopWaiting()
 	waited := waitAsync(wctx, c, req(OpUpgrade, 15*time.Second))
 	eventually(t, "the waiter queued", func() bool {
-		l, err := a.b.leases(ns).Get(ctx, LeaseName("web"), metav1.GetOptions{})
-		return err == nil && len(decodeQueue(l.Annotations[AnnotationQueue])) == 1
+		l, err := a.b.store(ns).Read(ctx, LeaseName("web"))
+		return err == nil && len(l.Queue) == 1
 	})
 	if res, ok := settle(t, b, done); ok {
 		t.Fatalf("took over before a lease and the margin on its own clock: %+v", res)

@@ -91,7 +91,7 @@ func reviewReleaseBackend(t *testing.T, objs ...*corev1.Secret) (*fake.Clientset
 // beat just before helm's create of revision 1, and the create fails (too
 // large, an admission webhook, a quota). The release still has no revision,
 // so the guard now calls ReleaseAndDelete to leave nothing behind; the beat
-// written by Carry stays, because the virtual Lease's precondition names no
+// written by Carry stays, because the virtual lock's snapshot names no
 // beat (Create sets its beat resourceVersion to "").
 func TestDeleteRaceFailedFirstCreateLeavesNoBeat(t *testing.T) {
 	cs, b := reviewReleaseBackend(t)

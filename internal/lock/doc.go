@@ -1,8 +1,19 @@
-// Package lock owns the per-release lock: its record (a versioned JSON schema
-// that says who holds a release, for which operation, and until when in API
-// server time), the pure function that judges a lock Free, Live or Expired,
-// and the coordination.k8s.io/v1 Lease backend that acquires, renews,
-// releases and waits for it.
+// Package lock owns the per-release lock, in three parts:
+//
+//   - the core, with no I/O: the record (a versioned JSON schema that says
+//     who holds a release, for which operation, and until when in API server
+//     time), Judge and Confirm, which judge a lock Free, Live or Expired, and
+//     the waiters' arrival order (record.go, judge.go, name.go, errors.go);
+//   - the engine (Backend, Acquire, Held): it takes, renews, waits for,
+//     keeps and releases a lock over one or more stores, in order (lease.go,
+//     wait.go, held.go, part.go, quiet.go, asks.go, sighting.go);
+//   - the stores, behind the Store interface: each reads a lock into a
+//     typed Snapshot and writes it conditionally on one, saying what it
+//     writes (take, renew, enqueue, release). A Lease per release
+//     (leasestore.go, also over the sql driver's lock rows, which package
+//     sqlstore keeps as Lease objects), and the release's own records: the
+//     gate on the newest record and the beat object (release.go,
+//     sidecar.go).
 //
 // # The Lease
 //

@@ -502,8 +502,7 @@ func FuzzJudge(f *testing.F) {
 
 // FuzzGateAnnotations: the references the release store writes into
 // annotations parse back to what was written: claimed-on (NAME@RV@SESSION,
-// cut at the last @), gate-at (NAME@RV, cut at the first @), and the
-// virtual Lease's joined resourceVersion (GATE/BEAT/LIST). A claim counts
+// cut at the last @) and gate-at (NAME@RV, cut at the first @). A claim counts
 // against the gate it names, at the version it names, and against no other
 // version. The revision a take names (nextRevision) is one past a settled
 // newest record's, or unknown.
@@ -525,21 +524,16 @@ func FuzzGateAnnotations(f *testing.F) {
 				t.Fatalf("recordAt(%q, %q) reads back as %q, %q", name, rv, n, r)
 			}
 		}
-		if !strings.Contains(rv, "/") && !strings.Contains(otherRV, "/") {
-			if g, b, l := splitRV(joinRV(rv, otherRV, session)); g != rv || b != otherRV || l != session {
-				t.Fatalf("splitRV(joinRV(%q, %q, %q)) = %q, %q, %q", rv, otherRV, session, g, b, l)
-			}
-		}
 
 		// A claim by session against record name at rv, read with the
 		// gate at rv and at otherRV.
-		if session != "" && !strings.Contains(session, "@") && !strings.Contains(rv, "/") && !strings.Contains(otherRV, "/") {
-			claim, _ := (&Record{Schema: SchemaVersion, Session: session}).Encode()
-			lease := func(gateRV string) *coordinationv1.Lease {
-				return &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{
-					ResourceVersion: joinRV(gateRV, "7", "9"),
-					Annotations:     map[string]string{annotationAnchor: name, annotationClaim: claim, annotationClaimedOn: on},
-				}}
+		if session != "" && !strings.Contains(session, "@") {
+			claim := &Record{Schema: SchemaVersion, Session: session}
+			lease := func(gateRV string) *Snapshot {
+				return &Snapshot{
+					Newest: &Newest{Name: name, ResourceVersion: gateRV},
+					Claim:  &Claim{Record: claim, On: on},
+				}
 			}
 			if !claimAgainstGate(lease(rv)) {
 				t.Fatalf("a claim %q does not count against the gate it names (%s at %q)", on, name, rv)
@@ -548,16 +542,19 @@ func FuzzGateAnnotations(f *testing.F) {
 				t.Fatalf("a claim %q counts against %s at another version %q", on, name, otherRV)
 			}
 			other := lease(otherRV)
-			other.Annotations[annotationClaimedOn] = claimedOn(session+"x", name, rv)
+			other.Claim.On = claimedOn(session+"x", name, rv)
 			if !claimAgainstGate(other) {
 				t.Fatal("a claimed-on written for another session (an earlier version's claim over it) must not void the claim")
 			}
 		}
 
 		req := &Request{Operation: fzOp(op)}
-		anchor := map[string]string{annotationAnchorRevision: anchorRev, annotationAnchorStatus: anchorStatus}
-		next := nextRevision(req, anchor)
 		n, err := strconv.Atoi(anchorRev)
+		newest := &Newest{Status: anchorStatus, Revision: n}
+		if err != nil {
+			newest.Revision = 0 // an unreadable revision label (records.Record.Revision)
+		}
+		next := nextRevision(req, newest)
 		switch {
 		case next == 0:
 		case req.Operation != OpInstall && req.Operation != OpUpgrade && req.Operation != OpRollback:
@@ -655,7 +652,7 @@ func FuzzGateAndBeat(f *testing.F) {
 		if beatAnn != nil {
 			beat = beatObj{exists: true, meta: metav1.ObjectMeta{Name: LeaseName("web"), Namespace: "shop", ResourceVersion: "7", Labels: leaseLabels("web"), Annotations: beatAnn}}
 		}
-		l := (&releaseStore{ns: "shop"}).virtual("web", r, beat, "9")
+		l := (&releaseStore{ns: "shop"}).snapshot("web", r, beat, "9")
 		now := fzBounds(int64(nowMs), widthMs)
 		v := (&Backend{Margin: TakeoverMargin}).decode(l, now, self)
 

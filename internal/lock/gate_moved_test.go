@@ -210,7 +210,7 @@ func TestStaleQueueWriteAfterGateMovedConflicts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	st := w.b.leases(ns).(*releaseStore)
+	st := w.b.store(ns).(*releaseStore)
 	// unlock --force's first step: the beat is marked released (its gate
 	// write has not landed yet).
 	bt := w.beat(t)
@@ -224,7 +224,7 @@ func TestStaleQueueWriteAfterGateMovedConflicts(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The waiter reads the lock.
-	seen, err := st.Get(ctx, LeaseName("web"), metav1.GetOptions{})
+	seen, err := st.Read(ctx, LeaseName("web"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -232,11 +232,7 @@ func TestStaleQueueWriteAfterGateMovedConflicts(t *testing.T) {
 	// The holder's fenced create of revision 2 (gate moves, beat untouched).
 	w.carry(t, h, 2)
 	// The waiter's enqueue from its view.
-	l := seen.DeepCopy()
-	if err := setQueue(l, []Waiter{{Session: "W", Who: "w", EnqueuedAt: t0, HeartbeatAt: t0, ExpiresAt: t0.Add(time.Minute)}}); err != nil {
-		t.Fatal(err)
-	}
-	_, err = st.Update(ctx, l, metav1.UpdateOptions{})
+	_, err = st.Enqueue(ctx, seen, []Waiter{{Session: "W", Who: "w", EnqueuedAt: t0, HeartbeatAt: t0, ExpiresAt: t0.Add(time.Minute)}})
 	after := w.beat(t).Annotations[AnnotationBeat]
 	t.Logf("enqueue err=%v\nbeat before: %s\nbeat after:  %s", err, before, after)
 	if after != before {

@@ -398,7 +398,7 @@ func (j *Held) ReleaseAndDelete(ctx context.Context) error {
 	var errs []error
 	for i := len(j.parts) - 1; i >= 0; i-- {
 		err := j.parts[i].ReleaseAndDelete(ctx)
-		if errors.Is(err, ErrLost) && j.parts[i].b.store == StoreRelease {
+		if errors.Is(err, ErrLost) && j.parts[i].b.kind == StoreRelease {
 			// helm deleted the records, and the lock with them.
 			err = nil
 		}

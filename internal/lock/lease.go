@@ -7,13 +7,10 @@ import (
 	"math"
 	"os"
 	"slices"
-	"strconv"
 	"time"
 
-	coordinationv1 "k8s.io/api/coordination/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/clock"
 
@@ -93,17 +90,20 @@ type Request struct {
 }
 
 // Backend runs the lock protocol (acquire, renew, wait in arrival order,
-// release, inspect) over one store: coordination.k8s.io/v1 Leases
-// (NewLeaseBackend), or the release's own latest storage record, shown to the
-// protocol as a virtual Lease (NewReleaseBackend, see release.go). The
-// protocol, its time rules and its conditional writes are the same for both.
+// release, inspect) over one store (Store): coordination.k8s.io/v1 Leases
+// (NewLeaseBackend), the release's own records (NewReleaseBackend, see
+// release.go), or the sql driver's lock rows (NewStoreBackend). The
+// protocol, its time rules and its conditional writes are the same for all;
+// each store reads a lock into a Snapshot and writes it conditionally on
+// one.
 type Backend struct {
 	client kubernetes.Interface
 	time   *servertime.Estimator
 	clock  clock.Clock
-	// store is StoreLease or StoreRelease; api opens it in a namespace.
-	store Store
-	api   func(ns string) leaseAPI
+	// kind is where the locks are kept; stores opens that store in a
+	// namespace.
+	kind   StoreKind
+	stores func(ns string) Store
 	// Margin is added to another holder's LOCKED TILL before this backend
 	// takes over (TakeoverMargin unless set before first use).
 	Margin time.Duration
@@ -120,40 +120,22 @@ type Backend struct {
 	TrustServerTime bool
 }
 
-// Store names where a backend keeps its locks.
-type Store string
+// StoreKind names where a backend keeps its locks.
+type StoreKind string
 
 // The stores.
 const (
 	// StoreLease: a coordination.k8s.io/v1 Lease per release.
-	StoreLease Store = "lease"
+	StoreLease StoreKind = "lease"
 	// StoreRelease: an annotation on the release's latest storage record
 	// (helm's Secret or ConfigMap of the newest revision).
-	StoreRelease Store = "release"
+	StoreRelease StoreKind = "release"
 	// StoreSQL: a row per release in helm's sql database, beside helm's
 	// release rows (package sqlstore). It holds a Lease's fields and is
 	// judged as a Lease is; the database refuses helm's writes made for a
 	// session that does not hold it.
-	StoreSQL Store = "sql"
+	StoreSQL StoreKind = "sql"
 )
-
-// LeaseAPI is a store of Lease objects that behaves as the API server's
-// Leases do: Create fails with AlreadyExists, Update and a Delete with a
-// resourceVersion precondition fail with Conflict when the object changed,
-// Get and Update fail with NotFound when it is gone, and every write
-// changes the resourceVersion. Watch may fail: the lock then polls.
-type LeaseAPI = leaseAPI
-
-// leaseAPI is the part of the typed Lease client the protocol uses; the
-// release store implements it over helm's storage records.
-type leaseAPI interface {
-	Get(ctx context.Context, name string, opts metav1.GetOptions) (*coordinationv1.Lease, error)
-	Create(ctx context.Context, l *coordinationv1.Lease, opts metav1.CreateOptions) (*coordinationv1.Lease, error)
-	Update(ctx context.Context, l *coordinationv1.Lease, opts metav1.UpdateOptions) (*coordinationv1.Lease, error)
-	Delete(ctx context.Context, name string, opts metav1.DeleteOptions) error
-	List(ctx context.Context, opts metav1.ListOptions) (*coordinationv1.LeaseList, error)
-	Watch(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error)
-}
 
 // NewLeaseBackend returns a backend. client must be built from a
 // configuration instrumented by est (servertime.Estimator.Instrument or
@@ -161,24 +143,27 @@ type leaseAPI interface {
 // reads (clock.RealClock{} in production).
 func NewLeaseBackend(client kubernetes.Interface, est *servertime.Estimator, clk clock.Clock) *Backend {
 	return &Backend{
-		client: client, time: est, clock: clk, Margin: TakeoverMargin, RenewMargin: RenewMargin, store: StoreLease,
+		client: client, time: est, clock: clk, Margin: TakeoverMargin, RenewMargin: RenewMargin, kind: StoreLease,
 		Sightings: NewSightings(),
-		api:       func(ns string) leaseAPI { return client.CoordinationV1().Leases(ns) },
+		stores: func(ns string) Store {
+			return &leaseStore{api: client.CoordinationV1().Leases(ns), ns: ns}
+		},
 	}
 }
 
-// NewStoreBackend returns a backend that keeps its locks in api, judged
-// as Leases are, under the name store. client serves only the API server's
-// clock (est; see NewLeaseBackend), which the lock is judged by wherever it
-// is kept: every client of a release talks to its cluster.
-func NewStoreBackend(client kubernetes.Interface, est *servertime.Estimator, clk clock.Clock, store Store, api func(ns string) LeaseAPI) *Backend {
+// NewStoreBackend returns a backend that keeps its locks in api, a store
+// of Lease objects, under the name kind. client serves only the API
+// server's clock (est; see NewLeaseBackend), which the lock is judged by
+// wherever it is kept: every client of a release talks to its cluster.
+func NewStoreBackend(client kubernetes.Interface, est *servertime.Estimator, clk clock.Clock, kind StoreKind, api func(ns string) LeaseAPI) *Backend {
 	b := NewLeaseBackend(client, est, clk)
-	b.store, b.api = store, api
+	b.kind = kind
+	b.stores = func(ns string) Store { return &leaseStore{api: api(ns), ns: ns} }
 	return b
 }
 
-// Store tells where this backend keeps its locks.
-func (b *Backend) Store() Store { return b.store }
+// Kind tells where this backend keeps its locks.
+func (b *Backend) Kind() StoreKind { return b.kind }
 
 func (b *Backend) margin() time.Duration {
 	if b.Margin <= 0 {
@@ -194,8 +179,8 @@ func (b *Backend) renewMargin() time.Duration {
 	return b.RenewMargin
 }
 
-func (b *Backend) leases(ns string) leaseAPI {
-	return b.api(ns)
+func (b *Backend) store(ns string) Store {
+	return b.stores(ns)
 }
 
 // serverNow returns the server-time bounds, syncing once if nothing has been
@@ -265,7 +250,7 @@ func (b *Backend) TryAcquire(ctx context.Context, req Request) (*part, *Record, 
 	res, err := b.attempt(ctx, &req, nil, maybe)
 	if err == nil && res.seen != nil {
 		req.arrived = map[string]bool{}
-		for _, w := range decodeQueue(res.seen.Annotations[AnnotationQueue]) {
+		for _, w := range res.seen.Queue {
 			req.arrived[w.Session] = true
 		}
 	}
@@ -352,9 +337,9 @@ func (b *Backend) Settled(ctx context.Context, state State, lockedTill time.Time
 	return err == nil && past
 }
 
-// view is a decoded Lease.
+// view is a snapshot of the lock as judged by one client.
 type view struct {
-	lease  *coordinationv1.Lease
+	snap   *Snapshot
 	rec    *Record
 	recErr error
 	state  State
@@ -374,11 +359,8 @@ type view struct {
 
 // decode judges l for the client of session self ("" for a reader that
 // takes nothing).
-func (b *Backend) decode(l *coordinationv1.Lease, now servertime.Bounds, self string) view {
-	v := view{lease: l}
-	if s, ok := l.Annotations[AnnotationRecord]; ok {
-		v.rec, v.recErr = DecodeRecord(s)
-	}
+func (b *Backend) decode(l *Snapshot, now servertime.Bounds, self string) view {
+	v := view{snap: l, rec: l.Record, recErr: l.RecordErr}
 	judged := v.rec
 	if v.recErr != nil {
 		judged = nil
@@ -395,7 +377,7 @@ func (b *Backend) decode(l *coordinationv1.Lease, now servertime.Bounds, self st
 	// whatever the gate's state, so that its confirmation runs while the
 	// gate's does.
 	if c := claimOf(l); c != nil && c.Session != self && c.ReleasedAt.IsZero() &&
-		l.Annotations[annotationClaimedFrom] == gateSession && claimAgainstGate(l) {
+		l.Claim.From == gateSession && claimAgainstGate(l) {
 		st, at, confirming := b.confirmClaim(l, c, now)
 		switch {
 		case v.state != Live && st == Live:
@@ -410,7 +392,7 @@ func (b *Backend) decode(l *coordinationv1.Lease, now servertime.Bounds, self st
 	} else if b.Sightings != nil {
 		b.Sightings.forgetClaim(b.sightKey(l.Namespace, l.Name))
 	}
-	v.live = b.confirmWaiters(l, liveWaiters(decodeQueue(l.Annotations[AnnotationQueue]), now, b.margin()), self)
+	v.live = b.confirmWaiters(l, liveWaiters(l.Queue, now, b.margin()), self)
 	return v
 }
 
@@ -421,7 +403,7 @@ func (b *Backend) decode(l *coordinationv1.Lease, now servertime.Bounds, self st
 // state, when on this process's clock that judgement changes unless the
 // claim does (zero when it will not), and whether the claim is Expired in
 // server time but not yet confirmed.
-func (b *Backend) confirmClaim(l *coordinationv1.Lease, c *Record, now servertime.Bounds) (State, time.Time, bool) {
+func (b *Backend) confirmClaim(l *Snapshot, c *Record, now servertime.Bounds) (State, time.Time, bool) {
 	st := Live
 	if !now.IsZero() && now.Earliest.After(c.LockedTill.Add(b.margin())) {
 		st = Expired
@@ -467,7 +449,7 @@ func (b *Backend) confirmSeen(key, seenAs string, renewed, till time.Time, state
 // them (waiterStopped): an entry written through a Date header running
 // ahead would otherwise hold the queue for the difference after its waiter
 // died. self's own entry is kept: it refreshes it.
-func (b *Backend) confirmWaiters(l *coordinationv1.Lease, live []Waiter, self string) []Waiter {
+func (b *Backend) confirmWaiters(l *Snapshot, live []Waiter, self string) []Waiter {
 	if b.TrustServerTime || b.clock == nil || b.Sightings == nil {
 		return live
 	}
@@ -490,7 +472,7 @@ func (b *Backend) confirmWaiters(l *coordinationv1.Lease, live []Waiter, self st
 // but not yet confirmed. A lock held by self (our own take whose answer was
 // lost) is judged in server time alone: this process knows it is not
 // writing.
-func (b *Backend) confirm(v *view, judged *Record, l *coordinationv1.Lease, self string, now servertime.Bounds) time.Time {
+func (b *Backend) confirm(v *view, judged *Record, l *Snapshot, self string, now servertime.Bounds) time.Time {
 	key := b.sightKey(l.Namespace, l.Name)
 	holder, renewed := renewalOf(l)
 	if v.state == Free || holder == "" {
@@ -510,7 +492,7 @@ func (b *Backend) confirm(v *view, judged *Record, l *coordinationv1.Lease, self
 	// simulation (seed 439): the loser of a first install's race left its
 	// beat over the winner's, the winner stopped, and its gate was judged
 	// by the 24 h bound.
-	silent := l.Annotations[annotationBeatSilent] == "true" && judged != nil && judged.Session == holder && judged.LeaseDuration.Duration > 0
+	silent := l.Silent && judged != nil && judged.Session == holder && judged.LeaseDuration.Duration > 0
 	s := Sighting{Lease: lease, Bounded: silent || bounded(judged, holder, renewed, till, lease)}
 	seenAs := holder
 	if silent {
@@ -521,7 +503,11 @@ func (b *Backend) confirm(v *view, judged *Record, l *coordinationv1.Lease, self
 		// own refreshes must not restart its count (the simulation, seed
 		// 414). A beat deleted twice in a row shows as missing both times
 		// (docs/protocol.md, "Residual risks").
-		seenAs += "\x00beat@" + l.Annotations[annotationClaim] + "@" + l.Annotations[annotationClaimedFrom]
+		claim, from := "", ""
+		if l.Claim != nil {
+			claim, from = l.Claim.Encoded, l.Claim.From
+		}
+		seenAs += "\x00beat@" + claim + "@" + from
 	}
 	state := v.state
 	if silent && state == Live && !now.IsZero() && now.Earliest.After(judged.RenewedAt.Add(judged.LeaseDuration.Duration+b.margin())) {
@@ -557,16 +543,11 @@ func bounded(rec *Record, holder string, renewed, till time.Time, lease time.Dur
 
 // claimOf is the beat of a release lock that names another session than
 // the gate's holder, or was marked released (nil when none).
-func claimOf(l *coordinationv1.Lease) *Record {
-	s, ok := l.Annotations[annotationClaim]
-	if !ok {
+func claimOf(l *Snapshot) *Record {
+	if l.Claim == nil {
 		return nil
 	}
-	rec, err := DecodeRecord(s)
-	if err != nil {
-		return nil
-	}
-	return rec
+	return l.Claim.Record
 }
 
 // waitState is a waiter's memory between attempts.
@@ -580,9 +561,8 @@ type waitState struct {
 type attemptResult struct {
 	held   *part
 	locked *LockedError
-	// seen is the Lease as last read or written; a waiter watches from its
-	// resourceVersion.
-	seen *coordinationv1.Lease
+	// seen is the lock as last read or written; a waiter watches from it.
+	seen *Snapshot
 }
 
 // attempt makes one decision on fresh data: take the lock, or report who has
@@ -605,7 +585,7 @@ func (b *Backend) attempt(ctx context.Context, req *Request, w *waitState, maybe
 		if err := ctx.Err(); err != nil {
 			return attemptResult{}, fmt.Errorf("lock release %q in namespace %q: %w", req.Release, req.Namespace, err)
 		}
-		cur, err := b.leases(req.Namespace).Get(ctx, name, metav1.GetOptions{})
+		cur, err := b.store(req.Namespace).Read(ctx, name)
 		if apierrors.IsNotFound(err) {
 			h, err := b.create(ctx, req, maybe)
 			if apierrors.IsAlreadyExists(err) || retry(err) || errors.Is(err, errLate) {
@@ -614,7 +594,7 @@ func (b *Backend) attempt(ctx context.Context, req *Request, w *waitState, maybe
 			if err != nil {
 				return attemptResult{}, err
 			}
-			return attemptResult{held: h, seen: h.lease}, nil
+			return attemptResult{held: h, seen: h.snap}, nil
 		}
 		if err != nil {
 			return attemptResult{}, fmt.Errorf("lock release %q in namespace %q: read %s: %w", req.Release, req.Namespace, b.object(name), err)
@@ -647,7 +627,7 @@ func (b *Backend) attempt(ctx context.Context, req *Request, w *waitState, maybe
 			if err != nil {
 				return attemptResult{}, err
 			}
-			return attemptResult{held: h, seen: h.lease}, nil
+			return attemptResult{held: h, seen: h.snap}, nil
 		}
 		if v.state != Live && ahead == 0 {
 			h, err := b.take(ctx, req, v, maybe)
@@ -657,7 +637,7 @@ func (b *Backend) attempt(ctx context.Context, req *Request, w *waitState, maybe
 			if err != nil {
 				return attemptResult{}, err
 			}
-			return attemptResult{held: h, seen: h.lease}, nil
+			return attemptResult{held: h, seen: h.snap}, nil
 		}
 		locked := b.lockedError(req, v, now, ahead)
 		if w == nil {
@@ -688,7 +668,7 @@ func (b *Backend) lockedError(req *Request, v view, now servertime.Bounds, ahead
 		Release:        req.Release,
 		Namespace:      req.Namespace,
 		State:          v.state,
-		HolderIdentity: holderOf(&v.lease.Spec),
+		HolderIdentity: holderOf(&v.snap.Spec),
 		Ahead:          ahead,
 	}
 	if v.state != Live {
@@ -707,7 +687,7 @@ func (b *Backend) lockedError(req *Request, v view, now servertime.Bounds, ahead
 	if e.Holder != nil {
 		judged = v.rec
 	}
-	if till, ok := LockedTill(judged, &v.lease.Spec); ok {
+	if till, ok := LockedTill(judged, &v.snap.Spec); ok {
 		e.LockedTill = till
 	}
 	e.confirmAt, e.Confirming = v.confirmAt, v.confirming
@@ -774,7 +754,7 @@ func SettledStatus(status string) bool {
 }
 
 // nextRevision is the revision req's operation will write, as the lock
-// (its virtual Lease's anchor annotations) shows it before any recovery:
+// (the newest record it was read on) shows it before any recovery:
 // on a record lock, the one after the newest record's as this take read
 // it, when that record is settled (deployed, failed, superseded,
 // uninstalled: no operation is writing it); on a Lease, which shows no
@@ -782,22 +762,22 @@ func SettledStatus(status string) bool {
 // just before). 0 when unknown: an uninstall or a recovery writes no new
 // revision, and a pending newest record may be recovered first (the
 // holder names its revision once it knows it).
-func nextRevision(req *Request, anchor map[string]string) int {
+func nextRevision(req *Request, newest *Newest) int {
 	switch req.Operation {
 	case OpInstall, OpUpgrade, OpRollback:
 	default:
 		return 0
 	}
-	if _, record := anchor[annotationAnchorRevision]; !record {
+	if newest == nil {
 		// A Lease shows no record: the hint of the record lock taken
 		// just before, in the same Acquire, if any.
 		return req.nextRevision
 	}
-	if !SettledStatus(anchor[annotationAnchorStatus]) {
+	if !SettledStatus(newest.Status) {
 		return 0
 	}
-	n, err := strconv.Atoi(anchor[annotationAnchorRevision])
-	if err != nil || n <= 0 || n == math.MaxInt {
+	n := newest.Revision
+	if n <= 0 || n == math.MaxInt {
 		// No next revision to name (the one after the largest int
 		// would be negative).
 		return 0
@@ -829,43 +809,6 @@ func newRecord(req *Request, now servertime.Bounds) Record {
 	return rec
 }
 
-// setHolder writes rec into l, annotation and spec mirror.
-func setHolder(l *coordinationv1.Lease, rec *Record) error {
-	s, err := rec.Encode()
-	if err != nil {
-		return err
-	}
-	if l.Annotations == nil {
-		l.Annotations = map[string]string{}
-	}
-	l.Annotations[AnnotationRecord] = s
-	if !rec.ReleasedAt.IsZero() {
-		l.Spec.HolderIdentity = ptr("")
-		return nil
-	}
-	l.Spec.HolderIdentity = ptr(rec.Session)
-	l.Spec.LeaseDurationSeconds = ptr(int32(min(math.MaxInt32, math.Ceil(rec.LeaseDuration.Seconds()))))
-	l.Spec.AcquireTime = &metav1.MicroTime{Time: rec.AcquiredAt}
-	l.Spec.RenewTime = &metav1.MicroTime{Time: rec.RenewedAt}
-	return nil
-}
-
-func setQueue(l *coordinationv1.Lease, ws []Waiter) error {
-	if len(ws) == 0 {
-		delete(l.Annotations, AnnotationQueue)
-		return nil
-	}
-	s, err := encodeQueue(ws)
-	if err != nil {
-		return err
-	}
-	if l.Annotations == nil {
-		l.Annotations = map[string]string{}
-	}
-	l.Annotations[AnnotationQueue] = s
-	return nil
-}
-
 func ptr[T any](v T) *T { return &v }
 
 // create makes the Lease with the caller as holder. It fails with
@@ -880,28 +823,20 @@ func (b *Backend) create(ctx context.Context, req *Request, maybe *maybeTaken) (
 	rec := newRecord(req, now)
 	if rec.Revision == 0 {
 		rec.Revision = nextRevision(req, nil)
-		if b.store == StoreRelease && rec.Revision == 0 && (req.Operation == OpInstall || req.Operation == OpUpgrade) {
+		if b.kind == StoreRelease && rec.Revision == 0 && (req.Operation == OpInstall || req.Operation == OpUpgrade) {
 			// The release has no record: the operation writes its first
 			// revision, named now (part.SetRevision then writes nothing).
 			rec.Revision = 1
 		}
 	}
-	l := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{
-		Name:      LeaseName(req.Release),
-		Namespace: req.Namespace,
-		Labels:    leaseLabels(req.Release),
-	}}
-	if err := setHolder(l, &rec); err != nil {
-		return nil, err
-	}
-	l.Spec.LeaseTransitions = ptr(int32(0))
+	name := LeaseName(req.Release)
 	h := b.newHeld(req, nil, rec, sent, nil, Free)
 	wctx, cancel, late := b.takeFence(ctx, h) // as take's
 	defer cancel()
 	if err := fenced(wctx); err != nil {
 		return nil, late(err)
 	}
-	created, err := b.leases(req.Namespace).Create(wctx, l, metav1.CreateOptions{})
+	created, err := b.store(req.Namespace).Create(wctx, name, rec)
 	if err != nil {
 		if apierrors.IsAlreadyExists(err) {
 			return nil, err
@@ -910,9 +845,9 @@ func (b *Backend) create(ctx context.Context, req *Request, maybe *maybeTaken) (
 			return nil, err
 		}
 		err = maybe.note(err, maybeWrite{sent: sent, rec: rec, prevState: Free})
-		return nil, fmt.Errorf("lock release %q in namespace %q: create %s: %w", req.Release, req.Namespace, b.object(l.Name), err)
+		return nil, fmt.Errorf("lock release %q in namespace %q: create %s: %w", req.Release, req.Namespace, b.object(name), err)
 	}
-	h.lease = created
+	h.snap = created
 	return h, nil
 }
 
@@ -936,29 +871,9 @@ func (b *Backend) take(ctx context.Context, req *Request, v view, maybe *maybeTa
 	if rec.Revision == 0 && rec.Abandoned == nil {
 		// Nothing to recover: the revision the operation writes is known
 		// now, and named in the take (part.SetRevision then writes nothing).
-		rec.Revision = nextRevision(req, v.lease.Annotations)
-	}
-	l := v.lease.DeepCopy()
-	if err := setHolder(l, &rec); err != nil {
-		return nil, err
-	}
-	if prev := holderOf(&v.lease.Spec); prev != req.Session {
-		n := int32(0)
-		if l.Spec.LeaseTransitions != nil {
-			n = *l.Spec.LeaseTransitions
-		}
-		l.Spec.LeaseTransitions = ptr(n + 1)
-	}
-	if l.Labels == nil {
-		l.Labels = map[string]string{}
-	}
-	for k, val := range leaseLabels(req.Release) {
-		l.Labels[k] = val
+		rec.Revision = nextRevision(req, v.snap.Newest)
 	}
 	rest := slices.DeleteFunc(slices.Clone(v.live), func(w Waiter) bool { return w.Session == req.Session })
-	if err := setQueue(l, rest); err != nil {
-		return nil, err
-	}
 	prev := v.rec
 	if v.recErr != nil {
 		prev = nil
@@ -974,7 +889,7 @@ func (b *Backend) take(ctx context.Context, req *Request, v view, maybe *maybeTa
 	if err := fenced(wctx); err != nil {
 		return nil, late(err)
 	}
-	updated, err := b.leases(req.Namespace).Update(wctx, l, metav1.UpdateOptions{})
+	updated, err := b.store(req.Namespace).Take(wctx, v.snap, rec, rest)
 	if err != nil {
 		if apierrors.IsConflict(err) {
 			return nil, err
@@ -983,9 +898,9 @@ func (b *Backend) take(ctx context.Context, req *Request, v view, maybe *maybeTa
 			return nil, err
 		}
 		err = maybe.note(err, maybeWrite{sent: sent, rec: rec, prev: prev, prevState: v.state})
-		return nil, fmt.Errorf("lock release %q in namespace %q: update %s: %w", req.Release, req.Namespace, b.object(l.Name), err)
+		return nil, fmt.Errorf("lock release %q in namespace %q: update %s: %w", req.Release, req.Namespace, b.object(v.snap.Name), err)
 	}
-	h.lease = updated
+	h.snap = updated
 	return h, nil
 }
 
@@ -1021,9 +936,9 @@ func (b *Backend) takeFence(ctx context.Context, h *part) (context.Context, cont
 }
 
 // enqueue makes sure the waiter has a fresh entry in the queue, writing only
-// when it is missing or its heartbeat is due. It returns the Lease as
+// when it is missing or its heartbeat is due. It returns the lock as
 // written (or as read, when nothing had to be written).
-func (b *Backend) enqueue(ctx context.Context, req *Request, w *waitState, v view) (*coordinationv1.Lease, error) {
+func (b *Backend) enqueue(ctx context.Context, req *Request, w *waitState, v view) (*Snapshot, error) {
 	i := slices.IndexFunc(v.live, func(x Waiter) bool { return x.Session == req.Session })
 	sent := b.clock.Now()
 	asks := ""
@@ -1031,7 +946,7 @@ func (b *Backend) enqueue(ctx context.Context, req *Request, w *waitState, v vie
 		asks = holderAsked(v)
 	}
 	if i >= 0 && !w.lastBeat.IsZero() && sent.Sub(w.lastBeat) < req.LeaseDuration/3 && v.live[i].Preempt == req.Preempt && v.live[i].PreemptHolder == asks {
-		return v.lease, nil
+		return v.snap, nil
 	}
 	now, err := b.serverNow(ctx)
 	if err != nil {
@@ -1051,16 +966,12 @@ func (b *Backend) enqueue(ctx context.Context, req *Request, w *waitState, v vie
 	ws[i].Preempt, ws[i].PreemptHolder = req.Preempt, asks
 	ws[i].HeartbeatAt = t
 	ws[i].ExpiresAt = t.Add(req.LeaseDuration)
-	l := v.lease.DeepCopy()
-	if err := setQueue(l, ws); err != nil {
-		return nil, err
-	}
-	updated, err := b.leases(req.Namespace).Update(ctx, l, metav1.UpdateOptions{})
+	updated, err := b.store(req.Namespace).Enqueue(ctx, v.snap, ws)
 	if err != nil {
 		if apierrors.IsConflict(err) {
 			return nil, err
 		}
-		return nil, fmt.Errorf("queue for release %q in namespace %q: update %s: %w", req.Release, req.Namespace, b.object(l.Name), err)
+		return nil, fmt.Errorf("queue for release %q in namespace %q: update %s: %w", req.Release, req.Namespace, b.object(v.snap.Name), err)
 	}
 	w.lastBeat = sent
 	return updated, nil
@@ -1086,23 +997,19 @@ func holderAsked(v view) string {
 func (b *Backend) dequeue(ctx context.Context, req *Request) error {
 	name := LeaseName(req.Release)
 	for range maxConflicts {
-		cur, err := b.leases(req.Namespace).Get(ctx, name, metav1.GetOptions{})
+		cur, err := b.store(req.Namespace).Read(ctx, name)
 		if apierrors.IsNotFound(err) {
 			return nil
 		}
 		if err != nil {
 			return err
 		}
-		ws := decodeQueue(cur.Annotations[AnnotationQueue])
+		ws := cur.Queue
 		rest := slices.DeleteFunc(slices.Clone(ws), func(w Waiter) bool { return w.Session == req.Session })
 		if len(rest) == len(ws) {
 			return nil
 		}
-		l := cur.DeepCopy()
-		if err := setQueue(l, rest); err != nil {
-			return err
-		}
-		_, err = b.leases(req.Namespace).Update(ctx, l, metav1.UpdateOptions{})
+		_, err = b.store(req.Namespace).Enqueue(ctx, cur, rest)
 		if apierrors.IsConflict(err) {
 			continue
 		}
@@ -1116,7 +1023,7 @@ type Status struct {
 	Release   string
 	Namespace string
 	// Store is where this lock lives (a Lease or the release record).
-	Store Store
+	Store StoreKind
 	// Object names the object the lock is stored on as kubectl does:
 	// lease/NAME, or secret/NAME or configmap/NAME (the newest release
 	// record). Empty when there is none.
@@ -1146,13 +1053,13 @@ type Status struct {
 
 // Inspect reads and judges the lock of one release without changing it.
 func (b *Backend) Inspect(ctx context.Context, namespace, release string) (*Status, error) {
-	l, err := b.leases(namespace).Get(ctx, LeaseName(release), metav1.GetOptions{})
+	l, err := b.store(namespace).Read(ctx, LeaseName(release))
 	if apierrors.IsNotFound(err) {
 		if b.Sightings != nil {
 			b.Sightings.forgetAll(b.sightKey(namespace, LeaseName(release)))
 		}
 		now, _ := b.time.Now()
-		return &Status{Release: release, Namespace: namespace, Store: b.store, State: Free, Now: now}, nil
+		return &Status{Release: release, Namespace: namespace, Store: b.kind, State: Free, Now: now}, nil
 	}
 	if err != nil {
 		return nil, fmt.Errorf("inspect lock of release %q in namespace %q: %w", release, namespace, err)
@@ -1166,7 +1073,7 @@ func (b *Backend) Inspect(ctx context.Context, namespace, release string) (*Stat
 
 // List reports every lock in namespace ("" for all namespaces).
 func (b *Backend) List(ctx context.Context, namespace string) ([]Status, error) {
-	ls, err := b.leases(namespace).List(ctx, metav1.ListOptions{LabelSelector: LabelManagedBy + "=" + ManagedBy})
+	ls, err := b.store(namespace).List(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("list locks %s: %w", InNamespace(namespace), err)
 	}
@@ -1174,20 +1081,20 @@ func (b *Backend) List(ctx context.Context, namespace string) ([]Status, error) 
 	if err != nil {
 		return nil, fmt.Errorf("list locks %s: %w", InNamespace(namespace), err)
 	}
-	out := make([]Status, 0, len(ls.Items))
-	for i := range ls.Items {
-		out = append(out, *b.status(&ls.Items[i], now))
+	out := make([]Status, 0, len(ls))
+	for _, l := range ls {
+		out = append(out, *b.status(l, now))
 	}
 	return out, nil
 }
 
-func (b *Backend) status(l *coordinationv1.Lease, now servertime.Bounds) *Status {
+func (b *Backend) status(l *Snapshot, now servertime.Bounds) *Status {
 	v := b.decode(l, now, "")
 	st := &Status{
-		Release:        l.Labels[LabelRelease],
+		Release:        l.Release,
 		Namespace:      l.Namespace,
-		Store:          b.store,
-		Object:         "lease/" + l.Name,
+		Store:          b.kind,
+		Object:         l.Object,
 		Exists:         true,
 		State:          v.state,
 		Record:         v.rec,
@@ -1206,9 +1113,6 @@ func (b *Backend) status(l *coordinationv1.Lease, now servertime.Bounds) *Status
 	}
 	if st.Release == "" && v.rec != nil {
 		st.Release = v.rec.Release
-	}
-	if b.store == StoreRelease {
-		st.Object = l.Annotations[annotationAnchorRef]
 	}
 	switch {
 	case v.claim != nil:
@@ -1234,7 +1138,7 @@ func (b *Backend) status(l *coordinationv1.Lease, now servertime.Bounds) *Status
 func (b *Backend) ForceRelease(ctx context.Context, namespace, release, session, by string) (*Record, error) {
 	name := LeaseName(release)
 	for range maxConflicts {
-		cur, err := b.leases(namespace).Get(ctx, name, metav1.GetOptions{})
+		cur, err := b.store(namespace).Read(ctx, name)
 		if err != nil {
 			return nil, fmt.Errorf("release lock of release %q in namespace %q: %w", release, namespace, err)
 		}
@@ -1245,7 +1149,7 @@ func (b *Backend) ForceRelease(ctx context.Context, namespace, release, session,
 		if err != nil {
 			return nil, fmt.Errorf("release lock of release %q in namespace %q: %w", release, namespace, err)
 		}
-		rec, recErr := DecodeRecord(cur.Annotations[AnnotationRecord])
+		rec, recErr := DecodeRecord(cur.Raw)
 		if recErr != nil || rec.Session != session {
 			// Keep what can be told about the holder and mark it released.
 			rec = &Record{Schema: SchemaVersion, Session: session, Release: release, Namespace: namespace}
@@ -1277,11 +1181,7 @@ func (b *Backend) ForceRelease(ctx context.Context, namespace, release, session,
 		}
 		rec.ReleasedAt = ceilMilli(now.Latest)
 		rec.ReleasedBy = by
-		l := cur.DeepCopy()
-		if err := setHolder(l, rec); err != nil {
-			return nil, err
-		}
-		_, err = b.leases(namespace).Update(ctx, l, metav1.UpdateOptions{})
+		_, err = b.store(namespace).ForceRelease(ctx, cur, *rec)
 		if apierrors.IsConflict(err) {
 			continue
 		}
@@ -1306,10 +1206,10 @@ func InNamespace(ns string) string {
 // for the release store, the lock on the release's records (its gate on the
 // newest record and its beat object of that name).
 func (b *Backend) object(name string) string {
-	if b.store == StoreRelease {
+	if b.kind == StoreRelease {
 		return "the lock on its release records (beat " + name + ")"
 	}
-	if b.store == StoreSQL {
+	if b.kind == StoreSQL {
 		return "lock row " + name
 	}
 	return "lease " + name

@@ -101,7 +101,7 @@ func (b *Backend) adopt(ctx context.Context, req *Request, v view, now servertim
 	}
 	w := m.committed(rec)
 	if v.state != Live {
-		return b.take(ctx, req, view{lease: v.lease, rec: w.prev, state: w.prevState, live: v.live}, m)
+		return b.take(ctx, req, view{snap: v.snap, rec: w.prev, state: w.prevState, live: v.live}, m)
 	}
 	if rec == nil {
 		// Our session holds it but its record cannot be read: what we
@@ -109,7 +109,7 @@ func (b *Backend) adopt(ctx context.Context, req *Request, v view, now servertim
 		r := w.rec
 		rec = &r
 	}
-	h := b.newHeld(req, v.lease, *rec, w.sent, w.prev, w.prevState)
+	h := b.newHeld(req, v.snap, *rec, w.sent, w.prev, w.prevState)
 	if !rec.LockedTill.IsZero() {
 		// The local instant first, then the bounds read after it (not
 		// those of the attempt): the cap is never late by the time in

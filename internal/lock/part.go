@@ -4,11 +4,9 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"strconv"
 	"sync"
 	"time"
 
-	coordinationv1 "k8s.io/api/coordination/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -33,7 +31,7 @@ type part struct {
 	// writeMu serialises writes; mu guards the fields below it.
 	writeMu writeGate
 	mu      sync.Mutex
-	lease   *coordinationv1.Lease
+	snap    *Snapshot
 	rec     Record
 	// deadline is the renew deadline on the local clock: the send time of
 	// the last successful write + lease - margin. maxHoldAt is the local time
@@ -62,7 +60,7 @@ type part struct {
 	// this holder's unreleased lock onto a release record
 	// (recordAt(name, resourceVersion)), on the highest revision it
 	// wrote, gateAtRev; "" when it wrote none. Its release is written there
-	// first (see releaseStore.Update, annotationGateAt).
+	// first (see releaseStore.Release).
 	gateAt    string
 	gateAtRev int
 	// gateUnsure is set once a write made under the lock may have left a
@@ -93,23 +91,22 @@ func (h *part) GateUnsure() {
 // release carries no status label): its name, revision (0 and "" when the
 // release had no record) and status label.
 func (h *part) Newest() (name string, rev int, status string, ok bool) {
-	if h.b.store != StoreRelease {
+	if h.b.kind != StoreRelease {
 		return "", 0, "", false
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	a := h.lease.Annotations
-	if a[annotationAnchor] == "" {
+	n := h.snap.Newest
+	if n == nil {
 		return "", 0, "", true
 	}
-	if a[annotationUnlabelled] != "" {
+	if n.Unlabelled {
 		return "", 0, "", false // read the whole history: see read
 	}
-	rev, err := strconv.Atoi(a[annotationAnchorRevision])
-	if err != nil || rev <= 0 {
+	if n.Revision <= 0 {
 		return "", 0, "", false
 	}
-	return a[annotationAnchor], rev, a[annotationAnchorStatus], true
+	return n.Name, n.Revision, n.Status, true
 }
 
 // GateWritten tells a lock on the release store that a write made under it
@@ -123,7 +120,7 @@ func (h *part) Newest() (name string, rev int, status string, ok bool) {
 // resourceVersion, without reading the records again: if anything wrote
 // the record since, the release reads them as usual.
 func (h *part) GateWritten(meta metav1.ObjectMeta) {
-	if h.b.store != StoreRelease || meta.ResourceVersion == "" {
+	if h.b.kind != StoreRelease || meta.ResourceVersion == "" {
 		return
 	}
 	rec := annotatedRecord(meta.Annotations)
@@ -139,13 +136,13 @@ func (h *part) GateWritten(meta metav1.ObjectMeta) {
 	}
 }
 
-func (b *Backend) newHeld(req *Request, l *coordinationv1.Lease, rec Record, sent time.Time, prev *Record, prevState State) *part {
+func (b *Backend) newHeld(req *Request, l *Snapshot, rec Record, sent time.Time, prev *Record, prevState State) *part {
 	h := &part{
 		Previous:      prev,
 		PreviousState: prevState,
 		b:             b,
 		req:           *req,
-		lease:         l,
+		snap:          l,
 		rec:           rec,
 		lastSend:      sent,
 		gateStamp:     rec.RenewedAt,
@@ -173,7 +170,7 @@ func (h *part) Carry(write func(Record) error) error {
 		return err
 	}
 	h.mu.Lock()
-	if h.b.store == StoreRelease && !h.rec.RenewedAt.After(h.gateStamp) {
+	if h.b.kind == StoreRelease && !h.rec.RenewedAt.After(h.gateStamp) {
 		// Every copy of the lock on a release record gets its own stamp
 		// (a millisecond later: others wait that much longer, the
 		// holder's deadline stays), so a copy left behind on an older
@@ -183,10 +180,10 @@ func (h *part) Carry(write func(Record) error) error {
 	}
 	rec := h.rec
 	h.gateStamp = later(h.gateStamp, rec.RenewedAt)
-	virtual := h.lease.Annotations[annotationAnchor] == ""
+	virtual := h.snap.virtual(h.b.kind)
 	h.mu.Unlock()
-	if h.b.store == StoreRelease {
-		if e, ok := h.b.leases(h.req.Namespace).(*releaseStore); ok && virtual {
+	if h.b.kind == StoreRelease {
+		if e, ok := h.b.store(h.req.Namespace).(*releaseStore); ok && virtual {
 			// Taken while the release had no record: the beat names us
 			// before the first gate appears. Best effort: without it the
 			// gate is judged by its long bound until the first renewal,
@@ -203,8 +200,7 @@ func (h *part) Carry(write func(Record) error) error {
 				// release that deletes it (the first revision was never
 				// written) removes exactly this one.
 				h.mu.Lock()
-				gate, _, list := splitRV(h.lease.ResourceVersion)
-				h.lease.ResourceVersion = joinRV(gate, beatRV, list)
+				h.snap = withBeatVersion(h.snap, beatRV)
 				h.mu.Unlock()
 			}
 			cancel()
@@ -261,15 +257,14 @@ func (h *part) Session() string { return h.req.Session }
 func (h *part) ReadFloor() string {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.b.store != StoreRelease || h.lease.Annotations[annotationAnchor] == "" {
+	if h.b.kind != StoreRelease || h.snap.Newest == nil {
 		return ""
 	}
-	rec, err := DecodeRecord(h.lease.Annotations[AnnotationRecord])
-	if err != nil || rec == nil || rec.Session != h.req.Session {
+	rec := h.snap.Record
+	if h.snap.RecordErr != nil || rec == nil || rec.Session != h.req.Session {
 		return ""
 	}
-	gate, _, _ := splitRV(h.lease.ResourceVersion)
-	return gate
+	return h.snap.Newest.ResourceVersion
 }
 
 // Record returns a copy of the record as last written.
@@ -358,7 +353,7 @@ func (h *part) loseGone(err error) error {
 func (h *part) isVirtual() bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return h.b.store == StoreRelease && h.lease.Annotations[annotationAnchor] == ""
+	return h.snap.virtual(h.b.kind)
 }
 
 func (h *part) isGone() bool {
@@ -443,7 +438,7 @@ func (h *part) ReleaseAndDelete(ctx context.Context) error {
 	h.writeMu.Lock()
 	defer h.writeMu.Unlock()
 	h.mu.Lock()
-	cur := h.lease
+	cur := h.snap
 	done, gone, err := h.released, h.gone, h.lost
 	h.mu.Unlock()
 	if done {
@@ -452,19 +447,16 @@ func (h *part) ReleaseAndDelete(ctx context.Context) error {
 	if gone {
 		return err
 	}
-	leases := h.b.leases(h.req.Namespace)
+	store := h.b.store(h.req.Namespace)
 	for range maxConflicts {
 		now, err := h.b.serverNow(ctx)
 		if err != nil {
 			return fmt.Errorf("release lock on release %q in namespace %q: %w", h.req.Release, h.req.Namespace, err)
 		}
-		if len(liveWaiters(decodeQueue(cur.Annotations[AnnotationQueue]), now, h.b.margin())) > 0 {
+		if len(liveWaiters(cur.Queue, now, h.b.margin())) > 0 {
 			return h.writeLocked(ctx, true, func(*Record) {})
 		}
-		err = leases.Delete(ctx, cur.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{
-			UID:             &cur.UID,
-			ResourceVersion: &cur.ResourceVersion,
-		}})
+		err = store.Delete(ctx, cur)
 		switch {
 		case err == nil:
 			h.mu.Lock()
@@ -481,7 +473,7 @@ func (h *part) ReleaseAndDelete(ctx context.Context) error {
 			}
 			cur = fresh
 			h.mu.Lock()
-			h.lease = fresh
+			h.snap = fresh
 			h.mu.Unlock()
 		case apierrors.IsNotFound(err):
 			return h.loseGone(fmt.Errorf("lock on release %q in namespace %q: %s was deleted by someone else: %w", h.req.Release, h.req.Namespace, h.b.object(cur.Name), ErrLost))
@@ -505,12 +497,12 @@ func (h *part) ReleaseAndDelete(ctx context.Context) error {
 // newer one was deleted), a record of ours found there counts only if it is
 // at least as recent as our last write: an older copy is what was left
 // behind when the lock moved on, not the lock.
-func (h *part) reread(ctx context.Context, cur *coordinationv1.Lease) (*coordinationv1.Lease, error) {
+func (h *part) reread(ctx context.Context, cur *Snapshot) (*Snapshot, error) {
 	name := LeaseName(h.req.Release)
-	fresh, err := h.b.leases(h.req.Namespace).Get(ctx, name, metav1.GetOptions{})
+	fresh, err := h.b.store(h.req.Namespace).Read(ctx, name)
 	if apierrors.IsNotFound(err) {
 		what := "lease " + name + " was deleted by someone else"
-		if h.b.store == StoreRelease {
+		if h.b.kind == StoreRelease {
 			what = "every stored revision of the release was deleted (by a client that takes no lock, such as stock helm's uninstall, or by hand)"
 		}
 		return nil, h.loseGone(fmt.Errorf("lock on release %q in namespace %q: %s: %w", h.req.Release, h.req.Namespace, what, ErrLost))
@@ -525,7 +517,7 @@ func (h *part) reread(ctx context.Context, cur *coordinationv1.Lease) (*coordina
 		by := "nobody (released)"
 		if holder != "" {
 			by = "session " + holder
-			if rec, err := DecodeRecord(fresh.Annotations[AnnotationRecord]); err == nil && rec.Session == holder && rec.Who != "" {
+			if rec := fresh.Record; fresh.RecordErr == nil && rec != nil && rec.Session == holder && rec.Who != "" {
 				by += " of " + rec.Who
 			}
 		}
@@ -537,14 +529,14 @@ func (h *part) reread(ctx context.Context, cur *coordinationv1.Lease) (*coordina
 		switch {
 		case c.Session == h.req.Session && !c.ReleasedAt.IsZero():
 			return nil, h.loseGone(fmt.Errorf("lock on release %q in namespace %q was released by %s: %w", h.req.Release, h.req.Namespace, firstNonEmpty(c.ReleasedBy, "someone else"), ErrLost))
-		case c.Session != h.req.Session && fresh.Annotations[annotationClaimedFrom] == h.req.Session:
+		case c.Session != h.req.Session && fresh.Claim.From == h.req.Session:
 			return nil, h.loseGone(fmt.Errorf("lock on release %q in namespace %q is being taken over by session %s of %s: %w", h.req.Release, h.req.Namespace, c.Session, firstNonEmpty(c.Who, "unknown"), ErrLost))
 		}
 	}
 	// A write of ours whose answer was lost may have committed a later
 	// renewal than the last one we know of: the next one stamps after it,
 	// so LOCKED TILL never moves back.
-	if rec, err := DecodeRecord(fresh.Annotations[AnnotationRecord]); err == nil && rec.Session == h.req.Session {
+	if rec := fresh.Record; fresh.RecordErr == nil && rec != nil && rec.Session == h.req.Session {
 		h.mu.Lock()
 		if rec.RenewedAt.After(h.rec.RenewedAt) {
 			h.rec.RenewedAt, h.rec.LockedTill = rec.RenewedAt, rec.LockedTill
@@ -559,27 +551,25 @@ func (h *part) reread(ctx context.Context, cur *coordinationv1.Lease) (*coordina
 // helm rewrote it, or wrote a newer revision), or it is older than cur's
 // record and carries an older copy of our record than our last write (the
 // record the lock was on was deleted). See reread.
-func (h *part) vanished(cur, fresh *coordinationv1.Lease) error {
-	if h.b.store != StoreRelease {
+func (h *part) vanished(cur, fresh *Snapshot) error {
+	if h.b.kind != StoreRelease {
 		return nil
 	}
-	ref := fresh.Annotations[annotationAnchorRef]
-	s, ok := fresh.Annotations[AnnotationRecord]
-	if !ok {
+	ref := fresh.Object
+	if !fresh.HasRecord {
 		return fmt.Errorf("lock on release %q in namespace %q vanished: the release's newest record %s no longer carries it (rewritten or written by a client that takes no lock, such as stock helm's rollback or uninstall): %w", h.req.Release, h.req.Namespace, ref, ErrLost)
 	}
-	was, _ := strconv.Atoi(cur.Annotations[annotationAnchorRevision])
-	now, _ := strconv.Atoi(fresh.Annotations[annotationAnchorRevision])
-	if cur.Annotations[annotationAnchor] == "" || now >= was {
+	if cur.Newest == nil || fresh.Newest == nil || fresh.Newest.Revision >= cur.Newest.Revision {
 		return nil
 	}
-	rec, err := DecodeRecord(s)
-	if err != nil || rec.Session != h.req.Session {
+	was := cur.Newest.Revision
+	rec := fresh.Record
+	if fresh.RecordErr != nil || rec == nil || rec.Session != h.req.Session {
 		return nil // judged by its holder below
 	}
 	// The gate's own stamp, before the beat's renewals are merged in.
 	stamped := rec.RenewedAt
-	if t, err := time.Parse(time.RFC3339Nano, fresh.Annotations[annotationGateRenewed]); err == nil {
+	if t := fresh.Newest.GateRenewed; !t.IsZero() {
 		stamped = t
 	}
 	h.mu.Lock()
@@ -606,7 +596,7 @@ func (h *part) writeLocked(ctx context.Context, release bool, mutate func(*Recor
 		h.mu.Unlock()
 		return nil
 	}
-	cur := h.lease
+	cur := h.snap
 	h.mu.Unlock()
 	if !release {
 		// Every request this write sends is checked against the renew
@@ -619,7 +609,7 @@ func (h *part) writeLocked(ctx context.Context, release bool, mutate func(*Recor
 		ctx, cancel = h.b.withDeadline(withFence(ctx, h.Valid), h.Deadline())
 		defer cancel()
 	}
-	leases := h.b.leases(h.req.Namespace)
+	store := h.b.store(h.req.Namespace)
 	for range maxConflicts {
 		h.mu.Lock()
 		var err error
@@ -653,25 +643,23 @@ func (h *part) writeLocked(ctx context.Context, release bool, mutate func(*Recor
 		} else {
 			stamp(&rec, now)
 		}
-		l := cur.DeepCopy()
-		if err := setHolder(l, &rec); err != nil {
-			return err
-		}
-		if h.b.store == StoreRelease {
-			// The holder's own write (see releaseStore.Update); never stored.
-			l.Annotations[annotationHolderWrite] = h.req.Session
+		var updated *Snapshot
+		if release {
 			h.mu.Lock()
-			if release && h.gateAt != "" && !h.gateUnsure {
-				l.Annotations[annotationGateAt] = h.gateAt
+			at := h.gateAt
+			if h.gateUnsure {
+				at = ""
 			}
 			h.mu.Unlock()
+			updated, err = store.Release(ctx, cur, rec, at)
+		} else {
+			updated, err = store.Renew(ctx, cur, rec)
 		}
-		updated, err := leases.Update(ctx, l, metav1.UpdateOptions{})
 		switch {
 		case err == nil:
 			h.mu.Lock()
 			defer h.mu.Unlock()
-			h.lease, h.rec = updated, rec
+			h.snap, h.rec = updated, rec
 			// A revision written while this write was in flight (Wrote,
 			// on a part no Carry serialises with it) is named by the next.
 			h.rec.Revision = max(h.rec.Revision, h.wrote)

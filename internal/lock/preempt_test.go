@@ -122,7 +122,7 @@ func TestEnqueueKeepsAnotherWaitersPreempt(t *testing.T) {
 				t.Helper()
 				r := req(OpUpgrade, 15*time.Second)
 				r.Session, r.Preempt = session, preempt
-				l, err := b.leases(ns).Get(ctx, LeaseName("web"), metav1.GetOptions{})
+				l, err := b.store(ns).Read(ctx, LeaseName("web"))
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -136,11 +136,11 @@ func TestEnqueueKeepsAnotherWaitersPreempt(t *testing.T) {
 			}
 			enqueue("asker", true)
 			enqueue("later", false)
-			l, err := b.leases(ns).Get(ctx, LeaseName("web"), metav1.GetOptions{})
+			l, err := b.store(ns).Read(ctx, LeaseName("web"))
 			if err != nil {
 				t.Fatal(err)
 			}
-			q := decodeQueue(l.Annotations[AnnotationQueue])
+			q := l.Queue
 			if len(q) != 2 || q[0].Session != "asker" || !q[0].Preempt || q[1].Session != "later" || q[1].Preempt {
 				t.Fatalf("queue after the later waiter's enqueue = %+v; want asker (asking to preempt), then later (not asking)", q)
 			}

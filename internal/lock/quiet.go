@@ -2,9 +2,7 @@ package lock
 
 import (
 	"cmp"
-	"maps"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -20,17 +18,17 @@ import (
 // watchView is what a waiter knows of the lock between two reads: the lock
 // as last read, and the queue as the watch has shown it since.
 type watchView struct {
-	seen     *coordinationv1.Lease
+	seen     *Snapshot
 	queue    []Waiter
 	self     string
 	seenLive bool
 	wasAhead map[string]bool
 }
 
-func newWatchView(seen *coordinationv1.Lease, self string, seenLive bool) *watchView {
+func newWatchView(seen *Snapshot, self string, seenLive bool) *watchView {
 	v := &watchView{seen: seen, self: self, seenLive: seenLive, wasAhead: map[string]bool{}}
 	if seen != nil {
-		v.queue = decodeQueue(seen.Annotations[AnnotationQueue])
+		v.queue = seen.Queue
 		for _, w := range v.queue {
 			if w.Session == self {
 				break
@@ -64,7 +62,7 @@ func newWatchView(seen *coordinationv1.Lease, self string, seenLive bool) *watch
 // beat object (a Secret or ConfigMap named LeaseName(release)) or one of the
 // release's records. now is the server time as estimated (zero when
 // unknown: every entry is then taken for live).
-func (v *watchView) quiet(store Store, ev watch.Event, now servertime.Bounds, margin time.Duration) bool {
+func (v *watchView) quiet(store StoreKind, ev watch.Event, now servertime.Bounds, margin time.Duration) bool {
 	if v.seen == nil {
 		return false
 	}
@@ -113,7 +111,7 @@ func (v *watchView) quiet(store Store, ev watch.Event, now servertime.Bounds, ma
 
 // namesSelf tells whether the changed object names this waiter's session as
 // the lock's holder.
-func (v *watchView) namesSelf(store Store, lockObject bool, obj metav1.Object) bool {
+func (v *watchView) namesSelf(store StoreKind, lockObject bool, obj metav1.Object) bool {
 	a := obj.GetAnnotations()
 	switch {
 	case store != StoreRelease:
@@ -129,41 +127,29 @@ func (v *watchView) namesSelf(store Store, lockObject bool, obj metav1.Object) b
 
 // sameLeaseHolder tells whether Lease l names the holder of seen in the
 // same state: the same holder identity and record session, released or
-// not alike, and no other annotation changed (the queue and the record's
-// renewal times aside).
-func sameLeaseHolder(l, seen *coordinationv1.Lease) bool {
-	if holderOf(&l.Spec) != holderOf(&seen.Spec) || !sameHolder(l.Annotations[AnnotationRecord], seen.Annotations[AnnotationRecord]) {
-		return false
-	}
-	rest := func(a map[string]string) map[string]string {
-		out := maps.Clone(a)
-		delete(out, AnnotationRecord)
-		delete(out, AnnotationQueue)
-		return out
-	}
-	return maps.Equal(rest(l.Annotations), rest(seen.Annotations))
+// not alike (the queue and the record's renewal times aside).
+func sameLeaseHolder(l *coordinationv1.Lease, seen *Snapshot) bool {
+	return holderOf(&l.Spec) == holderOf(&seen.Spec) && sameHolder(l.Annotations[AnnotationRecord], seen.Raw)
 }
 
 // sameBeatHolder tells whether the beat object, whose annotations are now
 // a, names the holder seen: its renewal, or the same claim from the same
 // gate session.
-func sameBeatHolder(seen *coordinationv1.Lease, a map[string]string) bool {
+func sameBeatHolder(seen *Snapshot, a map[string]string) bool {
 	bt := decodeBeat(a[AnnotationBeat], releaseOf(seen.Name), seen.Namespace)
 	if bt == nil {
 		return false
 	}
-	if c, ok := seen.Annotations[annotationClaim]; ok {
+	if c := seen.Claim; c != nil {
 		// The beat seen was a claim (or a released or stale beat): the
 		// same only while it is that same one.
-		claim, err := DecodeRecord(c)
-		return err == nil && claim.Session == bt.Session && claim.ReleasedAt.Equal(bt.ReleasedAt) &&
-			seen.Annotations[annotationClaimedFrom] == a[annotationClaimedFrom] &&
-			seen.Annotations[annotationClaimedOn] == a[annotationClaimedOn]
+		return c.Record.Session == bt.Session && c.Record.ReleasedAt.Equal(bt.ReleasedAt) &&
+			c.From == a[annotationClaimedFrom] && c.On == a[annotationClaimedOn]
 	}
 	// The beat seen was the gate holder's own (merged into the record), or
 	// there was none: the same only for that holder's renewal.
-	rec, err := DecodeRecord(seen.Annotations[AnnotationRecord])
-	return err == nil && rec.Session != "" && rec.ReleasedAt.IsZero() && holderOf(&seen.Spec) == rec.Session &&
+	rec := seen.Record
+	return seen.HasRecord && seen.RecordErr == nil && rec != nil && rec.Session != "" && rec.ReleasedAt.IsZero() && holderOf(&seen.Spec) == rec.Session &&
 		bt.Session == rec.Session && bt.ReleasedAt.IsZero()
 }
 
@@ -175,21 +161,17 @@ func sameBeatHolder(seen *coordinationv1.Lease, a map[string]string) bool {
 // record newer than the gate without that holder's lock (stock helm's, say),
 // the gate's deletion, or a gate that now names another session or was
 // released change it.
-func sameGate(seen *coordinationv1.Lease, typ watch.EventType, obj metav1.Object) bool {
-	gate := seen.Annotations[annotationAnchor]
-	if gate == "" {
+func sameGate(seen *Snapshot, typ watch.EventType, obj metav1.Object) bool {
+	if seen.Newest == nil {
 		return false // a release that had no record: any record is news
 	}
-	gateRev, err := strconv.Atoi(seen.Annotations[annotationAnchorRevision])
-	if err != nil {
-		return false
-	}
+	gate, gateRev := seen.Newest.Name, seen.Newest.Revision
 	order := cmp.Compare(records.RevisionOf(obj.GetLabels()), gateRev)
 	if order == 0 {
 		order = strings.Compare(obj.GetName(), gate)
 	}
 	raw, carries := obj.GetAnnotations()[AnnotationRecord]
-	held, hasHolder := seen.Annotations[AnnotationRecord]
+	held, hasHolder := seen.Raw, seen.HasRecord
 	switch {
 	case order < 0:
 		return true

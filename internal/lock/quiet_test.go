@@ -96,17 +96,17 @@ func TestQuiet(t *testing.T) {
 		}
 		return s
 	}
-	virtual := func(gateRev int, gateRecord string, beatHolder string, ws ...Waiter) *coordinationv1.Lease {
+	virtual := func(gateRev int, gateRecord string, beatHolder string, ws ...Waiter) *Snapshot {
 		g := record(gateRev, gateRecord)
 		gr := records.Record{Kind: records.KindSecret, Meta: g.ObjectMeta}
 		b := beatEvent(beatHolder, false, ws...)
-		return (&releaseStore{}).virtual("web", gr, beatObj{meta: b.ObjectMeta, exists: true}, "100")
+		return (&releaseStore{}).snapshot("web", gr, beatObj{meta: b.ObjectMeta, exists: true}, "100")
 	}
 
 	cases := []struct {
 		name  string
-		store Store
-		seen  *coordinationv1.Lease
+		store StoreKind
+		seen  *Snapshot
 		typ   watch.EventType
 		obj   runtime.Object
 		quiet bool
@@ -114,47 +114,47 @@ func TestQuiet(t *testing.T) {
 		// Lease store.
 		{
 			"lease: behind a live waiter, the holder releases", StoreLease,
-			lease4(holder, held, waiter(ahead, liveTill), waiter(self, liveTill)), watch.Modified,
+			leaseSnapshot(lease4(holder, held, waiter(ahead, liveTill), waiter(self, liveTill))), watch.Modified,
 			lease4("", released, waiter(ahead, liveTill), waiter(self, liveTill)), true,
 		},
 		{
 			"lease: behind a dead waiter, the holder releases", StoreLease,
-			lease4(holder, held, waiter(ahead, dead), waiter(self, liveTill)), watch.Modified,
+			leaseSnapshot(lease4(holder, held, waiter(ahead, dead), waiter(self, liveTill))), watch.Modified,
 			lease4("", released, waiter(ahead, dead), waiter(self, liveTill)), false,
 		},
 		{
 			"lease: first, the holder renews", StoreLease,
-			lease4(holder, held, waiter(self, liveTill)), watch.Modified,
+			leaseSnapshot(lease4(holder, held, waiter(self, liveTill))), watch.Modified,
 			lease4(holder, renewed, waiter(self, liveTill), waiter(other, liveTill)), true,
 		},
 		{
 			"lease: first, the holder releases", StoreLease,
-			lease4(holder, held, waiter(self, liveTill)), watch.Modified,
+			leaseSnapshot(lease4(holder, held, waiter(self, liveTill))), watch.Modified,
 			lease4("", released, waiter(self, liveTill)), false,
 		},
 		{
 			"lease: first, another session holds it", StoreLease,
-			lease4(holder, held, waiter(self, liveTill)), watch.Modified,
+			leaseSnapshot(lease4(holder, held, waiter(self, liveTill))), watch.Modified,
 			lease4(other, rec(other, t0, false), waiter(self, liveTill)), false,
 		},
 		{
 			"lease: first after the waiter ahead left", StoreLease,
-			lease4(holder, held, waiter(ahead, liveTill), waiter(self, liveTill)), watch.Modified,
+			leaseSnapshot(lease4(holder, held, waiter(ahead, liveTill), waiter(self, liveTill))), watch.Modified,
 			lease4(holder, renewed, waiter(self, liveTill)), true,
 		},
 		{
 			"lease: dropped from the queue", StoreLease,
-			lease4(holder, held, waiter(self, liveTill)), watch.Modified,
+			leaseSnapshot(lease4(holder, held, waiter(self, liveTill))), watch.Modified,
 			lease4(holder, renewed, waiter(other, liveTill)), false,
 		},
 		{
 			"lease: our own take committed late", StoreLease,
-			lease4(holder, held, waiter(ahead, liveTill), waiter(self, liveTill)), watch.Modified,
+			leaseSnapshot(lease4(holder, held, waiter(ahead, liveTill), waiter(self, liveTill))), watch.Modified,
 			lease4(self, rec(self, t0, false), waiter(ahead, liveTill)), false,
 		},
 		{
 			"lease: deleted", StoreLease,
-			lease4(holder, held, waiter(self, liveTill)), watch.Deleted,
+			leaseSnapshot(lease4(holder, held, waiter(self, liveTill))), watch.Deleted,
 			lease4(holder, held, waiter(self, liveTill)), false,
 		},
 
@@ -296,7 +296,7 @@ type releaseLock struct {
 	rec  Record
 	gate metav1.ObjectMeta
 	beat metav1.ObjectMeta
-	seen *coordinationv1.Lease
+	seen *Snapshot
 }
 
 func newReleaseLock(t *testing.T, renewed time.Time, queue ...string) *releaseLock {
@@ -313,7 +313,7 @@ func newReleaseLock(t *testing.T, renewed time.Time, queue ...string) *releaseLo
 	}
 	f.gate = metav1.ObjectMeta{Name: "sh.helm.release.v1.web.v3", Namespace: "shop", Labels: map[string]string{records.LabelVersion: "3"}, Annotations: map[string]string{AnnotationRecord: f.gateRecord(false)}}
 	f.beat = metav1.ObjectMeta{Name: LeaseName("web"), Namespace: "shop", Annotations: map[string]string{AnnotationBeat: b, annotationClaimedFrom: "holder", AnnotationWaiters: f.waiters(queue...)}}
-	f.seen = (&releaseStore{}).virtual("web", records.Record{Kind: records.KindSecret, Meta: f.gate}, beatObj{meta: f.beat, exists: true}, "100")
+	f.seen = (&releaseStore{}).snapshot("web", records.Record{Kind: records.KindSecret, Meta: f.gate}, beatObj{meta: f.beat, exists: true}, "100")
 	return f
 }
 

@@ -7,7 +7,6 @@ import (
 	"maps"
 	"math"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -15,8 +14,9 @@ import (
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/clock"
@@ -41,38 +41,10 @@ const (
 // taking or renewing a lock is not a change of the release.
 const FieldManager = "helm-autorecover-lock"
 
-// annotationAnchor names, on a virtual Lease only (never stored), the record
-// the lock was read from, so that a write goes to that record or conflicts.
-const annotationAnchor = "helm-autorecover.io/anchor"
-
-// annotationAnchorRef names the same record as kubectl does (secret/NAME or
-// configmap/NAME), on a virtual Lease only, for messages.
-const annotationAnchorRef = "helm-autorecover.io/anchor-ref"
-
-// annotationAnchorRevision is the revision number of the anchor record, on a
-// virtual Lease only: a holder whose lock is found on an older revision than
-// the one it was on knows the newer record was deleted under it.
-const annotationAnchorRevision = "helm-autorecover.io/anchor-revision"
-
-// annotationAnchorStatus is the status label of the anchor record, on a
-// virtual Lease only: a take of a lock whose newest revision is settled
-// names the revision its operation will write (nextRevision).
-const annotationAnchorStatus = "helm-autorecover.io/anchor-status"
-
-// annotationHolderWrite marks, on a virtual Lease only (never stored), a
-// write by the holder itself (part), naming its session: only such a write
-// goes on when the holder's own writes moved the gate (see Update).
-const annotationHolderWrite = "helm-autorecover.io/holder-write"
-
-// annotationUnlabelled marks, on a virtual Lease only (never stored), a
-// release with a record that carries no status label (see read).
+// annotationUnlabelled marks, on the newest record as read (in memory,
+// never stored), a release with a record that carries no status label (see
+// read).
 const annotationUnlabelled = "helm-autorecover.io/unlabelled-records"
-
-// annotationGateAt carries, on a virtual Lease only (never stored), where
-// the holder's last fenced write left its lock (part.GateWritten): a
-// holder's own release is written there first, conditional on that
-// resourceVersion, with no read (see releaseStore.Update).
-const annotationGateAt = "helm-autorecover.io/gate-at"
 
 // unreadableHolder stands for the holder of a lock record that is not JSON
 // at all: the lock is judged Live (its expiry cannot be told) until someone
@@ -106,59 +78,46 @@ func NewReleaseBackend(client kubernetes.Interface, est *servertime.Estimator, c
 	seen := &lastReads{}
 	noPatch := &atomic.Bool{}
 	return &Backend{
-		client: client, time: est, clock: clk, Margin: TakeoverMargin, RenewMargin: RenewMargin, store: StoreRelease,
+		client: client, time: est, clock: clk, Margin: TakeoverMargin, RenewMargin: RenewMargin, kind: StoreRelease,
 		Sightings: NewSightings(),
-		api: func(ns string) leaseAPI {
+		stores: func(ns string) Store {
 			return &releaseStore{records: store, beats: bt, ns: ns, seen: seen, noPatch: noPatch}
 		},
 	}
 }
 
-// lastReads keeps, per lock, what the store's last Get read, for a take
-// that follows it: a take's writes are conditional on what was read (the
-// beat's put on the beat's resourceVersion; the gate's on the anchor
-// record's, which is checked to be still the newest by a metadata list
-// after the beat is claimed, and whose full read the write needs anyway),
-// so reading it all again before the beat is claimed would only narrow a
-// window the protocol already tolerates (a beat claimed from a view whose
-// gate write then conflicts is a claim from a stale view; see virtual).
-// Each entry serves one Update at most, and only a take; anything else
-// reads afresh.
+// lastReads keeps, per lock, what a Read that found no record read (the
+// list's resourceVersion, where a watch starts), for the Create that
+// follows it: nothing is written to take a release that has no record, so
+// reading again would decide nothing (the create of its first revision
+// decides, through the write fence). Each entry serves one Create at most.
 type lastReads struct {
 	mu sync.Mutex
-	m  map[string]lastRead
+	m  map[string]string
 }
 
-type lastRead struct {
-	rv     string // the virtual Lease's resourceVersion, as Get returned it
-	r      records.Record
-	listRV string
-	beat   beatObj
-}
-
-func (c *lastReads) put(key string, lr lastRead) {
+func (c *lastReads) put(key, listRV string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.m == nil {
-		c.m = map[string]lastRead{}
+		c.m = map[string]string{}
 	}
-	c.m[key] = lr
+	c.m[key] = listRV
 }
 
-// take returns and forgets the entry of key when it was read at rv.
-func (c *lastReads) take(key, rv string) (lastRead, bool) {
+// take returns and forgets the entry of key.
+func (c *lastReads) take(key string) (string, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	lr, ok := c.m[key]
+	listRV, ok := c.m[key]
 	delete(c.m, key)
-	return lr, ok && lr.rv == rv
+	return listRV, ok
 }
 
-// releaseStore shows each release's lock to the protocol as a virtual Lease
-// named LeaseName(release): the gate on the newest record and the beat
-// object together (see sidecar.go). The virtual Lease's resourceVersion is
-// the gate's and the beat's joined by a slash; a write conditional on it
-// fails with Conflict when either changed.
+// releaseStore keeps each release's lock on its records: the gate on the
+// newest record and the beat object (see sidecar.go), read together into
+// one Snapshot whose version names each object's resourceVersion. A write
+// conditional on a snapshot fails with Conflict when either changed.
 type releaseStore struct {
 	records records.Store
 	beats   beats
@@ -169,23 +128,37 @@ type releaseStore struct {
 	noPatch *atomic.Bool
 }
 
+// releaseVersion is what a release lock's snapshot was read at: the gate's
+// (the newest record's) resourceVersion, the beat's, and the list's, from
+// which a watch starts (the gate's own can be as old as the take, older
+// than the API server's watch window); and the record and the beat as
+// read, which a take writes from (Take).
+type releaseVersion struct {
+	gate, beat, list string
+	record           records.Record
+	beatObj          beatObj
+}
+
+func (s *releaseStore) version(from *Snapshot) releaseVersion {
+	v, _ := from.version.(releaseVersion)
+	return v
+}
+
+// withBeatVersion is snap with its beat now at resourceVersion beatRV (a
+// virtual lock whose holder wrote its beat: see part.Carry).
+func withBeatVersion(snap *Snapshot, beatRV string) *Snapshot {
+	out := *snap
+	v, _ := out.version.(releaseVersion)
+	v.beat, v.beatObj = beatRV, beatObj{}
+	out.version = v
+	return &out
+}
+
 func historySelector(release string) string {
 	return recordLabelOwner + "=" + recordOwnerHelm + "," + recordLabelName + "=" + release
 }
 
 func releaseOf(leaseName string) string { return strings.TrimPrefix(leaseName, LeasePrefix) }
-
-// joinRV is the resourceVersion of a virtual Lease: the gate's and the
-// beat's, which a write is conditional on, and the list's, from which a
-// watch starts (the gate's own can be as old as the take, older than the
-// API server's watch window).
-func joinRV(gate, beat, list string) string { return gate + "/" + beat + "/" + list }
-
-func splitRV(rv string) (gate, beat, list string) {
-	gate, rest, _ := strings.Cut(rv, "/")
-	beat, list, _ = strings.Cut(rest, "/")
-	return gate, beat, list
-}
 
 // read returns the metadata of the release's newest record (false when it
 // has none), the list's resourceVersion, and the beat object.
@@ -223,9 +196,9 @@ func (s *releaseStore) read(ctx context.Context, release string) (records.Record
 	gate, ok := records.NewestOf(rs)
 	if ok && slices.ContainsFunc(rs, func(r records.Record) bool { return r.Meta.Labels[recordLabelStatus] == "" }) {
 		// A record without helm's status label (written by another tool,
-		// or corrupted): said on the virtual Lease, so that the history is
-		// read in full, and such records named, before a decision is made
-		// from the newest record alone (see part.Newest).
+		// or corrupted): said in the snapshot (Newest.Unlabelled), so that
+		// the history is read in full, and such records named, before a
+		// decision is made from the newest record alone (see part.Newest).
 		markUnlabelled(&gate, "true")
 	}
 	if !beat.exists && (floored || s.beats.isUnlisted()) {
@@ -257,11 +230,11 @@ func beatLabels(release string) map[string]string {
 	return l
 }
 
-// virtual renders the lock of release, gate record r and beat object beat,
-// as the Lease the protocol reads: the gate's record with the beat's
-// renewal merged in when the beat names the gate's holder, the beat's
-// queue, and, when the beat names someone else or was marked released, the
-// beat as annotationClaim. listRV is where a watch starts.
+// snapshot is the lock of release, gate record r and beat object beat,
+// as the engine reads it: the gate's record with the beat's renewal merged
+// in when the beat names the gate's holder, the beat's queue, and, when the
+// beat names someone else or was marked released, the beat as the Claim.
+// listRV is where a watch starts.
 //
 // The gate's own LOCKED TILL (renewedAt + lease, gateEffective) is used
 // only when the beat says the holder's state: it names the holder (its
@@ -271,19 +244,32 @@ func beatLabels(release string) map[string]string {
 // gate is then judged by the bound it was written with (gateForm), however
 // long, rather than taken from a holder that may be renewing a beat someone
 // deleted; on the reader's own clock it is judged by its holder's lease
-// (annotationBeatSilent, see confirm), since a live holder writes its beat
-// back at its next renewal.
-func (s *releaseStore) virtual(release string, r records.Record, beat beatObj, listRV string) *coordinationv1.Lease {
-	l := virtualLease(release, r)
-	l.ResourceVersion = joinRV(r.Meta.ResourceVersion, beat.rv(), listRV)
-	delete(l.Annotations, AnnotationQueue) // a queue of an earlier version: ours is on the beat
+// (Silent, see confirm), since a live holder writes its beat back at its
+// next renewal.
+func (s *releaseStore) snapshot(release string, r records.Record, beat beatObj, listRV string) *Snapshot {
+	out := &Snapshot{
+		Namespace: r.Meta.Namespace,
+		Name:      LeaseName(release),
+		Release:   release,
+		Object:    strings.ToLower(r.Kind) + "/" + r.Meta.Name,
+		Newest: &Newest{
+			Name:            r.Meta.Name,
+			Revision:        r.Revision(),
+			Status:          r.Meta.Labels[recordLabelStatus],
+			ResourceVersion: r.Meta.ResourceVersion,
+			Unlabelled:      r.Meta.Annotations[annotationUnlabelled] != "",
+		},
+		Queue:   decodeWaiters(beat.meta.Annotations[AnnotationWaiters]),
+		version: releaseVersion{gate: r.Meta.ResourceVersion, beat: beat.rv(), list: listRV, record: r, beatObj: beat},
+	}
+	out.Raw, out.HasRecord = r.Meta.Annotations[AnnotationRecord]
+	out.Spec = specOf(out.Raw)
 	bt := beatRecord(beat)
 	from := beat.meta.Annotations[annotationClaimedFrom]
-	raw, hasGate := r.Meta.Annotations[AnnotationRecord]
-	g, gErr := DecodeRecord(raw)
+	g, gErr := DecodeRecord(out.Raw)
 	newer := errors.Is(gErr, ErrUnsupportedSchema)
-	if hasGate && g != nil && g.Session != "" && (gErr == nil || newer) {
-		l.Annotations[annotationGateRenewed] = g.RenewedAt.UTC().Format(time.RFC3339Nano)
+	if out.HasRecord && g != nil && g.Session != "" && (gErr == nil || newer) {
+		out.Newest.GateRenewed = g.RenewedAt
 		own := bt != nil && bt.Session == g.Session
 		switch {
 		case own && bt.ReleasedAt.IsZero():
@@ -310,35 +296,31 @@ func (s *releaseStore) virtual(release string, r records.Record, beat beatObj, l
 			// renew without writing its own beat over it (its renewal is
 			// conditional on the beat as it stands), which readers see:
 			// one that does not renew for a lease has stopped.
-			l.Annotations[annotationBeatSilent] = "true"
+			out.Silent = true
 		}
 		if !newer {
 			if enc, err := g.Encode(); err == nil {
-				l.Annotations[AnnotationRecord] = enc
-				l.Spec = specOf(enc)
+				out.Raw = enc
+				out.Spec = specOf(enc)
 			}
-		} else if h := holderOf(&l.Spec); h != "" && l.Spec.LeaseDurationSeconds != nil {
+		} else if h := holderOf(&out.Spec); h != "" && out.Spec.LeaseDurationSeconds != nil {
 			// Judged by the spec alone (its schema is unknown): the spec
 			// says LOCKED TILL as worked out above.
-			secs := time.Duration(*l.Spec.LeaseDurationSeconds) * time.Second
-			l.Spec.RenewTime = &metav1.MicroTime{Time: later(g.LockedTill, g.RenewedAt.Add(secs)).Add(-secs)}
+			secs := time.Duration(*out.Spec.LeaseDurationSeconds) * time.Second
+			out.Spec.RenewTime = &metav1.MicroTime{Time: later(g.LockedTill, g.RenewedAt.Add(secs)).Add(-secs)}
 		}
+	}
+	if out.HasRecord {
+		out.Record, out.RecordErr = DecodeRecord(out.Raw)
 	}
 	if bt != nil {
 		if enc, err := bt.Encode(); err == nil {
-			l.Annotations[annotationClaim] = enc
-			l.Annotations[annotationClaimedFrom] = from
-			if on := beat.meta.Annotations[annotationClaimedOn]; on != "" {
-				l.Annotations[annotationClaimedOn] = on
+			if c, err := DecodeRecord(enc); err == nil {
+				out.Claim = &Claim{Record: c, Encoded: enc, From: from, On: beat.meta.Annotations[annotationClaimedOn]}
 			}
 		}
 	}
-	if ws := decodeWaiters(beat.meta.Annotations[AnnotationWaiters]); len(ws) > 0 {
-		if enc, err := encodeQueue(ws); err == nil {
-			l.Annotations[AnnotationQueue] = enc
-		}
-	}
-	return l
+	return out
 }
 
 // sessionOfRaw is the session of a gate record read as far as it could be
@@ -348,31 +330,6 @@ func sessionOfRaw(rec *Record) string {
 		return ""
 	}
 	return rec.Session
-}
-
-// virtualLease renders record r of release as the Lease the protocol reads:
-// the lock annotations are copied, the spec is derived from the record.
-func virtualLease(release string, r records.Record) *coordinationv1.Lease {
-	l := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{
-		Name:            LeaseName(release),
-		Namespace:       r.Meta.Namespace,
-		ResourceVersion: r.Meta.ResourceVersion,
-		UID:             r.Meta.UID,
-		Labels:          leaseLabels(release),
-		Annotations: map[string]string{
-			annotationAnchor:         r.Meta.Name,
-			annotationAnchorRef:      strings.ToLower(r.Kind) + "/" + r.Meta.Name,
-			annotationAnchorRevision: strconv.Itoa(r.Revision()),
-			annotationAnchorStatus:   r.Meta.Labels[recordLabelStatus],
-		},
-	}}
-	for _, k := range []string{AnnotationRecord, AnnotationQueue, annotationUnlabelled} {
-		if v, ok := r.Meta.Annotations[k]; ok {
-			l.Annotations[k] = v
-		}
-	}
-	l.Spec = specOf(r.Meta.Annotations[AnnotationRecord])
-	return l
 }
 
 // specOf derives the Lease spec from a stored record. Session, renewedAt,
@@ -402,9 +359,31 @@ func specOf(s string) coordinationv1.LeaseSpec {
 	return spec
 }
 
+// holding is from with rec as its record and queue as its waiters (when
+// set): the lock as a write that stored nothing leaves it (a virtual lock,
+// whose release has no record yet).
+func holding(from *Snapshot, rec *Record, queue []Waiter, setQueue bool) (*Snapshot, error) {
+	out := *from
+	if rec != nil {
+		enc, err := rec.Encode()
+		if err != nil {
+			return nil, err
+		}
+		out.Raw, out.HasRecord = enc, true
+		out.Record, out.RecordErr = DecodeRecord(enc)
+		applyHolder(&out.Spec, rec)
+	}
+	if setQueue {
+		out.Queue = slices.Clone(queue)
+	}
+	return &out, nil
+}
+
 var leaseResource = coordinationv1.Resource("leases")
 
-func (s *releaseStore) Get(ctx context.Context, name string, _ metav1.GetOptions) (*coordinationv1.Lease, error) {
+// Read reads the lock of the release name names: one metadata list of its
+// objects (see read).
+func (s *releaseStore) Read(ctx context.Context, name string) (*Snapshot, error) {
 	rel := releaseOf(name)
 	r, ok, listRV, beat, err := s.read(ctx, rel)
 	if err != nil {
@@ -412,49 +391,95 @@ func (s *releaseStore) Get(ctx context.Context, name string, _ metav1.GetOptions
 	}
 	if !ok {
 		if s.seen != nil {
-			s.seen.put(s.ns+"/"+name, lastRead{rv: noRecordRead, listRV: listRV, beat: beat})
+			s.seen.put(s.ns+"/"+name, listRV)
 		}
 		return nil, apierrors.NewNotFound(leaseResource, name)
 	}
-	out := s.virtual(rel, r, beat, listRV)
 	if s.seen != nil {
-		s.seen.put(s.ns+"/"+name, lastRead{rv: out.ResourceVersion, r: r, listRV: listRV, beat: beat})
+		// A record found since: a Create that follows reads again.
+		s.seen.take(s.ns + "/" + name)
 	}
-	return out, nil
+	return s.snapshot(rel, r, beat, listRV), nil
 }
 
 // Create takes the lock of a release that has no stored revision: nothing is
-// written (there is no record yet, and so no gate). The virtual Lease
-// returned carries the list's resourceVersion, so a watch from it misses
-// nothing, and no anchor.
-func (s *releaseStore) Create(ctx context.Context, l *coordinationv1.Lease, _ metav1.CreateOptions) (*coordinationv1.Lease, error) {
-	var listRV string
-	if lr, hit := s.createFromGet(l.Name); hit {
-		// The Get just before found no record: nothing is written here,
-		// so reading again would decide nothing (the create of revision 1
-		// decides, through the write fence).
-		listRV = lr.listRV
-	} else {
-		_, ok, rv, _, err := s.read(ctx, releaseOf(l.Name))
+// written (there is no record yet, and so no gate). The snapshot returned
+// is virtual (no Newest), read at the list's resourceVersion, so a watch
+// from it misses nothing.
+func (s *releaseStore) Create(ctx context.Context, name string, rec Record) (*Snapshot, error) {
+	listRV, hit := "", false
+	if s.seen != nil {
+		listRV, hit = s.seen.take(s.ns + "/" + name)
+	}
+	if !hit {
+		_, ok, rv, _, err := s.read(ctx, releaseOf(name))
 		if err != nil {
 			return nil, err
 		}
 		if ok {
-			return nil, apierrors.NewAlreadyExists(leaseResource, l.Name)
+			return nil, apierrors.NewAlreadyExists(leaseResource, name)
 		}
 		listRV = rv
 	}
-	out := l.DeepCopy()
-	out.ResourceVersion = joinRV(listRV, "", listRV)
-	delete(out.Annotations, annotationAnchor)
-	delete(out.Annotations, annotationAnchorRevision)
-	return out, nil
+	out := &Snapshot{Namespace: s.ns, Name: name, Release: rec.Release, version: releaseVersion{gate: listRV, list: listRV}}
+	return holding(out, &rec, nil, false)
 }
 
-// Update writes the lock l, read at its resourceVersion, as the protocol
-// changed it: conditional on both the gate and the beat being as they were
-// read (a newer revision than the anchor means the lock moved: Conflict, so
-// the caller reads it again). What is written depends on what changed:
+// Take claims the beat, then writes the gate (see write), from what from
+// read: the claim is conditional on the beat as read, the gate write on the
+// newest record as read, which is checked to be still the newest by a
+// metadata list after the claim; reading it all again before the claim
+// would only narrow a window the protocol already tolerates (a beat claimed
+// from a view whose gate write then conflicts is a claim from a stale
+// view).
+func (s *releaseStore) Take(ctx context.Context, from *Snapshot, rec Record, queue []Waiter) (*Snapshot, error) {
+	return s.write(ctx, from, lockWrite{want: &rec, queue: queue, setQueue: true, take: true})
+}
+
+// Renew writes the holder's renewal, or the revision it names, on the beat.
+func (s *releaseStore) Renew(ctx context.Context, from *Snapshot, rec Record) (*Snapshot, error) {
+	return s.write(ctx, from, lockWrite{want: &rec, holder: true})
+}
+
+// Enqueue writes the waiters' queue on the beat.
+func (s *releaseStore) Enqueue(ctx context.Context, from *Snapshot, queue []Waiter) (*Snapshot, error) {
+	return s.write(ctx, from, lockWrite{queue: queue, setQueue: true})
+}
+
+// Release writes the holder's own release on the gate: first where its
+// write fence last left it (at), conditional on that resourceVersion,
+// without reading (releaseWhereWritten); otherwise after reading.
+func (s *releaseStore) Release(ctx context.Context, from *Snapshot, rec Record, at string) (*Snapshot, error) {
+	if out, ok, err := s.releaseWhereWritten(ctx, from, rec, at); ok || err != nil {
+		return out, err
+	}
+	return s.write(ctx, from, lockWrite{want: &rec, holder: true})
+}
+
+// ForceRelease marks the beat released, then writes the gate released.
+func (s *releaseStore) ForceRelease(ctx context.Context, from *Snapshot, rec Record) (*Snapshot, error) {
+	return s.write(ctx, from, lockWrite{want: &rec})
+}
+
+// lockWrite is one write of a release lock (write).
+type lockWrite struct {
+	// want is the record to stand; nil leaves the record as from read it
+	// (a queue write).
+	want *Record
+	// queue replaces the waiters when setQueue is set.
+	queue    []Waiter
+	setQueue bool
+	// holder marks the holder's own write (a renewal, a revision, its
+	// release): it goes on from a gate the holder's own writes moved.
+	holder bool
+	// take marks a take: it writes from what from read (see Take).
+	take bool
+}
+
+// write writes w, from a snapshot, conditional on both the gate and the
+// beat being as they were read (a newer revision than the gate means the
+// lock moved: Conflict, so the caller reads it again). What is written
+// depends on what changes:
 //
 //   - a take (another session than the gate's): the beat is claimed, then
 //     the gate written;
@@ -463,15 +488,31 @@ func (s *releaseStore) Create(ctx context.Context, l *coordinationv1.Lease, _ me
 //   - the holder's own release: the gate only;
 //   - a renewal or a revision named: the beat only;
 //   - the queue: the beat only.
-func (s *releaseStore) Update(ctx context.Context, l *coordinationv1.Lease, _ metav1.UpdateOptions) (*coordinationv1.Lease, error) {
-	rel := releaseOf(l.Name)
-	if out, ok, err := s.releaseWhereWritten(ctx, rel, l); ok || err != nil {
-		return out, err
+func (s *releaseStore) write(ctx context.Context, from *Snapshot, w lockWrite) (*Snapshot, error) {
+	rel := releaseOf(from.Name)
+	v := s.version(from)
+	anchor := ""
+	wasRev := 0
+	if from.Newest != nil {
+		anchor, wasRev = from.Newest.Name, from.Newest.Revision
 	}
-	anchor := l.Annotations[annotationAnchor]
-	gateRV, beatRV, _ := splitRV(l.ResourceVersion)
-	lr, cached := s.lastRead(l)
-	r, ok, listRV, beat, err := lr.r, cached, lr.listRV, lr.beat, error(nil)
+	gateRV, beatRV := v.gate, v.beat
+	want, wantRaw := from.Record, from.Raw
+	if w.want != nil {
+		enc, err := w.want.Encode()
+		if err != nil {
+			return nil, err
+		}
+		want, wantRaw = w.want, enc
+	}
+	// A take writes from what it read (see Take).
+	cached := w.take && anchor != ""
+	if cached {
+		if _, take := gateWrite(want, annotatedRecord(v.record.Meta.Annotations)); !take {
+			cached = false
+		}
+	}
+	r, ok, listRV, beat, err := v.record, true, v.list, v.beatObj, error(nil)
 	if !cached {
 		r, ok, listRV, beat, err = s.read(ctx, rel)
 	}
@@ -480,13 +521,13 @@ func (s *releaseStore) Update(ctx context.Context, l *coordinationv1.Lease, _ me
 		return nil, err
 	case !ok && anchor == "":
 		// Still no record: the virtual lock stays virtual.
-		return l.DeepCopy(), nil
+		return holding(from, w.want, w.queue, w.setQueue)
 	case !ok:
-		return nil, apierrors.NewNotFound(leaseResource, l.Name)
+		return nil, apierrors.NewNotFound(leaseResource, from.Name)
 	case anchor == "" || beat.rv() != beatRV:
-		return nil, apierrors.NewConflict(leaseResource, l.Name, fmt.Errorf("the lock of release %q is now on %s at resourceVersion %s with beat at %q, not on %s at %s with beat at %q", rel, r.Meta.Name, r.Meta.ResourceVersion, beat.rv(), anchor, gateRV, beatRV))
+		return nil, apierrors.NewConflict(leaseResource, from.Name, fmt.Errorf("the lock of release %q is now on %s at resourceVersion %s with beat at %q, not on %s at %s with beat at %q", rel, r.Meta.Name, r.Meta.ResourceVersion, beat.rv(), anchor, gateRV, beatRV))
 	}
-	want, have := annotatedRecord(l.Annotations), annotatedRecord(r.Meta.Annotations)
+	have := annotatedRecord(r.Meta.Annotations)
 	if r.Meta.Name != anchor || r.Meta.ResourceVersion != gateRV {
 		// The gate moved or changed since the caller read it. With the
 		// beat unchanged, a gate that still carries the caller's own
@@ -502,16 +543,15 @@ func (s *releaseStore) Update(ctx context.Context, l *coordinationv1.Lease, _ me
 		// while the beat still names the holder unreleased, and only when
 		// the gate did not move back to an older record (the newest was
 		// deleted under the holder: part's vanished check decides).
-		wasRev, _ := strconv.Atoi(l.Annotations[annotationAnchorRevision])
 		bt := beatRecord(beat)
 		if want == nil || have == nil || want.Session != have.Session || !have.ReleasedAt.IsZero() ||
-			l.Annotations[annotationHolderWrite] != want.Session || r.Revision() < wasRev ||
+			!w.holder || r.Revision() < wasRev ||
 			bt == nil || bt.Session != want.Session || !bt.ReleasedAt.IsZero() {
-			return nil, apierrors.NewConflict(leaseResource, l.Name, fmt.Errorf("the lock of release %q is now on %s at resourceVersion %s with beat at %q, not on %s at %s with beat at %q", rel, r.Meta.Name, r.Meta.ResourceVersion, beat.rv(), anchor, gateRV, beatRV))
+			return nil, apierrors.NewConflict(leaseResource, from.Name, fmt.Errorf("the lock of release %q is now on %s at resourceVersion %s with beat at %q, not on %s at %s with beat at %q", rel, r.Meta.Name, r.Meta.ResourceVersion, beat.rv(), anchor, gateRV, beatRV))
 		}
 		gateRV = r.Meta.ResourceVersion
 	}
-	cur := s.virtual(rel, r, beat, listRV)
+	cur := s.snapshot(rel, r, beat, listRV)
 	gateChange, take := gateWrite(want, have)
 
 	meta := beat.meta.DeepCopy()
@@ -557,7 +597,7 @@ func (s *releaseStore) Update(ctx context.Context, l *coordinationv1.Lease, _ me
 		if err := setBeat(*want, nil, ""); err != nil {
 			return nil, err
 		}
-	case !gateChange && want != nil && l.Annotations[AnnotationRecord] != cur.Annotations[AnnotationRecord]:
+	case !gateChange && want != nil && wantRaw != cur.Raw:
 		// A renewal or a revision named: the gate's holder's beat, which
 		// claims from the holder itself (holding). A claim of another
 		// session found there was made from a stale view of the gate (a
@@ -568,12 +608,11 @@ func (s *releaseStore) Update(ctx context.Context, l *coordinationv1.Lease, _ me
 			return nil, err
 		}
 	}
-	if q := l.Annotations[AnnotationQueue]; q != cur.Annotations[AnnotationQueue] {
-		ws := decodeQueue(q)
-		if len(ws) == 0 {
+	if w.setQueue && !sameQueue(w.queue, cur.Queue) {
+		if len(w.queue) == 0 {
 			delete(meta.Annotations, AnnotationWaiters)
 		} else {
-			enc, err := encodeWaiters(ws)
+			enc, err := encodeWaiters(w.queue)
 			if err != nil {
 				return nil, err
 			}
@@ -590,15 +629,15 @@ func (s *releaseStore) Update(ctx context.Context, l *coordinationv1.Lease, _ me
 		}
 	}
 	if gateChange && cached {
-		// Written from the Get's read: the anchor must still be the
-		// newest record (a record created since, by stock helm, say,
-		// would carry no gate, and a second taker would take it there).
+		// Written from what the take read: the gate's record must still
+		// be the newest (a record created since, by stock helm, say, would
+		// carry no gate, and a second taker would take it there).
 		rs, _, err := s.records.ListMeta(ctx, s.ns, historySelector(rel))
 		if err != nil {
 			return nil, err
 		}
 		if n, ok := records.NewestOf(rs); !ok || n.Meta.Name != r.Meta.Name || n.Meta.ResourceVersion != gateRV {
-			return nil, apierrors.NewConflict(leaseResource, l.Name, fmt.Errorf("the newest record of release %q is no longer %s at resourceVersion %s", rel, r.Meta.Name, gateRV))
+			return nil, apierrors.NewConflict(leaseResource, from.Name, fmt.Errorf("the newest record of release %q is no longer %s at resourceVersion %s", rel, r.Meta.Name, gateRV))
 		}
 	}
 	if gateChange {
@@ -611,7 +650,17 @@ func (s *releaseStore) Update(ctx context.Context, l *coordinationv1.Lease, _ me
 			markUnlabelled(&r, unlabelled)
 		}
 	}
-	return s.virtual(rel, r, beat, listRV), nil
+	return s.snapshot(rel, r, beat, listRV), nil
+}
+
+// sameQueue tells whether two queues would be stored alike.
+func sameQueue(a, b []Waiter) bool {
+	if len(a) == 0 || len(b) == 0 {
+		return len(a) == len(b)
+	}
+	ea, errA := encodeQueue(a)
+	eb, errB := encodeQueue(b)
+	return errA == nil && errB == nil && ea == eb
 }
 
 // writeGate writes want as the gate on record name of release rel,
@@ -620,7 +669,7 @@ func (s *releaseStore) Update(ctx context.Context, l *coordinationv1.Lease, _ me
 // API server refuses patches (no patch right: remembered for the backend's
 // life) or the client cannot make them, by reading the record and updating
 // it whole. A record changed or deleted since rv is a Conflict on the
-// virtual Lease: the caller reads again.
+// lock: the caller reads again.
 func (s *releaseStore) writeGate(ctx context.Context, rel, name, rv string, want Record) (records.Record, error) {
 	if err := fenced(ctx); err != nil {
 		return records.Record{}, err
@@ -665,38 +714,38 @@ func (s *releaseStore) writeGate(ctx context.Context, rel, name, rv string, want
 	return s.records.Update(ctx, full, FieldManager)
 }
 
-// releaseWhereWritten writes the holder's own release of l (see
-// part.writeLocked) onto the record where its last fenced write left the
-// lock (annotationGateAt), conditional on the resourceVersion that write
-// returned, without reading the records or the beat: ok reports that it
-// did. Nobody wrote that record since, so it still carries this holder's
-// unreleased lock: a takeover, a person's release, stock helm's rewrite or
-// the holder's own later write would each have changed it. A newer record
-// written since (only by a client that takes no lock: the holder's own
-// revision is no longer pending) carries no lock, and this one is left
-// released. Anything else, or a record written since, goes the usual way
-// (ok false, nil error): read, judge, write.
-func (s *releaseStore) releaseWhereWritten(ctx context.Context, rel string, l *coordinationv1.Lease) (*coordinationv1.Lease, bool, error) {
-	at := l.Annotations[annotationGateAt]
-	want := annotatedRecord(l.Annotations)
-	if at == "" || want == nil || want.ReleasedAt.IsZero() || want.ReleasedBy != "" || l.Annotations[annotationHolderWrite] != want.Session {
+// releaseWhereWritten writes rec, the holder's own release, onto the
+// record where its last fenced write left the lock (at, recordAt),
+// conditional on the resourceVersion that write returned, without reading
+// the records or the beat: ok reports that it did. Nobody wrote that record
+// since, so it still carries this holder's unreleased lock: a takeover, a
+// person's release, stock helm's rewrite or the holder's own later write
+// would each have changed it. A newer record written since (only by a
+// client that takes no lock: the holder's own revision is no longer
+// pending) carries no lock, and this one is left released. Anything else,
+// or a record written since, goes the usual way (ok false, nil error):
+// read, judge, write.
+func (s *releaseStore) releaseWhereWritten(ctx context.Context, from *Snapshot, rec Record, at string) (*Snapshot, bool, error) {
+	if at == "" || rec.ReleasedAt.IsZero() || rec.ReleasedBy != "" {
 		return nil, false, nil
 	}
 	name, rv, ok := strings.Cut(at, "@")
 	if !ok {
 		return nil, false, nil
 	}
-	r, err := s.writeGate(ctx, rel, name, rv, *want)
+	rel := releaseOf(from.Name)
+	r, err := s.writeGate(ctx, rel, name, rv, rec)
 	if err != nil {
 		if apierrors.IsConflict(err) {
 			return nil, false, nil
 		}
 		return nil, false, err
 	}
-	_, beatRV, listRV := splitRV(l.ResourceVersion)
-	out := s.virtual(rel, r, beatObj{}, listRV)
-	gateRV, _, _ := splitRV(out.ResourceVersion)
-	out.ResourceVersion = joinRV(gateRV, beatRV, listRV)
+	v := s.version(from)
+	out := s.snapshot(rel, r, beatObj{}, v.list)
+	ov := s.version(out)
+	ov.beat = v.beat
+	out.version = ov
 	return out, true, nil
 }
 
@@ -709,22 +758,23 @@ func recordAt(name, rv string) string { return name + "@" + rv }
 // leaves it) is not judged by it.
 func claimedOn(session, name, rv string) string { return recordAt(name, rv) + "@" + session }
 
-// claimAgainstGate tells whether the claim the virtual Lease l carries was
-// made against its gate as it stands (see annotationClaimedOn): always for
-// a claim that names no record, or names it for another session (written
-// by an earlier version over this one's).
-func claimAgainstGate(l *coordinationv1.Lease) bool {
-	on, ok := l.Annotations[annotationClaimedOn]
-	c := claimOf(l)
-	if !ok || c == nil {
+// claimAgainstGate tells whether the claim l carries was made against its
+// gate as it stands (see annotationClaimedOn): always for a claim that
+// names no record, or names it for another session (written by an earlier
+// version over this one's).
+func claimAgainstGate(l *Snapshot) bool {
+	if l.Claim == nil || l.Claim.On == "" {
 		return true
 	}
-	at, session, _ := cutLast(on, "@")
-	if session != c.Session {
+	at, session, _ := cutLast(l.Claim.On, "@")
+	if session != l.Claim.Record.Session {
 		return true
 	}
-	gateRV, _, _ := splitRV(l.ResourceVersion)
-	return at == recordAt(l.Annotations[annotationAnchor], gateRV)
+	anchor, gateRV := "", ""
+	if l.Newest != nil {
+		anchor, gateRV = l.Newest.Name, l.Newest.ResourceVersion
+	}
+	return at == recordAt(anchor, gateRV)
 }
 
 // cutLast cuts s around the last sep.
@@ -755,36 +805,6 @@ func gateWrite(want, have *Record) (gateChange, take bool) {
 	gateChange = want != nil && (have == nil || want.Session != have.Session ||
 		!want.ReleasedAt.Equal(have.ReleasedAt) || want.ReleasedBy != have.ReleasedBy)
 	return gateChange, gateChange && want.ReleasedAt.IsZero()
-}
-
-// noRecordRead is the lastRead.rv of a Get that found no record (its
-// NotFound), for the Create that follows it (createFromGet).
-const noRecordRead = "-"
-
-// createFromGet returns what the Get just before read of the lock named
-// name when it found no record.
-func (s *releaseStore) createFromGet(name string) (lastRead, bool) {
-	if s.seen == nil {
-		return lastRead{}, false
-	}
-	return s.seen.take(s.ns+"/"+name, noRecordRead)
-}
-
-// lastRead returns what the Get just before read of the lock l, when l was
-// read at it and writing l is a take of it (lastReads); the caller reads
-// afresh otherwise.
-func (s *releaseStore) lastRead(l *coordinationv1.Lease) (lastRead, bool) {
-	if s.seen == nil {
-		return lastRead{}, false
-	}
-	lr, ok := s.seen.take(s.ns+"/"+l.Name, l.ResourceVersion)
-	if !ok || lr.r.Meta.Name != l.Annotations[annotationAnchor] {
-		return lastRead{}, false
-	}
-	if _, take := gateWrite(annotatedRecord(l.Annotations), annotatedRecord(lr.r.Meta.Annotations)); !take {
-		return lastRead{}, false
-	}
-	return lr, true
 }
 
 // ensureBeat makes the beat name rec's holder, for a lock taken while the
@@ -846,19 +866,18 @@ func (s *releaseStore) ensureBeat(ctx context.Context, rec Record) (string, erro
 
 // Delete removes the lock of a release whose records helm deleted
 // (uninstall) or is about to keep without one: the beat object, then the
-// gate's annotations, each conditional on the resourceVersion in opts.
-func (s *releaseStore) Delete(ctx context.Context, name string, opts metav1.DeleteOptions) error {
+// gate's annotations, each conditional on the resourceVersion from read.
+func (s *releaseStore) Delete(ctx context.Context, from *Snapshot) error {
+	name := from.Name
 	rel := releaseOf(name)
 	r, ok, _, beat, err := s.read(ctx, rel)
 	if err != nil {
 		return err
 	}
-	gateRV, beatRV := "", ""
-	if p := opts.Preconditions; p != nil && p.ResourceVersion != nil {
-		gateRV, beatRV, _ = splitRV(*p.ResourceVersion)
-		if beat.rv() != beatRV || (ok && r.Meta.ResourceVersion != gateRV) {
-			return apierrors.NewConflict(leaseResource, name, fmt.Errorf("the lock of release %q changed", rel))
-		}
+	v := s.version(from)
+	gateRV, beatRV := v.gate, v.beat
+	if beat.rv() != beatRV || (ok && r.Meta.ResourceVersion != gateRV) {
+		return apierrors.NewConflict(leaseResource, name, fmt.Errorf("the lock of release %q changed", rel))
 	}
 	if err := s.beats.remove(ctx, beat); err != nil {
 		if apierrors.IsConflict(err) {
@@ -884,10 +903,9 @@ func (s *releaseStore) Delete(ctx context.Context, name string, opts metav1.Dele
 	return err
 }
 
-// List returns the virtual Lease of every release whose newest record
-// carries a lock record. The label selector in opts is ignored: every such
-// lock is this tool's.
-func (s *releaseStore) List(ctx context.Context, _ metav1.ListOptions) (*coordinationv1.LeaseList, error) {
+// List returns the lock of every release whose newest record carries a
+// lock record.
+func (s *releaseStore) List(ctx context.Context) ([]*Snapshot, error) {
 	// The lock lives in the records' metadata and the beat objects: the
 	// records' payloads (helm's release data, up to 1 MiB each) are not
 	// read.
@@ -908,45 +926,50 @@ func (s *releaseStore) List(ctx context.Context, _ metav1.ListOptions) (*coordin
 		k := r.Meta.Namespace + "/" + r.Meta.Labels[recordLabelName]
 		byRelease[k] = append(byRelease[k], r)
 	}
-	out := &coordinationv1.LeaseList{ListMeta: metav1.ListMeta{ResourceVersion: listRV}}
+	out := make([]*Snapshot, 0, len(byRelease))
 	for k, group := range byRelease {
 		r, _ := records.NewestOf(group)
 		if _, ok := r.Meta.Annotations[AnnotationRecord]; !ok {
 			continue
 		}
-		out.Items = append(out.Items, *s.virtual(r.Meta.Labels[recordLabelName], r, beatOf[k], listRV))
+		out = append(out, s.snapshot(r.Meta.Labels[recordLabelName], r, beatOf[k], listRV))
 	}
-	slices.SortFunc(out.Items, func(a, b coordinationv1.Lease) int {
+	slices.SortFunc(out, func(a, b *Snapshot) int {
 		return strings.Compare(a.Namespace+"/"+a.Name, b.Namespace+"/"+b.Name)
 	})
 	return out, nil
 }
 
-// Watch watches every stored revision of the release named by the field
-// selector metadata.name=LeaseName(release), and its beat object. Waiters
-// only need to know that something changed; they read the lock again on
-// every event that can change their decision (see watchView.quiet).
-func (s *releaseStore) Watch(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
-	sel, err := fields.ParseSelector(opts.FieldSelector)
-	if err != nil {
-		return nil, fmt.Errorf("watching a release lock: %w", err)
+// Watch watches every stored revision of the release and its beat object.
+// Waiters only need to know that something changed; they read the lock
+// again on every event that can change their decision (see
+// watchView.quiet).
+func (s *releaseStore) Watch(ctx context.Context, from *Snapshot) (watch.Interface, error) {
+	v := s.version(from)
+	at := v.list
+	if at == "" {
+		at = v.gate
 	}
-	name, ok := sel.RequiresExactMatch("metadata.name")
-	if !ok {
-		return nil, fmt.Errorf("watching a release lock needs the field selector metadata.name=%sRELEASE", LeasePrefix)
-	}
-	gateRV, _, from := splitRV(opts.ResourceVersion)
-	if from == "" {
-		from = gateRV
-	}
-	gw, err := s.records.Watch(ctx, s.ns, historySelector(releaseOf(name)), from)
+	gw, err := s.records.Watch(ctx, s.ns, historySelector(releaseOf(from.Name)), at)
 	if err != nil {
 		return nil, err
 	}
-	bw, err := s.beats.watch(ctx, s.ns, name, from)
+	bw, err := s.beats.watch(ctx, s.ns, from.Name, at)
 	if err != nil {
 		gw.Stop()
 		return nil, err
 	}
 	return mergeWatches(gw, bw), nil
+}
+
+// WatchQueue watches the beat, where the queue lives.
+func (s *releaseStore) WatchQueue(ctx context.Context, name string) (watch.Interface, func(runtime.Object) ([]Waiter, bool), error) {
+	w, err := s.beats.watch(ctx, s.ns, name, "")
+	return w, func(o runtime.Object) ([]Waiter, bool) {
+		m, err := meta.Accessor(o)
+		if err != nil || m.GetName() != name {
+			return nil, false
+		}
+		return decodeWaiters(m.GetAnnotations()[AnnotationWaiters]), true
+	}, err
 }

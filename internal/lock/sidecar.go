@@ -74,21 +74,6 @@ const (
 	// AnnotationWaiters holds, on the beat object, the waiters' queue in a
 	// compact form (see compactWaiter).
 	AnnotationWaiters = "helm-autorecover.io/waiters"
-	// annotationClaim carries, on a virtual Lease only, a beat naming
-	// another session than the gate's holder, or marked released: a claim
-	// in flight, a forced release, or a stale claim (judged by its expiry).
-	annotationClaim = "helm-autorecover.io/claim"
-	// annotationGateRenewed carries, on a virtual Lease only, the renewedAt
-	// of the gate's own record (before the beat is merged in), for part's
-	// check that the record the lock was on was deleted.
-	annotationGateRenewed = "helm-autorecover.io/gate-renewed"
-	// annotationBeatSilent marks, on a virtual Lease only, an unreleased
-	// gate whose beat says nothing of its holder (missing, unreadable, or
-	// another session's beat not claimed from it, such as the beat the
-	// loser of a first install's race left): the gate is judged by its
-	// long bound in server time, and by its holder's lease on the
-	// reader's own clock (see confirm).
-	annotationBeatSilent = "helm-autorecover.io/beat-silent"
 	// beatSecretType is the type of a beat Secret.
 	beatSecretType corev1.SecretType = "helm-autorecover.io/beat"
 	// gateHoldWithoutMaxHold is how long a client of a version that does

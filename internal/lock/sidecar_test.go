@@ -68,7 +68,7 @@ func TestVirtualGateAndBeat(t *testing.T) {
 		beat       beatObj
 		holder     string
 		lockedTill time.Time
-		claim      string // session of annotationClaim, "" for none
+		claim      string // session of the Claim, "" for none
 		revision   int
 	}{
 		{name: "gate alone (its beat deleted): the bound it was written with, never its take stamp", gate: gate("A", t0), holder: "A", lockedTill: t0.Add(time.Hour + lease)},
@@ -92,15 +92,15 @@ func TestVirtualGateAndBeat(t *testing.T) {
 			if tc.gate != "" {
 				r.Meta.Annotations = map[string]string{AnnotationRecord: tc.gate}
 			}
-			l := (&releaseStore{ns: "shop"}).virtual("web", r, tc.beat, "9")
+			l := (&releaseStore{ns: "shop"}).snapshot("web", r, tc.beat, "9")
 			if got := holderOf(&l.Spec); got != tc.holder {
 				t.Fatalf("holder %q, want %q", got, tc.holder)
 			}
-			if want := joinRV("5", tc.beat.rv(), "9"); l.ResourceVersion != want {
-				t.Errorf("resourceVersion %q, want %q", l.ResourceVersion, want)
+			if v := l.version.(releaseVersion); v.gate != "5" || v.beat != tc.beat.rv() || v.list != "9" {
+				t.Errorf("read at gate %q, beat %q, list %q; want 5, %q, 9", v.gate, v.beat, v.list, tc.beat.rv())
 			}
 			if tc.holder != "" {
-				rec, err := DecodeRecord(l.Annotations[AnnotationRecord])
+				rec, err := DecodeRecord(l.Raw)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -132,7 +132,7 @@ func TestDecodeClaim(t *testing.T) {
 	claim := Record{Session: "B", Operation: OpUpgrade, LeaseDuration: metav1.Duration{Duration: 15 * time.Second}, AcquiredAt: t0, RenewedAt: t0.Add(2 * time.Second), LockedTill: t0.Add(17 * time.Second)}
 	beatEnc, _ := encodeBeat(claim)
 	r := records.Record{Kind: records.KindSecret, Meta: metav1.ObjectMeta{Name: "sh.helm.release.v1.web.v3", Namespace: "shop", ResourceVersion: "5", Annotations: map[string]string{AnnotationRecord: gateEnc}}}
-	l := (&releaseStore{ns: "shop"}).virtual("web", r, beatObj{exists: true, meta: metav1.ObjectMeta{Name: LeaseName("web"), Namespace: "shop", ResourceVersion: "7", Annotations: map[string]string{AnnotationBeat: beatEnc, annotationClaimedFrom: "A"}}}, "9")
+	l := (&releaseStore{ns: "shop"}).snapshot("web", r, beatObj{exists: true, meta: metav1.ObjectMeta{Name: LeaseName("web"), Namespace: "shop", ResourceVersion: "7", Annotations: map[string]string{AnnotationBeat: beatEnc, annotationClaimedFrom: "A"}}}, "9")
 	b := &Backend{Margin: TakeoverMargin}
 	at := func(d time.Duration) servertime.Bounds {
 		return servertime.Bounds{Earliest: t0.Add(d), Latest: t0.Add(d + 100*time.Millisecond)}
@@ -209,7 +209,7 @@ func TestStaleBeatIsNoClaim(t *testing.T) {
 	left := Record{Session: "A", Operation: OpUpgrade, LeaseDuration: metav1.Duration{Duration: 15 * time.Second}, AcquiredAt: t0, RenewedAt: t0, LockedTill: t0.Add(15 * time.Second)}
 	enc, _ := encodeBeat(left)
 	r := records.Record{Kind: records.KindSecret, Meta: metav1.ObjectMeta{Name: "sh.helm.release.v1.web.v4", Namespace: "shop", ResourceVersion: "5"}}
-	l := (&releaseStore{ns: "shop"}).virtual("web", r, beatObj{exists: true, meta: metav1.ObjectMeta{Name: LeaseName("web"), Namespace: "shop", ResourceVersion: "7", Annotations: map[string]string{AnnotationBeat: enc, annotationClaimedFrom: "A"}}}, "9")
+	l := (&releaseStore{ns: "shop"}).snapshot("web", r, beatObj{exists: true, meta: metav1.ObjectMeta{Name: LeaseName("web"), Namespace: "shop", ResourceVersion: "7", Annotations: map[string]string{AnnotationBeat: enc, annotationClaimedFrom: "A"}}}, "9")
 	b := &Backend{Margin: TakeoverMargin}
 	if v := b.decode(l, servertime.Bounds{Earliest: t0.Add(time.Second), Latest: t0.Add(2 * time.Second)}, "C"); v.state != Free {
 		t.Fatalf("state %s (claim %v), want free", v.state, v.claim)
@@ -249,7 +249,7 @@ func TestClaimCountsOnlyAgainstItsRecord(t *testing.T) {
 				ann[annotationClaimedOn] = tc.claimedOn
 			}
 			r := records.Record{Kind: records.KindSecret, Meta: metav1.ObjectMeta{Name: tc.newest, Namespace: "shop", ResourceVersion: tc.newestRV}}
-			l := (&releaseStore{ns: "shop"}).virtual("web", r, beatObj{exists: true, meta: metav1.ObjectMeta{Name: LeaseName("web"), Namespace: "shop", ResourceVersion: "7", Annotations: ann}}, "9")
+			l := (&releaseStore{ns: "shop"}).snapshot("web", r, beatObj{exists: true, meta: metav1.ObjectMeta{Name: LeaseName("web"), Namespace: "shop", ResourceVersion: "7", Annotations: ann}}, "9")
 			if v := b.decode(l, now, "C"); v.state != tc.want {
 				t.Fatalf("state %s (claim %v), want %s", v.state, v.claim, tc.want)
 			}

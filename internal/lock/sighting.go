@@ -126,13 +126,12 @@ func (s *Sightings) queue(key string, ws []Waiter, now time.Time) []time.Time {
 
 // sightKey names a lock in Sightings.
 func (b *Backend) sightKey(namespace, name string) string {
-	return string(b.store) + "/" + namespace + "/" + name
+	return string(b.kind) + "/" + namespace + "/" + name
 }
 
-// renewalOf is the holder a Lease (or a release lock's virtual Lease) names
-// and its latest renewal: the later of the spec's renewTime and the
-// holder's own record's renewedAt.
-func renewalOf(l *coordinationv1.Lease) (string, time.Time) {
+// renewalOf is the holder a lock names and its latest renewal: the later
+// of the spec's renewTime and the holder's own record's renewedAt.
+func renewalOf(l *Snapshot) (string, time.Time) {
 	holder := holderOf(&l.Spec)
 	var renewed time.Time
 	if t := l.Spec.RenewTime; t != nil {
@@ -140,7 +139,7 @@ func renewalOf(l *coordinationv1.Lease) (string, time.Time) {
 	} else if t := l.Spec.AcquireTime; t != nil {
 		renewed = t.Time
 	}
-	if rec := annotatedRecord(l.Annotations); rec != nil && rec.Session == holder && rec.RenewedAt.After(renewed) {
+	if rec := l.Record; rec != nil && rec.Session == holder && rec.RenewedAt.After(renewed) {
 		renewed = rec.RenewedAt
 	}
 	return holder, renewed
@@ -156,12 +155,13 @@ func (b *Backend) sightEvent(namespace, lockName string, obj runtime.Object) {
 		return
 	}
 	key := b.sightKey(namespace, lockName)
-	if l, ok := obj.(*coordinationv1.Lease); ok {
-		if l.Name != lockName {
+	if lease, ok := obj.(*coordinationv1.Lease); ok {
+		if lease.Name != lockName {
 			return
 		}
+		l := leaseSnapshot(lease)
 		holder, renewed := renewalOf(l)
-		rec := annotatedRecord(l.Annotations)
+		rec := l.Record
 		if rec != nil && rec.Session != holder {
 			rec = nil
 		}
@@ -169,7 +169,7 @@ func (b *Backend) sightEvent(namespace, lockName string, obj runtime.Object) {
 		b.Sightings.advance(key, holder, renewed, till, b.clock.Now())
 		return
 	}
-	if b.store != StoreRelease {
+	if b.kind != StoreRelease {
 		return
 	}
 	m, err := meta.Accessor(obj)

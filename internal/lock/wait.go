@@ -6,10 +6,7 @@ import (
 	"fmt"
 	"time"
 
-	coordinationv1 "k8s.io/api/coordination/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/watch"
 
 	"github.com/helm-autorecover/helm-autorecover/internal/servertime"
@@ -107,10 +104,7 @@ func (b *Backend) gaveUp(ctx context.Context, last *LockedError) error {
 func (b *Backend) waitForChange(ctx context.Context, req *Request, w *waitState, res attemptResult, onProgress func(*Record, time.Duration)) error {
 	clk := b.clock
 	var events <-chan watch.Event
-	watcher, err := b.leases(req.Namespace).Watch(ctx, metav1.ListOptions{
-		FieldSelector:   fields.OneTermEqualSelector("metadata.name", LeaseName(req.Release)).String(),
-		ResourceVersion: res.seen.ResourceVersion,
-	})
+	watcher, err := b.store(req.Namespace).Watch(ctx, res.seen)
 	switch {
 	case err == nil:
 		defer watcher.Stop()
@@ -175,7 +169,7 @@ func (b *Backend) waitForChange(ctx context.Context, req *Request, w *waitState,
 			// is confirmed expired a lease after its last renewal was
 			// seen (Confirm), not a lease after it is next read.
 			b.sightEvent(req.Namespace, LeaseName(req.Release), ev.Object)
-			if view.quiet(b.store, ev, b.serverNowOrZero(), b.margin()) {
+			if view.quiet(b.kind, ev, b.serverNowOrZero(), b.margin()) {
 				continue
 			}
 			return nil
@@ -231,7 +225,7 @@ func retriable(err error) bool {
 // nextDecision returns how long until something can change without the
 // Lease changing: the holder's lock certainly expiring, the entry of a
 // waiter ahead certainly expiring, or our own heartbeat falling due.
-func (b *Backend) nextDecision(req *Request, w *waitState, seen *coordinationv1.Lease, lk *LockedError) time.Duration {
+func (b *Backend) nextDecision(req *Request, w *waitState, seen *Snapshot, lk *LockedError) time.Duration {
 	// A millisecond past the instant, because expiry is strictly "after".
 	const past = time.Millisecond
 	next := req.LeaseDuration / 3
@@ -250,7 +244,7 @@ func (b *Backend) nextDecision(req *Request, w *waitState, seen *coordinationv1.
 		next = min(next, lk.LockedTill.Add(b.margin()).Sub(now.Earliest)+past)
 	}
 	if seen != nil {
-		live := liveWaiters(decodeQueue(seen.Annotations[AnnotationQueue]), now, b.margin())
+		live := liveWaiters(seen.Queue, now, b.margin())
 		for _, x := range live[:waitersAhead(live, req.Session)] {
 			next = min(next, x.ExpiresAt.Add(b.margin()).Sub(now.Earliest)+past)
 		}

@@ -123,11 +123,11 @@ func (c *Conn) Stores(ctx context.Context, ns, choice string) (string, Stores, e
 // never look inside.
 type Stores struct{ list []*lock.Backend }
 
-// Kinds names the stores, in order (lock.Store: "release", "sql", "lease").
+// Kinds names the stores, in order (lock.StoreKind: "release", "sql", "lease").
 func (s Stores) Kinds() []string {
 	out := make([]string, len(s.list))
 	for i, b := range s.list {
-		out[i] = string(b.Store())
+		out[i] = string(b.Kind())
 	}
 	return out
 }

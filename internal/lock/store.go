@@ -1,0 +1,134 @@
+package lock
+
+import (
+	"context"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/watch"
+)
+
+// Snapshot is one read of a release's lock in one store: what the engine
+// judges and decides from, in typed fields. A store fills it from its own
+// objects and keeps in it (version) what a write conditional on this read
+// needs; the engine never looks there.
+type Snapshot struct {
+	Namespace string
+	// Name is the lock's name, LeaseName(Release).
+	Name    string
+	Release string
+	// Object names where the lock is kept, as kubectl names it
+	// (lease/NAME, or secret/NAME or configmap/NAME: the release's newest
+	// record); "" when there is no such object yet.
+	Object string
+
+	// Raw is the lock record as the store holds it (on the release
+	// records: the gate's, with its beat's renewal merged in), "" with
+	// HasRecord false when there is none. Record and RecordErr are Raw as
+	// DecodeRecord reads it (a newer schema's record keeps the fields every
+	// schema shares).
+	Raw       string
+	HasRecord bool
+	Record    *Record
+	RecordErr error
+	// Spec is the holder's tenure apart from the record: a Lease's spec, or
+	// on the release records the one the record implies (specOf). It
+	// judges a record that cannot be read (Judge, LockedTill).
+	Spec coordinationv1.LeaseSpec
+	// Queue is the waiters' queue as stored, expired entries included.
+	Queue []Waiter
+
+	// The release records' own (zero on a Lease):
+	//
+	// Claim is the beat when it names another session than the gate's
+	// holder, or was marked released: a take in flight, a person's
+	// release, or a stale claim, judged by its own expiry.
+	Claim *Claim
+	// Silent marks an unreleased gate whose beat says nothing of its
+	// holder (missing, unreadable, or another session's beat not claimed
+	// from it): judged by its long bound in server time, and by its
+	// holder's lease on the reader's own clock (see confirm).
+	Silent bool
+	// Newest is the release's newest record, where the gate is; nil on a
+	// Lease, and on the release records of a release with no record (the
+	// lock is virtual: its take wrote nothing).
+	Newest *Newest
+
+	version any
+}
+
+// Claim is a release lock's beat that names another session than the
+// gate's holder, or was marked released (Snapshot.Claim).
+type Claim struct {
+	Record *Record
+	// Encoded is Record as the beat holds it, for telling two beats apart.
+	Encoded string
+	// From names the gate's session the claimant judged Free or Expired
+	// ("" when the gate had none); On the record and resourceVersion it
+	// claimed against ("NAME@RV@SESSION"; "" for a renewal).
+	From, On string
+}
+
+// Newest is a release's newest stored record, where its gate is
+// (Snapshot.Newest).
+type Newest struct {
+	Name string
+	// Revision is the revision its labels name (0 or less: unreadable).
+	Revision int
+	// Status is helm's status label.
+	Status string
+	// ResourceVersion is the record's, the gate's version.
+	ResourceVersion string
+	// Unlabelled is set when a record of the release carries no status
+	// label: the whole history is read before any decision made from the
+	// newest record alone (see part.Newest).
+	Unlabelled bool
+	// GateRenewed is the renewedAt of the gate's own record, before its
+	// beat's renewals are merged in (zero when it has none): a holder
+	// tells by it that the record its lock was on was deleted (vanished).
+	GateRenewed time.Time
+}
+
+// virtual reports a release lock taken while the release had no record.
+func (s *Snapshot) virtual(kind StoreKind) bool { return kind == StoreRelease && s.Newest == nil }
+
+// Store keeps locks of one namespace in one backend: a Lease per release,
+// the release's own records, a row of helm's sql database. Each write is
+// conditional on the snapshot it is made from and names what it does; a
+// store decides what that means for its own objects. A write that finds
+// the lock changed since fails with a Conflict (apierrors.IsConflict), one
+// that finds it deleted with NotFound; the engine then reads again and
+// decides anew. Read and Create fail with NotFound and AlreadyExists as the
+// API server does. A store that cannot be watched returns an error from
+// Watch and WatchQueue: the engine then polls.
+type Store interface {
+	// Read reads the lock named name.
+	Read(ctx context.Context, name string) (*Snapshot, error)
+	// Create takes the lock of a release that has none, naming rec.
+	Create(ctx context.Context, name string, rec Record) (*Snapshot, error)
+	// Take names rec the holder of a lock judged Free or Expired in
+	// from, with queue the waiters left.
+	Take(ctx context.Context, from *Snapshot, rec Record, queue []Waiter) (*Snapshot, error)
+	// Renew writes the holder's own record rec: a renewal, or the
+	// revision it names.
+	Renew(ctx context.Context, from *Snapshot, rec Record) (*Snapshot, error)
+	// Enqueue writes the waiters' queue.
+	Enqueue(ctx context.Context, from *Snapshot, queue []Waiter) (*Snapshot, error)
+	// Release writes the holder's own record rec, marked released; at,
+	// when set, names where the holder's write fence last left its lock
+	// (recordAt), written first without reading.
+	Release(ctx context.Context, from *Snapshot, rec Record, at string) (*Snapshot, error)
+	// ForceRelease writes rec, another session's record marked released
+	// by a person (unlock).
+	ForceRelease(ctx context.Context, from *Snapshot, rec Record) (*Snapshot, error)
+	// Delete removes the lock (after an uninstall that kept no history).
+	Delete(ctx context.Context, from *Snapshot) error
+	// List reads every lock of the namespace.
+	List(ctx context.Context) ([]*Snapshot, error)
+	// Watch watches what the lock read in from is kept on, from then.
+	Watch(ctx context.Context, from *Snapshot) (watch.Interface, error)
+	// WatchQueue watches the object the queue of lock name lives on, and
+	// says how to read the queue from one of its events.
+	WatchQueue(ctx context.Context, name string) (watch.Interface, func(runtime.Object) ([]Waiter, bool), error)
+}
