@@ -158,6 +158,9 @@ func (c *checker) lock(w Write, part *partLog, rec, lease, beat, holder, exempt 
 			c.pastExpiry(w, c.parts["lease"], false, false, false)
 		}
 	}
+	if beat && part.name == "gate" && !part.holding(w.Client) {
+		part.noteClaim(w)
+	}
 	for _, r := range lockRecords(w) {
 		if r.Session != w.Client {
 			continue
@@ -412,10 +415,10 @@ func (c *checker) recovered(r Result, p *partLog, waits time.Time, bound time.Du
 		// It found the lock expired: it succeeds, or fails for a reason
 		// of its own, or while the API server's clock, as it could read
 		// it, had not passed the LOCKED TILL the holder stamped, or after
-		// the lock was released or taken by another client, or behind a
-		// waiter that came first.
+		// the lock was released or taken by another client (or claimed:
+		// a take in flight), or behind a waiter that came first.
 		if r.Err == nil || r.Started.Before(st.from) || r.Started.Before(readable(st.stamped, r.Plan)) || c.excused(r) ||
-			st.by != me && st.to.Before(r.Ended) || c.queuedAhead(r, p) {
+			st.by != me && st.to.Before(r.Ended) || c.queuedAhead(r, p) || p.claimedAhead(r, st) {
 			continue
 		}
 		c.add("S2", "%s started at %s while %s's %s lock stood expired since %s (LOCKED TILL stamped %s), and failed at %s: %v", me, c.since(r.Started), st.holder, p.name, c.since(st.from), c.since(st.stamped), c.since(r.Ended), r.Err)
@@ -534,6 +537,8 @@ type partLog struct {
 	// tenures are the takes in order; cur is each client's latest.
 	tenures []*tenure
 	cur     map[string]*tenure
+	// claims are the claims of the beat by clients not holding the gate.
+	claims []claim
 }
 
 // tenure is one client's hold of a part, from its take to its release or
@@ -665,6 +670,57 @@ func (p *partLog) release(c string, at time.Time) {
 			t.end = at
 		}
 	}
+}
+
+// claim is a claim of the beat by a client that does not hold the gate:
+// a take in flight (docs/protocol.md, rule 5).
+type claim struct {
+	client  string
+	at      time.Time
+	lease   time.Duration
+	stamped time.Time // its LOCKED TILL as its writer stamped it
+}
+
+// holding reports whether c holds the part in a tenure it has not
+// released: its beat writes are renewals, not claims.
+func (p *partLog) holding(c string) bool {
+	t := p.cur[c]
+	return p.held(c) && t != nil && !t.released
+}
+
+// noteClaim records w, a write of the beat, when it carries an unreleased
+// record of its writer: a claim.
+func (p *partLog) noteClaim(w Write) {
+	for _, r := range lockRecords(w) {
+		if r.Session == w.Client && r.ReleasedAt.IsZero() {
+			p.claims = append(p.claims, claim{client: w.Client, at: w.At, lease: r.LeaseDuration.Duration, stamped: r.RenewedAt.Add(r.LeaseDuration.Duration)})
+		}
+	}
+}
+
+// claimedAhead reports whether another client claimed the beat while
+// st's lock stood expired, before r failed, and r failed while that claim
+// stood: rule 5 of docs/protocol.md judges a claim in flight Live, held by
+// the claimant, by everybody but the claimant, until its LOCKED TILL has
+// passed in server time and it has been seen unchanged for its lease (a
+// claimant that died holds the release that long). A client that found
+// the lock so was refused by a client that came first, as it is by a
+// taker's write of the gate (seeds 5568, 7546). A claim that came after
+// r took the gate itself (over r's own expired lock, say) explains
+// nothing.
+func (p *partLog) claimedAhead(r Result, st stuckSpan) bool {
+	// A claim after r took the gate itself did not come first.
+	until := minTime(r.Ended, p.firstTake(r.Plan.ID, r.Started))
+	for _, cl := range p.claims {
+		if cl.client == r.Plan.ID || cl.at.Before(st.from) || until.Before(cl.at) {
+			continue
+		}
+		live := maxTime(readable(cl.stamped, r.Plan), maxTime(cl.at, r.Started).Add(cl.lease+lock.TakeoverMargin))
+		if !r.Ended.After(live) {
+			return true
+		}
+	}
+	return false
 }
 
 // firstTake is when c first took the part at or after from, or never.

@@ -291,6 +291,25 @@ func TestCheck(t *testing.T) {
 			Results: []Result{result("b", rel, s(3), s(20), nil), result("c", rel, s(5), s(9), locked)},
 			Writes:  join(dead, takeover(3, s(8))),
 		}, nil},
+		// A claim of the beat is a take in flight (rule 5): held by the
+		// claimant until it has expired and been seen so for its lease
+		// (seeds 5568, 7546).
+		{"a contender refused while another client's claim of the beat stood", Outcome{
+			Results: []Result{result("b", rel, s(4), s(5.5), locked)},
+			Writes:  join(dead, []Write{onBeat(write(3, s(5), "c", s(5), false))}),
+		}, nil},
+		{"a contender refused after another client's claim of the beat expired", Outcome{
+			Results: []Result{result("b", rel, s(4), s(15), locked)},
+			Writes:  join(dead, []Write{onBeat(write(3, s(5), "c", s(5), false))}),
+		}, []string{"S2"}},
+		{"a contender that took over, lost its lock, and failed while another client claimed the beat", Outcome{
+			Results: []Result{result("b", rel, s(4), s(11), errPending)},
+			Writes:  join(dead, takeover(3, s(5)), []Write{onBeat(write(5, s(10), "c", s(10), false))}),
+		}, []string{"S2"}},
+		{"a contender refused by its own claim of the beat", Outcome{
+			Results: []Result{result("b", rel, s(4), s(5.5), locked)},
+			Writes:  join(dead, []Write{onBeat(write(3, s(5), "b", s(5), false))}),
+		}, []string{"S2"}},
 		// Issue 34: cooperative preemption.
 		{"a holder stopped at a waiter's request that marked its revision failed and gave the lock back", Outcome{
 			Results: stopped(asker, true),
