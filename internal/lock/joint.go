@@ -46,8 +46,10 @@ func AcquireJoint(ctx context.Context, req Request, wait bool, onProgress func(*
 	// waited[i] is set once part i had to be waited for (Held.waited), in
 	// any of its takes: an earlier part may have been lost meanwhile.
 	waited := make([]bool, len(backends))
-	// unkeep[i] stops the renewals of part i and waits for them to end.
+	// unkeep[i] stops the renewals of part i and waits for them to end;
+	// handOver[i] too, once a renewal in flight has its answer.
 	unkeep := make([]func(), len(backends))
+	handOver := make([]func(), len(backends))
 	keep := func(i int) {
 		kctx, cancel := context.WithCancel(context.Background())
 		done := make(chan struct{})
@@ -57,6 +59,7 @@ func AcquireJoint(ctx context.Context, req Request, wait bool, onProgress func(*
 			h.Keep(kctx, nil)
 		}()
 		unkeep[i] = func() { cancel(); <-done }
+		handOver[i] = func() { h.stopKeeping(cancel); <-done }
 	}
 	stop := func() {
 		for i, u := range unkeep {
@@ -152,7 +155,13 @@ func AcquireJoint(ctx context.Context, req Request, wait bool, onProgress func(*
 			}
 		}
 		if lost < 0 {
-			stop()
+			// The session's Keep renews them from here (stopKeeping).
+			for i, u := range unkeep {
+				if u != nil {
+					handOver[i]()
+					unkeep[i] = nil
+				}
+			}
 			return &Joint{parts: held}, nil
 		}
 		// Lock order holds on every take: the parts after the lost one are

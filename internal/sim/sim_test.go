@@ -196,6 +196,7 @@ var preemptRegressions = []struct {
 	{7546, "S2 (checker): a no-wait client refused while a claim whose answer was a 5xx stood (its claimant gave up; the claim holds the release one lease)"},
 	{4160, "S2: a waiter whose Date ran 30 s behind was dropped from the queue as expired by a later waiter's writes and queued anew behind it, then waited 30.8 s for a lock expired since it queued (an entry expired in server time alone is kept in the queue)"},
 	{19421, "S2: as 4160, 25.7 s"},
+	{13031, "S2: a joint lock's renewal of its gate, committed, was cancelled when the take handed the renewals over; the next renewal conflicted with it and came too late on a network of up to 900 ms a request (a renewal once sent now runs to its answer)"},
 	{84184, "S2: a holder stopped at a waiter's request whose settle read failed released naming itself abandoned; its own earlier renewal on the beat took that back in the virtual Lease, and the asker found the revision pending with no lock covering it (a released gate now keeps what its release says)"},
 }
 
