@@ -480,7 +480,7 @@ func (s *releaseStore) Update(ctx context.Context, l *coordinationv1.Lease, _ me
 		return nil, err
 	case !ok && anchor == "":
 		// Still no record: the virtual lock stays virtual.
-		return l.DeepCopy(), nil
+		return s.renewVirtual(ctx, l, beat)
 	case !ok:
 		return nil, apierrors.NewNotFound(leaseResource, l.Name)
 	case anchor == "" || beat.rv() != beatRV:
@@ -785,6 +785,44 @@ func (s *releaseStore) lastRead(l *coordinationv1.Lease) (lastRead, bool) {
 		return lastRead{}, false
 	}
 	return lr, true
+}
+
+// renewVirtual is Update of a lock taken while the release had no record
+// (virtual): nothing is written, unless it is the holder's renewal and the
+// holder wrote its beat already, just before its first revision's create
+// (ensureBeat). Everybody else judges its lock by that beat then (a claim
+// from no record, rule 5 of docs/protocol.md): the renewal renews it, as a
+// renewal of a gate's holder does, conditional on the beat as read.
+// Otherwise the holder's renew deadline moved on while the LOCKED TILL the
+// others read stood still, and it wrote past it (the simulation, seed
+// 13466: helm's create of revision 1, retried after a 429, sent 0.9 s
+// after the beat's LOCKED TILL less the renew margin).
+func (s *releaseStore) renewVirtual(ctx context.Context, l *coordinationv1.Lease, beat beatObj) (*coordinationv1.Lease, error) {
+	want, bt := annotatedRecord(l.Annotations), beatRecord(beat)
+	if want == nil || bt == nil || l.Annotations[annotationHolderWrite] != want.Session || bt.Session != want.Session ||
+		!bt.ReleasedAt.IsZero() || !want.ReleasedAt.IsZero() || !want.RenewedAt.After(bt.RenewedAt) {
+		return l.DeepCopy(), nil
+	}
+	enc, err := encodeBeat(*want)
+	if err != nil {
+		return nil, err
+	}
+	meta := beat.meta.DeepCopy()
+	meta.Annotations[AnnotationBeat] = enc
+	if err := fenced(ctx); err != nil {
+		return nil, err
+	}
+	written, err := s.beats.put(ctx, beat, *meta)
+	if apierrors.IsConflict(err) {
+		return nil, apierrors.NewConflict(leaseResource, l.Name, err)
+	}
+	if err != nil {
+		return nil, err
+	}
+	out := l.DeepCopy()
+	gate, _, list := splitRV(out.ResourceVersion)
+	out.ResourceVersion = joinRV(gate, written.rv(), list)
+	return out, nil
 }
 
 // ensureBeat makes the beat name rec's holder, for a lock taken while the
