@@ -473,14 +473,36 @@ func recovers(r Result) bool {
 }
 
 // slowNetwork is the latency bound at which a schedule's network explains
-// a client's failure: a renewal whose round trip takes
+// a client's failure whatever its lease: a renewal whose round trip takes
 // lock.RenewMargin (1 s) can miss the renew deadline, a lease less that
 // margin after the last renewal was sent.
 const slowNetwork = lock.RenewMargin
 
+// slowFor is the latency (Faults.MaxLatency bounds a request's round
+// trip) at which a network with no fault can make a holder with lease
+// miss its renew deadline, lease - RenewMargin after it sent its last
+// renewal, as the protocol times its requests (docs/protocol.md):
+//
+//   - a renewal, due a third of the lease after the last was sent, is two
+//     requests (rule 2: a read of the records, then the beat's write) and
+//     must be answered within lease - lease/3 - RenewMargin;
+//   - a take holds its lock from its claim's send (rule 1), and its first
+//     renewal is answered five requests later at the soonest: the claim,
+//     a read of the records, the gate's write, then the renewal's two.
+//
+// It is at most slowNetwork; for a 3 s lease 400 ms, for 5 s 800 ms
+// (seeds 3358, 26457: 3 s leases on networks of up to 864 ms and 602 ms
+// a request, a holder whose take or renewal could not be answered in
+// time).
+func slowFor(lease time.Duration) time.Duration {
+	take := (lease - lock.RenewMargin) / 5
+	renewal := (lease - lease/3 - lock.RenewMargin) / 2
+	return min(slowNetwork, take, renewal)
+}
+
 // excused reports whether r's failure is explained without recovery: its
 // network failed it (a fault injected on its link, or latency that can
-// outlast the renew margin), or its helm refused the history it read (a
+// make its renewals miss their deadline), or its helm refused the history it read (a
 // refusal; helm's refusal of a pending release is not one), or it held the
 // lock and stopped at a waiter's request (preemptions checks that one).
 func (c *checker) excused(r Result) bool {
@@ -489,10 +511,11 @@ func (c *checker) excused(r Result) bool {
 }
 
 // netFailed reports whether r's network failed it: a fault injected on
-// its link, or latency that can outlast the renew margin.
+// its link, or latency that can make its renewals miss their deadline
+// (slowFor).
 func (c *checker) netFailed(r Result) bool {
 	n := r.Counts
-	return n.Reset+n.Lost+n.Throttle+n.Unavailable+n.Conflict > 0 || !r.Plan.Clean && c.o.Schedule.Faults.MaxLatency >= slowNetwork
+	return n.Reset+n.Lost+n.Throttle+n.Unavailable+n.Conflict > 0 || !r.Plan.Clean && c.o.Schedule.Faults.MaxLatency >= slowFor(r.Plan.Lease)
 }
 
 // recoveryBound is how long a client may wait for an expired lock (the

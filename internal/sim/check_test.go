@@ -283,6 +283,36 @@ func TestCheck(t *testing.T) {
 			Results: []Result{result("b", rel, s(5), s(10), errPending)},
 			Writes:  join(dead, takeover(3, s(8))),
 		}, []string{"S2"}},
+		// A 3 s lease cannot be held on a network of 600 ms a request:
+		// the take and its first renewal are five requests within 2 s
+		// (slowFor: 400 ms); on one of 300 ms it can.
+		{"a contender with a 3 s lease that took over and lost its lock on a slow network", Outcome{
+			Schedule: Schedule{Faults: Faults{MaxLatency: 600 * time.Millisecond}},
+			Results: []Result{func() Result {
+				r := result("b", rel, s(5), s(10), lock.ErrLost)
+				r.Plan.Lease = 3 * time.Second
+				return r
+			}()},
+			Writes: join(dead, takeover(3, s(8))),
+		}, nil},
+		{"a contender with a 3 s lease that took over and lost its lock on a fast network", Outcome{
+			Schedule: Schedule{Faults: Faults{MaxLatency: 300 * time.Millisecond}},
+			Results: []Result{func() Result {
+				r := result("b", rel, s(5), s(10), lock.ErrLost)
+				r.Plan.Lease = 3 * time.Second
+				return r
+			}()},
+			Writes: join(dead, takeover(3, s(8))),
+		}, []string{"S2"}},
+		{"a contender with a 15 s lease that took over and lost its lock on a network of 600 ms", Outcome{
+			Schedule: Schedule{Faults: Faults{MaxLatency: 600 * time.Millisecond}},
+			Results: []Result{func() Result {
+				r := result("b", rel, s(5), s(10), lock.ErrLost)
+				r.Plan.Lease = 15 * time.Second
+				return r
+			}()},
+			Writes: join(dead, takeover(3, s(8))),
+		}, []string{"S2"}},
 		{"a contender whose helm refused the history", Outcome{
 			Results: []Result{result("b", rel, s(5), s(10), refusal(`"app" has no deployed releases`))},
 			Writes:  join(dead, takeover(3, s(8))),
