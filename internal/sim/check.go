@@ -218,13 +218,15 @@ func (c *checker) pastExpiry(w Write, p *partLog, rec, beat, takes bool) {
 		if beat && !c.carries(w, p.acquired[w.Client]) {
 			return // a new claim, after a tenure taken over
 		}
-		if beat && !c.renews(w, p) {
-			// The beat written with the holder's record as it stood
-			// renews nothing: a queue write of a waiter that is the
-			// holder itself (its take's answer was lost, its own lock
-			// expired, and waiters came first: lock.Backend.attempt
-			// queues it behind them; seed 79). As for a claim below,
-			// only a write of a later renewedAt is the holder's.
+		if (beat || p.name == "lease") && !c.renews(w, p) {
+			// The beat (or the Lease) written with the holder's record
+			// as it stood renews nothing: a queue write of a waiter
+			// that is the holder itself (its take's answer was lost,
+			// its own lock expired, and waiters came first:
+			// lock.Backend.attempt queues it behind them; seed 79 on
+			// the beat, 58682 on the Lease). As for a claim below, only
+			// a write of a later renewedAt is the holder's: every write
+			// of the lock stamps one (Held.writeLocked).
 			return
 		}
 		expiry = t.expiry

@@ -189,6 +189,9 @@ func TestCheck(t *testing.T) {
 		{"the holder's record carried unchanged on the beat after its expiry", Outcome{Writes: join(dead, []Write{
 			again(onBeat(write(1, 0, "a", 0, false)), 3, s(2.5)),
 		})}, nil},
+		{"the holder's record carried unchanged on the Lease after its expiry", Outcome{Writes: []Write{
+			write(1, 0, "a", 0, false), again(write(1, 0, "a", 0, false), 2, s(2.5)),
+		}}, nil},
 		// The holder's take whose answer was lost, taken again once its
 		// own lock expired: a new acquiredAt, a take.
 		{"the holder taking its own expired Lease again", Outcome{Writes: []Write{

@@ -198,6 +198,7 @@ var preemptRegressions = []struct {
 	{19421, "S2: as 4160, 25.7 s"},
 	{13031, "S2: a joint lock's renewal of its gate, committed, was cancelled when the take handed the renewals over; the next renewal conflicted with it and came too late on a network of up to 900 ms a request (a renewal once sent now runs to its answer)"},
 	{13466, "S5: a first install's renewals of its virtual lock wrote nothing after its beat was written before the create of revision 1, so its renew deadline moved on while the beat's LOCKED TILL stood; helm's create, retried after a 429, went out past it (a renewal renews that beat now)"},
+	{58682, "S5 (checker): a holder whose own Lease expired queued behind a waiter on it, its record carried unchanged; it renews nothing (as seed 79 on the beat)"},
 	{84184, "S2: a holder stopped at a waiter's request whose settle read failed released naming itself abandoned; its own earlier renewal on the beat took that back in the virtual Lease, and the asker found the revision pending with no lock covering it (a released gate now keeps what its release says)"},
 }
 
