@@ -55,7 +55,8 @@ func Acquire(ctx context.Context, req Request, wait bool, onProgress func(*Recor
 	}
 	a := &acquisition{
 		req: req, wait: wait, onProgress: onProgress, backends: backends,
-		held: make([]*part, len(backends)), waited: make([]bool, len(backends)), unkeep: make([]func(), len(backends)),
+		held: make([]*part, len(backends)), waited: make([]bool, len(backends)),
+		unkeep: make([]func(), len(backends)), handOvers: make([]func(), len(backends)),
 	}
 	from := 0
 	for range maxRetakes + 1 {
@@ -69,7 +70,8 @@ func Acquire(ctx context.Context, req Request, wait bool, onProgress func(*Recor
 			return a.fail(ctx, err)
 		}
 		if lost < 0 {
-			a.stopKeeping()
+			// The session's Keep renews them from here (part.stopKeeping).
+			a.handOver()
 			return &Held{parts: a.held}, nil
 		}
 		if err := a.giveBackFrom(ctx, lost); err != nil {
@@ -93,8 +95,9 @@ type acquisition struct {
 	// waited[i] is set once part i had to be waited for (part.waited), in
 	// any of its takes: an earlier part may have been lost meanwhile.
 	waited []bool
-	// unkeep[i] stops the renewals of part i and waits for them to end.
-	unkeep []func()
+	// unkeep[i] stops the renewals of part i and waits for them to end;
+	// handOvers[i] too, once a renewal in flight has its answer.
+	unkeep, handOvers []func()
 }
 
 // take takes part i, and keeps it renewed.
@@ -139,7 +142,19 @@ func (a *acquisition) take(ctx context.Context, i int) error {
 		h.Keep(kctx, nil)
 	}()
 	a.unkeep[i] = func() { cancel(); <-done }
+	a.handOvers[i] = func() { h.stopKeeping(cancel); <-done }
 	return nil
+}
+
+// handOver stops the renewals of every part taken, each once a renewal in
+// flight has its answer: the lock's holder renews them from then on.
+func (a *acquisition) handOver() {
+	for i, u := range a.unkeep {
+		if u != nil {
+			a.handOvers[i]()
+			a.unkeep[i], a.handOvers[i] = nil, nil
+		}
+	}
 }
 
 // stopKeeping stops the renewals of every part taken.

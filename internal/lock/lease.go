@@ -344,6 +344,10 @@ type view struct {
 	recErr error
 	state  State
 	live   []Waiter
+	// queue is what a write of the queue keeps: live, and the entries
+	// expired in server time that this process has not seen unchanged
+	// for their lease (judgeWaiters).
+	queue []Waiter
 	// confirmAt is, on this process's clock, when the judgement of a held
 	// lock by its own elapsed time will change unless the lock does
 	// (Confirm); zero when it will not.
@@ -392,7 +396,7 @@ func (b *Backend) decode(l *Snapshot, now servertime.Bounds, self string) view {
 	} else if b.Sightings != nil {
 		b.Sightings.forgetClaim(b.sightKey(l.Namespace, l.Name))
 	}
-	v.live = b.confirmWaiters(l, liveWaiters(l.Queue, now, b.margin()), self)
+	v.live, v.queue = b.judgeWaiters(l, l.Queue, now, self)
 	return v
 }
 
@@ -444,24 +448,43 @@ func (b *Backend) confirmSeen(key, seenAs string, renewed, till time.Time, state
 	return st, at, state == Expired && st == Live
 }
 
-// confirmWaiters drops from live, the queue's entries not yet expired in
-// server time, those whose waiters this process has seen stop refreshing
-// them (waiterStopped): an entry written through a Date header running
-// ahead would otherwise hold the queue for the difference after its waiter
-// died. self's own entry is kept: it refreshes it.
-func (b *Backend) confirmWaiters(l *Snapshot, live []Waiter, self string) []Waiter {
+// judgeWaiters returns the entries of queue ws that come before a take
+// (live: not expired in server time, liveWaiters) and those a write of
+// the queue keeps, in order. An entry this process has seen unchanged for
+// its waiter's lease and the margin is dropped from both
+// (waiterStopped): one written through a Date header running ahead would
+// otherwise hold the queue for the difference after its waiter died.
+// self's own entry is never dropped so: it refreshes it.
+//
+// An entry expired in server time alone is skipped, not dropped: its
+// stamps are its waiter's estimate of server time, and a waiter whose
+// Date headers run behind stamps its entries that far in the past. Dropped
+// from every queue another waiter wrote, it lost its place in arrival
+// order at each of their writes and queued anew behind them, waiting for
+// whoever came after it (the simulation, seeds 4160 and 19421: a waiter
+// whose Date ran 30 s behind waited 30.8 s for a lock expired since it
+// queued, behind a later waiter that went to sleep). Kept, it keeps its
+// place; both may find the lock theirs to take, and the take, a
+// conditional write, decides. A dead waiter's entry goes at the first
+// write of a process that has seen it unchanged for its lease.
+func (b *Backend) judgeWaiters(l *Snapshot, ws []Waiter, now servertime.Bounds, self string) (live, queue []Waiter) {
+	live = liveWaiters(ws, now, b.margin())
 	if b.TrustServerTime || b.clock == nil || b.Sightings == nil {
-		return live
+		return live, live
 	}
 	localNow := b.clock.Now()
-	since := b.Sightings.queue(b.sightKey(l.Namespace, l.Name), live, localNow)
-	out := live[:0:0]
-	for i, w := range live {
-		if w.Session == self || !waiterStopped(w, localNow.Sub(since[i]), b.margin()) {
-			out = append(out, w)
+	since := b.Sightings.queue(b.sightKey(l.Namespace, l.Name), ws, localNow)
+	live = live[:0:0]
+	for i, w := range ws {
+		if w.Session != self && waiterStopped(w, localNow.Sub(since[i]), b.margin()) {
+			continue
+		}
+		queue = append(queue, w)
+		if len(liveWaiters(ws[i:i+1], now, b.margin())) > 0 {
+			live = append(live, w)
 		}
 	}
-	return out
+	return live, queue
 }
 
 // confirm applies Confirm to the judgement of l in v: it remembers the
@@ -873,7 +896,7 @@ func (b *Backend) take(ctx context.Context, req *Request, v view, maybe *maybeTa
 		// now, and named in the take (part.SetRevision then writes nothing).
 		rec.Revision = nextRevision(req, v.snap.Newest)
 	}
-	rest := slices.DeleteFunc(slices.Clone(v.live), func(w Waiter) bool { return w.Session == req.Session })
+	rest := slices.DeleteFunc(slices.Clone(v.queue), func(w Waiter) bool { return w.Session == req.Session })
 	prev := v.rec
 	if v.recErr != nil {
 		prev = nil
@@ -953,7 +976,8 @@ func (b *Backend) enqueue(ctx context.Context, req *Request, w *waitState, v vie
 		return nil, fmt.Errorf("queue for release %q in namespace %q: %w", req.Release, req.Namespace, err)
 	}
 	t := ceilMilli(now.Latest)
-	ws := slices.Clone(v.live)
+	ws := slices.Clone(v.queue)
+	i = slices.IndexFunc(ws, func(x Waiter) bool { return x.Session == req.Session })
 	if i < 0 {
 		if w.enqueuedAt.IsZero() {
 			w.enqueuedAt = t

@@ -101,7 +101,7 @@ func (b *Backend) adopt(ctx context.Context, req *Request, v view, now servertim
 	}
 	w := m.committed(rec)
 	if v.state != Live {
-		return b.take(ctx, req, view{snap: v.snap, rec: w.prev, state: w.prevState, live: v.live}, m)
+		return b.take(ctx, req, view{snap: v.snap, rec: w.prev, state: w.prevState, live: v.live, queue: v.queue}, m)
 	}
 	if rec == nil {
 		// Our session holds it but its record cannot be read: what we

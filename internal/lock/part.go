@@ -825,6 +825,23 @@ func (h *part) Keep(ctx context.Context, onLost func(error)) {
 	}
 }
 
+// stopKeeping stops a Keep of h by calling cancel, its context's, once no
+// write of the lock is in flight: a renewal in flight runs to its answer
+// first, bounded by the renew deadline (writeLocked). Cancelled mid-flight,
+// a renewal that committed is forgotten (its resourceVersion, and its send
+// time, which the renew deadline counts from), and the next write of the
+// lock conflicts with it and reads the lock again first. Acquire hands its
+// parts' renewals over so once every part is taken (the simulation, seed
+// 13031: a renewal of the gate cancelled there 60 ms after it committed,
+// on a network of up to 900 ms a request; the renewal after it sent its
+// write at 24.2 s against a deadline of 24.8 s counted from the one
+// before, and the lock was lost).
+func (h *part) stopKeeping(cancel context.CancelFunc) {
+	h.writeMu.Lock()
+	defer h.writeMu.Unlock()
+	cancel()
+}
+
 // renewAt picks when to renew: at target, or up to a sixth of the lease (at
 // most a second) earlier when that lets the renewal double as a probe of the
 // server clock (servertime.Estimator.ProbeAt). Tighter bounds make the

@@ -521,6 +521,9 @@ func (s *releaseStore) write(ctx context.Context, from *Snapshot, w lockWrite) (
 		return nil, err
 	case !ok && anchor == "":
 		// Still no record: the virtual lock stays virtual.
+		if w.holder {
+			return s.renewVirtual(ctx, from, want, beat)
+		}
 		return holding(from, w.want, w.queue, w.setQueue)
 	case !ok:
 		return nil, apierrors.NewNotFound(leaseResource, from.Name)
@@ -805,6 +808,41 @@ func gateWrite(want, have *Record) (gateChange, take bool) {
 	gateChange = want != nil && (have == nil || want.Session != have.Session ||
 		!want.ReleasedAt.Equal(have.ReleasedAt) || want.ReleasedBy != have.ReleasedBy)
 	return gateChange, gateChange && want.ReleasedAt.IsZero()
+}
+
+// renewVirtual is the holder's write of a lock taken while the release had
+// no record (virtual): nothing is written, unless it is a renewal and the
+// holder wrote its beat already, just before its first revision's create
+// (ensureBeat). Everybody else judges its lock by that beat then (a claim
+// from no record, rule 5 of docs/protocol.md): the renewal renews it, as a
+// renewal of a gate's holder does, conditional on the beat as read.
+// Otherwise the holder's renew deadline moved on while the LOCKED TILL the
+// others read stood still, and it wrote past it (the simulation, seed
+// 13466: helm's create of revision 1, retried after a 429, sent 0.9 s
+// after the beat's LOCKED TILL less the renew margin).
+func (s *releaseStore) renewVirtual(ctx context.Context, from *Snapshot, want *Record, beat beatObj) (*Snapshot, error) {
+	bt := beatRecord(beat)
+	if want == nil || bt == nil || bt.Session != want.Session ||
+		!bt.ReleasedAt.IsZero() || !want.ReleasedAt.IsZero() || !want.RenewedAt.After(bt.RenewedAt) {
+		return holding(from, want, nil, false)
+	}
+	enc, err := encodeBeat(*want)
+	if err != nil {
+		return nil, err
+	}
+	meta := beat.meta.DeepCopy()
+	meta.Annotations[AnnotationBeat] = enc
+	if err := fenced(ctx); err != nil {
+		return nil, err
+	}
+	written, err := s.beats.put(ctx, beat, *meta)
+	if apierrors.IsConflict(err) {
+		return nil, apierrors.NewConflict(leaseResource, from.Name, err)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return holding(withBeatVersion(from, written.rv()), want, nil, false)
 }
 
 // ensureBeat makes the beat name rec's holder, for a lock taken while the

@@ -158,6 +158,9 @@ func (c *checker) lock(w Write, part *partLog, rec, lease, beat, holder, exempt 
 			c.pastExpiry(w, c.parts["lease"], false, false, false)
 		}
 	}
+	if beat && part.name == "gate" && !part.holding(w.Client) {
+		part.noteClaim(w)
+	}
 	for _, r := range lockRecords(w) {
 		if r.Session != w.Client {
 			continue
@@ -215,13 +218,15 @@ func (c *checker) pastExpiry(w Write, p *partLog, rec, beat, takes bool) {
 		if beat && !c.carries(w, p.acquired[w.Client]) {
 			return // a new claim, after a tenure taken over
 		}
-		if beat && !c.renews(w, p) {
-			// The beat written with the holder's record as it stood
-			// renews nothing: a queue write of a waiter that is the
-			// holder itself (its take's answer was lost, its own lock
-			// expired, and waiters came first: lock.Backend.attempt
-			// queues it behind them; seed 79). As for a claim below,
-			// only a write of a later renewedAt is the holder's.
+		if (beat || p.name == "lease") && !c.renews(w, p) {
+			// The beat (or the Lease) written with the holder's record
+			// as it stood renews nothing: a queue write of a waiter
+			// that is the holder itself (its take's answer was lost,
+			// its own lock expired, and waiters came first:
+			// lock.Backend.attempt queues it behind them; seed 79 on
+			// the beat, 58682 on the Lease). As for a claim below, only
+			// a write of a later renewedAt is the holder's: every write
+			// of the lock stamps one (Held.writeLocked).
 			return
 		}
 		expiry = t.expiry
@@ -412,10 +417,10 @@ func (c *checker) recovered(r Result, p *partLog, waits time.Time, bound time.Du
 		// It found the lock expired: it succeeds, or fails for a reason
 		// of its own, or while the API server's clock, as it could read
 		// it, had not passed the LOCKED TILL the holder stamped, or after
-		// the lock was released or taken by another client, or behind a
-		// waiter that came first.
+		// the lock was released or taken by another client (or claimed:
+		// a take in flight), or behind a waiter that came first.
 		if r.Err == nil || r.Started.Before(st.from) || r.Started.Before(readable(st.stamped, r.Plan)) || c.excused(r) ||
-			st.by != me && st.to.Before(r.Ended) || c.queuedAhead(r, p) {
+			st.by != me && st.to.Before(r.Ended) || c.queuedAhead(r, p) || p.claimedAhead(r, st) {
 			continue
 		}
 		c.add("S2", "%s started at %s while %s's %s lock stood expired since %s (LOCKED TILL stamped %s), and failed at %s: %v", me, c.since(r.Started), st.holder, p.name, c.since(st.from), c.since(st.stamped), c.since(r.Ended), r.Err)
@@ -470,14 +475,36 @@ func recovers(r Result) bool {
 }
 
 // slowNetwork is the latency bound at which a schedule's network explains
-// a client's failure: a renewal whose round trip takes
+// a client's failure whatever its lease: a renewal whose round trip takes
 // lock.RenewMargin (1 s) can miss the renew deadline, a lease less that
 // margin after the last renewal was sent.
 const slowNetwork = lock.RenewMargin
 
+// slowFor is the latency (Faults.MaxLatency bounds a request's round
+// trip) at which a network with no fault can make a holder with lease
+// miss its renew deadline, lease - RenewMargin after it sent its last
+// renewal, as the protocol times its requests (docs/protocol.md):
+//
+//   - a renewal, due a third of the lease after the last was sent, is two
+//     requests (rule 2: a read of the records, then the beat's write) and
+//     must be answered within lease - lease/3 - RenewMargin;
+//   - a take holds its lock from its claim's send (rule 1), and its first
+//     renewal is answered five requests later at the soonest: the claim,
+//     a read of the records, the gate's write, then the renewal's two.
+//
+// It is at most slowNetwork; for a 3 s lease 400 ms, for 5 s 800 ms
+// (seeds 3358, 26457: 3 s leases on networks of up to 864 ms and 602 ms
+// a request, a holder whose take or renewal could not be answered in
+// time).
+func slowFor(lease time.Duration) time.Duration {
+	take := (lease - lock.RenewMargin) / 5
+	renewal := (lease - lease/3 - lock.RenewMargin) / 2
+	return min(slowNetwork, take, renewal)
+}
+
 // excused reports whether r's failure is explained without recovery: its
 // network failed it (a fault injected on its link, or latency that can
-// outlast the renew margin), or its helm refused the history it read (a
+// make its renewals miss their deadline), or its helm refused the history it read (a
 // refusal; helm's refusal of a pending release is not one), or it held the
 // lock and stopped at a waiter's request (preemptions checks that one).
 func (c *checker) excused(r Result) bool {
@@ -486,10 +513,11 @@ func (c *checker) excused(r Result) bool {
 }
 
 // netFailed reports whether r's network failed it: a fault injected on
-// its link, or latency that can outlast the renew margin.
+// its link, or latency that can make its renewals miss their deadline
+// (slowFor).
 func (c *checker) netFailed(r Result) bool {
 	n := r.Counts
-	return n.Reset+n.Lost+n.Throttle+n.Unavailable+n.Conflict > 0 || !r.Plan.Clean && c.o.Schedule.Faults.MaxLatency >= slowNetwork
+	return n.Reset+n.Lost+n.Throttle+n.Unavailable+n.Conflict > 0 || !r.Plan.Clean && c.o.Schedule.Faults.MaxLatency >= slowFor(r.Plan.Lease)
 }
 
 // recoveryBound is how long a client may wait for an expired lock (the
@@ -534,6 +562,8 @@ type partLog struct {
 	// tenures are the takes in order; cur is each client's latest.
 	tenures []*tenure
 	cur     map[string]*tenure
+	// claims are the claims of the beat by clients not holding the gate.
+	claims []claim
 }
 
 // tenure is one client's hold of a part, from its take to its release or
@@ -665,6 +695,57 @@ func (p *partLog) release(c string, at time.Time) {
 			t.end = at
 		}
 	}
+}
+
+// claim is a claim of the beat by a client that does not hold the gate:
+// a take in flight (docs/protocol.md, rule 5).
+type claim struct {
+	client  string
+	at      time.Time
+	lease   time.Duration
+	stamped time.Time // its LOCKED TILL as its writer stamped it
+}
+
+// holding reports whether c holds the part in a tenure it has not
+// released: its beat writes are renewals, not claims.
+func (p *partLog) holding(c string) bool {
+	t := p.cur[c]
+	return p.held(c) && t != nil && !t.released
+}
+
+// noteClaim records w, a write of the beat, when it carries an unreleased
+// record of its writer: a claim.
+func (p *partLog) noteClaim(w Write) {
+	for _, r := range lockRecords(w) {
+		if r.Session == w.Client && r.ReleasedAt.IsZero() {
+			p.claims = append(p.claims, claim{client: w.Client, at: w.At, lease: r.LeaseDuration.Duration, stamped: r.RenewedAt.Add(r.LeaseDuration.Duration)})
+		}
+	}
+}
+
+// claimedAhead reports whether another client claimed the beat while
+// st's lock stood expired, before r failed, and r failed while that claim
+// stood: rule 5 of docs/protocol.md judges a claim in flight Live, held by
+// the claimant, by everybody but the claimant, until its LOCKED TILL has
+// passed in server time and it has been seen unchanged for its lease (a
+// claimant that died holds the release that long). A client that found
+// the lock so was refused by a client that came first, as it is by a
+// taker's write of the gate (seeds 5568, 7546). A claim that came after
+// r took the gate itself (over r's own expired lock, say) explains
+// nothing.
+func (p *partLog) claimedAhead(r Result, st stuckSpan) bool {
+	// A claim after r took the gate itself did not come first.
+	until := minTime(r.Ended, p.firstTake(r.Plan.ID, r.Started))
+	for _, cl := range p.claims {
+		if cl.client == r.Plan.ID || cl.at.Before(st.from) || until.Before(cl.at) {
+			continue
+		}
+		live := maxTime(readable(cl.stamped, r.Plan), maxTime(cl.at, r.Started).Add(cl.lease+lock.TakeoverMargin))
+		if !r.Ended.After(live) {
+			return true
+		}
+	}
+	return false
 }
 
 // firstTake is when c first took the part at or after from, or never.

@@ -189,6 +189,9 @@ func TestCheck(t *testing.T) {
 		{"the holder's record carried unchanged on the beat after its expiry", Outcome{Writes: join(dead, []Write{
 			again(onBeat(write(1, 0, "a", 0, false)), 3, s(2.5)),
 		})}, nil},
+		{"the holder's record carried unchanged on the Lease after its expiry", Outcome{Writes: []Write{
+			write(1, 0, "a", 0, false), again(write(1, 0, "a", 0, false), 2, s(2.5)),
+		}}, nil},
 		// The holder's take whose answer was lost, taken again once its
 		// own lock expired: a new acquiredAt, a take.
 		{"the holder taking its own expired Lease again", Outcome{Writes: []Write{
@@ -283,6 +286,36 @@ func TestCheck(t *testing.T) {
 			Results: []Result{result("b", rel, s(5), s(10), errPending)},
 			Writes:  join(dead, takeover(3, s(8))),
 		}, []string{"S2"}},
+		// A 3 s lease cannot be held on a network of 600 ms a request:
+		// the take and its first renewal are five requests within 2 s
+		// (slowFor: 400 ms); on one of 300 ms it can.
+		{"a contender with a 3 s lease that took over and lost its lock on a slow network", Outcome{
+			Schedule: Schedule{Faults: Faults{MaxLatency: 600 * time.Millisecond}},
+			Results: []Result{func() Result {
+				r := result("b", rel, s(5), s(10), lock.ErrLost)
+				r.Plan.Lease = 3 * time.Second
+				return r
+			}()},
+			Writes: join(dead, takeover(3, s(8))),
+		}, nil},
+		{"a contender with a 3 s lease that took over and lost its lock on a fast network", Outcome{
+			Schedule: Schedule{Faults: Faults{MaxLatency: 300 * time.Millisecond}},
+			Results: []Result{func() Result {
+				r := result("b", rel, s(5), s(10), lock.ErrLost)
+				r.Plan.Lease = 3 * time.Second
+				return r
+			}()},
+			Writes: join(dead, takeover(3, s(8))),
+		}, []string{"S2"}},
+		{"a contender with a 15 s lease that took over and lost its lock on a network of 600 ms", Outcome{
+			Schedule: Schedule{Faults: Faults{MaxLatency: 600 * time.Millisecond}},
+			Results: []Result{func() Result {
+				r := result("b", rel, s(5), s(10), lock.ErrLost)
+				r.Plan.Lease = 15 * time.Second
+				return r
+			}()},
+			Writes: join(dead, takeover(3, s(8))),
+		}, []string{"S2"}},
 		{"a contender whose helm refused the history", Outcome{
 			Results: []Result{result("b", rel, s(5), s(10), refusal(`"app" has no deployed releases`))},
 			Writes:  join(dead, takeover(3, s(8))),
@@ -291,6 +324,25 @@ func TestCheck(t *testing.T) {
 			Results: []Result{result("b", rel, s(3), s(20), nil), result("c", rel, s(5), s(9), locked)},
 			Writes:  join(dead, takeover(3, s(8))),
 		}, nil},
+		// A claim of the beat is a take in flight (rule 5): held by the
+		// claimant until it has expired and been seen so for its lease
+		// (seeds 5568, 7546).
+		{"a contender refused while another client's claim of the beat stood", Outcome{
+			Results: []Result{result("b", rel, s(4), s(5.5), locked)},
+			Writes:  join(dead, []Write{onBeat(write(3, s(5), "c", s(5), false))}),
+		}, nil},
+		{"a contender refused after another client's claim of the beat expired", Outcome{
+			Results: []Result{result("b", rel, s(4), s(15), locked)},
+			Writes:  join(dead, []Write{onBeat(write(3, s(5), "c", s(5), false))}),
+		}, []string{"S2"}},
+		{"a contender that took over, lost its lock, and failed while another client claimed the beat", Outcome{
+			Results: []Result{result("b", rel, s(4), s(11), errPending)},
+			Writes:  join(dead, takeover(3, s(5)), []Write{onBeat(write(5, s(10), "c", s(10), false))}),
+		}, []string{"S2"}},
+		{"a contender refused by its own claim of the beat", Outcome{
+			Results: []Result{result("b", rel, s(4), s(5.5), locked)},
+			Writes:  join(dead, []Write{onBeat(write(3, s(5), "b", s(5), false))}),
+		}, []string{"S2"}},
 		// Issue 34: cooperative preemption.
 		{"a holder stopped at a waiter's request that marked its revision failed and gave the lock back", Outcome{
 			Results: stopped(asker, true),

@@ -192,6 +192,13 @@ var preemptRegressions = []struct {
 	{75757, "S2 (checker): a holder stopped at a waiter's request whose 3 s lease ran out before it marked its revision failed wrote nothing more, and the asker recovered the revision as abandoned"},
 	{35818, "S7: helm's write marking revision 1 superseded failed past the fence's retries, helm went on and wrote its revision deployed beside it (the fence now stops the operation after a failed supersede)"},
 	{36433, "S7: as 35818"},
+	{5568, "S2 (checker): a no-wait client refused 19 ms after another's claim of the beat, before that claimant's gate write; a claim in flight holds the release (rule 5)"},
+	{7546, "S2 (checker): a no-wait client refused while a claim whose answer was a 5xx stood (its claimant gave up; the claim holds the release one lease)"},
+	{4160, "S2: a waiter whose Date ran 30 s behind was dropped from the queue as expired by a later waiter's writes and queued anew behind it, then waited 30.8 s for a lock expired since it queued (an entry expired in server time alone is kept in the queue)"},
+	{19421, "S2: as 4160, 25.7 s"},
+	{13031, "S2: a joint lock's renewal of its gate, committed, was cancelled when the take handed the renewals over; the next renewal conflicted with it and came too late on a network of up to 900 ms a request (a renewal once sent now runs to its answer)"},
+	{13466, "S5: a first install's renewals of its virtual lock wrote nothing after its beat was written before the create of revision 1, so its renew deadline moved on while the beat's LOCKED TILL stood; helm's create, retried after a 429, went out past it (a renewal renews that beat now)"},
+	{58682, "S5 (checker): a holder whose own Lease expired queued behind a waiter on it, its record carried unchanged; it renews nothing (as seed 79 on the beat)"},
 	{84184, "S2: a holder stopped at a waiter's request whose settle read failed released naming itself abandoned; its own earlier renewal on the beat took that back in the virtual Lease, and the asker found the revision pending with no lock covering it (a released gate now keeps what its release says)"},
 }
 
