@@ -204,8 +204,13 @@ func liveWaiters(ws []Waiter, now servertime.Bounds, margin time.Duration) []Wai
 // whatever the Date headers say. An entry of unknown lease is judged by
 // server time alone (liveWaiters).
 func waiterStopped(w Waiter, seenFor, margin time.Duration) bool {
-	lease := w.ExpiresAt.Sub(w.HeartbeatAt)
-	return !w.HeartbeatAt.IsZero() && lease > 0 && seenFor >= lease+margin
+	return leaseKnown(w) && seenFor >= w.ExpiresAt.Sub(w.HeartbeatAt)+margin
+}
+
+// leaseKnown tells whether a queue entry says its waiter's lease: its
+// heartbeat time and its expiry after it.
+func leaseKnown(w Waiter) bool {
+	return !w.HeartbeatAt.IsZero() && w.ExpiresAt.After(w.HeartbeatAt)
 }
 
 // waitersAhead counts the live waiters that come before session: all of them

@@ -479,8 +479,15 @@ func (b *Backend) judgeWaiters(l *Snapshot, ws []Waiter, now servertime.Bounds, 
 		if w.Session != self && waiterStopped(w, localNow.Sub(since[i]), b.margin()) {
 			continue
 		}
+		isLive := len(liveWaiters(ws[i:i+1], now, b.margin())) > 0
+		if !isLive && !leaseKnown(w) {
+			// An entry of unknown lease (its waiter wrote no heartbeat
+			// time) is judged by server time alone: never seen stopped,
+			// it would be kept for ever (found by review).
+			continue
+		}
 		queue = append(queue, w)
-		if len(liveWaiters(ws[i:i+1], now, b.margin())) > 0 {
+		if isLive {
 			live = append(live, w)
 		}
 	}

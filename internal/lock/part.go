@@ -502,7 +502,11 @@ func (h *part) reread(ctx context.Context, cur *Snapshot) (*Snapshot, error) {
 	fresh, err := h.b.store(h.req.Namespace).Read(ctx, name)
 	if apierrors.IsNotFound(err) {
 		what := "lease " + name + " was deleted by someone else"
-		if h.b.kind == StoreRelease {
+		switch {
+		case cur.virtual(h.b.kind):
+			// Still no record: its beat changed (found by review).
+			what = "another session wrote its beat before the release's first revision was created (another client is installing it)"
+		case h.b.kind == StoreRelease:
 			what = "every stored revision of the release was deleted (by a client that takes no lock, such as stock helm's uninstall, or by hand)"
 		}
 		return nil, h.loseGone(fmt.Errorf("lock on release %q in namespace %q: %s: %w", h.req.Release, h.req.Namespace, what, ErrLost))

@@ -410,8 +410,9 @@ func (c *checker) recovered(r Result, p *partLog, waits time.Time, bound time.Du
 			continue
 		}
 		// The bound counts the client's own requests on a clean network:
-		// retries of faults, or latency of a second, add to it.
-		if waited := minTime(st.to, waitEnd).Sub(from); waited > bound && !c.netFailed(r) {
+		// retries of faults, or latency its take and renewals cannot
+		// keep up with (slowFor), add to it.
+		if waited := minTime(st.to, waitEnd).Sub(from); waited > bound && !c.netFailedAt(r, slowFor(r.Plan.Lease)) {
 			c.add("S2", "%s waited %s from %s on %s's %s lock, expired since %s and not released, longer than %s", me, waited.Round(time.Millisecond), c.since(from), st.holder, p.name, c.since(st.from), bound)
 		}
 		// It found the lock expired: it succeeds, or fails for a reason
@@ -513,11 +514,24 @@ func (c *checker) excused(r Result) bool {
 }
 
 // netFailed reports whether r's network failed it: a fault injected on
-// its link, or latency that can make its renewals miss their deadline
-// (slowFor).
+// its link, or latency that can make its renewals miss their deadline.
+// The protocol's own timing of its renewals (slowFor) explains a lock
+// lost, not a refusal of a lock that expired long before (found by
+// review): any other failure is put down to latency only from
+// slowNetwork on.
 func (c *checker) netFailed(r Result) bool {
+	slow := slowNetwork
+	if errors.Is(r.Err, lock.ErrLost) {
+		slow = slowFor(r.Plan.Lease)
+	}
+	return c.netFailedAt(r, slow)
+}
+
+// netFailedAt reports whether r's network failed it: a fault injected on
+// its link, or latency of at least slow.
+func (c *checker) netFailedAt(r Result, slow time.Duration) bool {
 	n := r.Counts
-	return n.Reset+n.Lost+n.Throttle+n.Unavailable+n.Conflict > 0 || !r.Plan.Clean && c.o.Schedule.Faults.MaxLatency >= slowFor(r.Plan.Lease)
+	return n.Reset+n.Lost+n.Throttle+n.Unavailable+n.Conflict > 0 || !r.Plan.Clean && c.o.Schedule.Faults.MaxLatency >= slow
 }
 
 // recoveryBound is how long a client may wait for an expired lock (the

@@ -307,6 +307,19 @@ func TestCheck(t *testing.T) {
 			}()},
 			Writes: join(dead, takeover(3, s(8))),
 		}, []string{"S2"}},
+		// Found by review: latency explains a lost lock, not a refusal at
+		// once of a lock expired long before: a no-wait client with a 3 s
+		// lease refused 5 s after the lock expired on a network of 600 ms
+		// a request.
+		{"a contender with a 3 s lease refused by an expired holder on a network of 600 ms", Outcome{
+			Schedule: Schedule{Faults: Faults{MaxLatency: 600 * time.Millisecond}},
+			Results: []Result{func() Result {
+				r := result("b", rel, s(7), s(7.1), locked)
+				r.Plan.Lease = 3 * time.Second
+				return r
+			}()},
+			Writes: dead,
+		}, []string{"S2"}},
 		{"a contender with a 15 s lease that took over and lost its lock on a network of 600 ms", Outcome{
 			Schedule: Schedule{Faults: Faults{MaxLatency: 600 * time.Millisecond}},
 			Results: []Result{func() Result {
