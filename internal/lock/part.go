@@ -326,6 +326,14 @@ func (h *part) validLocked() error {
 	return nil
 }
 
+// releasedLocked marks the lock given back (unless it was lost first).
+func (h *part) releasedLocked() {
+	if !h.released && h.lost == nil {
+		h.released = true
+		close(h.done)
+	}
+}
+
 func (h *part) loseLocked(err error) error {
 	if h.lost == nil && !h.released {
 		h.lost = err
@@ -460,10 +468,7 @@ func (h *part) ReleaseAndDelete(ctx context.Context) error {
 		switch {
 		case err == nil:
 			h.mu.Lock()
-			if !h.released && h.lost == nil {
-				h.released = true
-				close(h.done)
-			}
+			h.releasedLocked()
 			h.mu.Unlock()
 			return nil
 		case apierrors.IsConflict(err):
@@ -668,10 +673,7 @@ func (h *part) writeLocked(ctx context.Context, release bool, mutate func(*Recor
 			// on a part no Carry serialises with it) is named by the next.
 			h.rec.Revision = max(h.rec.Revision, h.wrote)
 			if release {
-				if !h.released && h.lost == nil {
-					h.released = true
-					close(h.done)
-				}
+				h.releasedLocked()
 				return nil
 			}
 			h.lastSend = sent
