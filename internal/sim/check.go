@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"context"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -516,12 +517,12 @@ func (c *checker) excused(r Result) bool {
 // netFailed reports whether r's network failed it: a fault injected on
 // its link, or latency that can make its renewals miss their deadline.
 // The protocol's own timing of its renewals (slowFor) explains a lock
-// lost, not a refusal of a lock that expired long before (found by
-// review): any other failure is put down to latency only from
-// slowNetwork on.
+// lost, or a write of it cut at its renew deadline, not a refusal of a
+// lock that expired long before (found by review): any other failure is
+// put down to latency only from slowNetwork on.
 func (c *checker) netFailed(r Result) bool {
 	slow := slowNetwork
-	if errors.Is(r.Err, lock.ErrLost) {
+	if errors.Is(r.Err, lock.ErrLost) || errors.Is(r.Err, context.DeadlineExceeded) {
 		slow = slowFor(r.Plan.Lease)
 	}
 	return c.netFailedAt(r, slow)

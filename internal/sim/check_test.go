@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"context"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -293,6 +294,15 @@ func TestCheck(t *testing.T) {
 			Schedule: Schedule{Faults: Faults{MaxLatency: 600 * time.Millisecond}},
 			Results: []Result{func() Result {
 				r := result("b", rel, s(5), s(10), lock.ErrLost)
+				r.Plan.Lease = 3 * time.Second
+				return r
+			}()},
+			Writes: join(dead, takeover(3, s(8))),
+		}, nil},
+		{"a contender with a 3 s lease whose renewal was cut at its deadline on a slow network", Outcome{
+			Schedule: Schedule{Faults: Faults{MaxLatency: 600 * time.Millisecond}},
+			Results: []Result{func() Result {
+				r := result("b", rel, s(5), s(10), fmt.Errorf("renew lock: %w", context.DeadlineExceeded))
 				r.Plan.Lease = 3 * time.Second
 				return r
 			}()},
