@@ -38,7 +38,7 @@ func (h *part) WatchAsks(ctx context.Context, asked func(Waiter)) {
 	}
 	for ctx.Err() == nil {
 		opened := h.b.clock.Now()
-		w, queueOf, err := h.b.store(ns).WatchQueue(ctx, name)
+		w, queueOf, err := h.b.watchQueue(ctx, ns, name)
 		if err != nil {
 			if ctx.Err() != nil {
 				return
@@ -106,6 +106,12 @@ func (h *part) drainAsks(ctx context.Context, w watch.Interface, queueOf func(ru
 			}
 		}
 	}
+}
+
+// watchQueue watches the object the lock's queue lives on, and says how to
+// read the queue from one of its events.
+func (b *Backend) watchQueue(ctx context.Context, ns, name string) (watch.Interface, func(runtime.Object) ([]Waiter, bool), error) {
+	return b.store(ns).WatchQueue(ctx, name)
 }
 
 // WatchAsks watches the first part's queue, where every waiter queues (the

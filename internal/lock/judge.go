@@ -192,13 +192,9 @@ func encodeQueue(ws []Waiter) (string, error) {
 
 // liveWaiters drops the entries whose heartbeat has certainly expired.
 func liveWaiters(ws []Waiter, now servertime.Bounds, margin time.Duration) []Waiter {
-	return slices.DeleteFunc(slices.Clone(ws), func(w Waiter) bool { return waiterExpired(w, now, margin) })
-}
-
-// waiterExpired tells whether w's heartbeat has certainly expired in server
-// time (never when the time is unknown).
-func waiterExpired(w Waiter, now servertime.Bounds, margin time.Duration) bool {
-	return !now.IsZero() && now.Earliest.After(w.ExpiresAt.Add(margin))
+	return slices.DeleteFunc(slices.Clone(ws), func(w Waiter) bool {
+		return !now.IsZero() && now.Earliest.After(w.ExpiresAt.Add(margin))
+	})
 }
 
 // waiterStopped judges a queue entry by this process's own elapsed time,

@@ -468,17 +468,18 @@ func (b *Backend) confirmSeen(key, seenAs string, renewed, till time.Time, state
 // conditional write, decides. A dead waiter's entry goes at the first
 // write of a process that has seen it unchanged for its lease.
 func (b *Backend) judgeWaiters(l *Snapshot, ws []Waiter, now servertime.Bounds, self string) (live, queue []Waiter) {
+	live = liveWaiters(ws, now, b.margin())
 	if b.TrustServerTime || b.clock == nil || b.Sightings == nil {
-		live = liveWaiters(ws, now, b.margin())
 		return live, live
 	}
 	localNow := b.clock.Now()
 	since := b.Sightings.queue(b.sightKey(l.Namespace, l.Name), ws, localNow)
+	live = live[:0:0]
 	for i, w := range ws {
 		if w.Session != self && waiterStopped(w, localNow.Sub(since[i]), b.margin()) {
 			continue
 		}
-		isLive := !waiterExpired(w, now, b.margin())
+		isLive := len(liveWaiters(ws[i:i+1], now, b.margin())) > 0
 		if !isLive && !leaseKnown(w) {
 			// An entry of unknown lease (its waiter wrote no heartbeat
 			// time) is judged by server time alone: never seen stopped,
