@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
 	"github.com/helm-autorecover/helm-autorecover/internal/servertime"
 	"github.com/helm-autorecover/helm-autorecover/internal/sleepclock"
 )
@@ -138,5 +140,41 @@ func TestServerTimeNeverExtendsAHolder(t *testing.T) {
 	clk.SetTime(held.Deadline())
 	if err := held.Valid(); !errors.Is(err, ErrLost) {
 		t.Fatalf("Valid at the local renew deadline = %v, want ErrLost", err)
+	}
+}
+
+// TestOwnClockTakeStopsAFrozenHolder: a client that takes a lock still
+// live in server time because it has seen it unchanged long enough on its
+// own clock (Confirm) does so no earlier than the holder's LOCKED TILL
+// plus the takeover margin in the server's clock, whatever the width of
+// the holder's estimate when it stamped its renewal; so any Date header a
+// holder whose clocks stood still reads afterwards stops it. Counting the
+// lease alone, a take came up to a second before that, and the frozen
+// holder wrote after it (test/e2e TestFrozenClocksHolderStopsAfterTakeover
+// failed one run in five).
+func TestOwnClockTakeStopsAFrozenHolder(t *testing.T) {
+	const lease = 6 * time.Second
+	send := at(10*time.Second + 300*time.Millisecond) // the server's clock when the renewal was sent
+	for width := time.Duration(0); width <= 1500*time.Millisecond; width += 50 * time.Millisecond {
+		for below := time.Duration(0); below <= width; below += 10 * time.Millisecond {
+			rec := Record{LeaseDuration: metav1.Duration{Duration: lease}, Session: "holder"}
+			stamp(&rec, servertime.Bounds{Earliest: send.Add(-below), Latest: send.Add(width - below)})
+			// The earliest a taker can see the renewal is when it was
+			// sent; it takes once it has seen it unchanged for what
+			// Confirm asks of a bounded lock live in server time.
+			st, in := Confirm(Live, Sighting{Lease: lease, Bounded: true, Uncertain: uncertainty(&rec, "holder")}, TakeoverMargin)
+			if st != Live {
+				t.Fatalf("a lock first seen now confirmed expired")
+			}
+			take := send.Add(in)
+			for after := time.Duration(0); after < 2*time.Second; after += 100 * time.Millisecond {
+				date := take.Add(after).Truncate(servertime.DateResolution)
+				now := servertime.Bounds{Earliest: date, Latest: date.Add(servertime.DateResolution)}
+				if !ServerPassedLockedTill(rec.LockedTill, now, true, RenewMargin) {
+					t.Fatalf("estimate %s wide, %s below the server's clock: taken over at %s, LOCKED TILL %s; a Date header of %s does not stop the holder",
+						width, below, take.Format(time.StampMilli), rec.LockedTill.Format(time.StampMilli), date.Format(time.Stamp))
+				}
+			}
+		}
 	}
 }

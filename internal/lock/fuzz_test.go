@@ -254,7 +254,7 @@ func FuzzRecordRoundTrip(f *testing.F) {
 		bt := decodeBeat(benc, rec.Release, rec.Namespace)
 		want := &Record{
 			Schema: SchemaVersion, Session: rec.Session, Operation: rec.Operation, Release: rec.Release, Namespace: rec.Namespace,
-			Revision: rec.Revision, Who: rec.Who, LeaseDuration: rec.LeaseDuration, AcquiredAt: rec.AcquiredAt, RenewedAt: rec.RenewedAt,
+			Revision: rec.Revision, Who: rec.Who, LeaseDuration: rec.LeaseDuration, AcquiredAt: rec.AcquiredAt, RenewedAt: rec.RenewedAt, RenewedAfter: rec.RenewedAfter,
 			LockedTill: rec.LockedTill, ReleasedAt: rec.ReleasedAt, ReleasedBy: rec.ReleasedBy,
 		}
 		if !reflect.DeepEqual(bt, want) {

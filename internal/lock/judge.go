@@ -236,6 +236,16 @@ type Sighting struct {
 	// that renewal. A gate judged by the long bound it was written with
 	// for clients of earlier versions (see gateForm) is not bounded.
 	Bounded bool
+	// Uncertain is how much earlier in server time than its stamped
+	// renewedAt the holder may have sent its latest renewal (renewedAt
+	// less the record's renewedAfter, at most Lease; zero when the record
+	// does not say).
+	Uncertain time.Duration
+	// ExpiresIn is, for a lock live in server time, how long until this
+	// process's lower bound of the server's clock passes its LOCKED TILL
+	// and the margin (zero when it cannot be told): it is then Expired
+	// there, and needs no more than Lease + margin seen.
+	ExpiresIn time.Duration
 }
 
 // Confirm judges a held lock again by this process's own elapsed time, the
@@ -254,9 +264,16 @@ type Sighting struct {
 //   - Expired in server time, seen unchanged for Lease + margin: Expired.
 //   - Expired in server time, seen for less: Live, until it has been seen
 //     that long (a holder that renews meanwhile starts it anew).
-//   - Live in server time, Bounded, seen unchanged for Lease + margin:
-//     Expired (a server clock running behind does not keep a dead holder's
-//     lock for the difference).
+//   - Live in server time, Bounded, seen unchanged for Lease + margin +
+//     Uncertain: Expired (a server clock running behind does not keep a
+//     dead holder's lock for the difference). The renewal was sent when
+//     the server's clock read at least renewedAt less Uncertain, and seen
+//     after that, so this is never before LOCKED TILL plus the margin in
+//     the server's clock: the holder, should its own clocks have stood
+//     still, is stopped by the first Date header it reads
+//     (ServerPassedLockedTill). Counting Lease alone, a take came up to a
+//     second before it, and a frozen holder whose stamp was a second wide
+//     wrote after it (test/e2e TestFrozenClocksHolderStopsAfterTakeover).
 //   - Live and not Bounded, or Free: as judged.
 //
 // A client that did not watch a holder die waits one lease before it takes
@@ -267,10 +284,30 @@ func Confirm(st State, s Sighting, margin time.Duration) (State, time.Duration) 
 	switch {
 	case st == Free || (st == Live && !s.Bounded):
 		return st, 0
+	case st == Live:
+		in := need + min(max(s.Uncertain, 0), s.Lease) - seenFor
+		if in <= 0 {
+			return Expired, 0
+		}
+		if s.ExpiresIn > 0 {
+			// Or once Expired in server time, seen for Lease + margin.
+			in = min(in, max(s.ExpiresIn, need-seenFor))
+		}
+		return Live, in
 	case seenFor >= need:
 		return Expired, 0
 	}
 	return Live, need - seenFor
+}
+
+// uncertainty is how much earlier than its renewedAt the holder named
+// holder may have sent the renewal of rec (Sighting.Uncertain): zero when
+// rec is not that holder's or does not say.
+func uncertainty(rec *Record, holder string) time.Duration {
+	if rec == nil || rec.Session != holder || rec.RenewedAfter.IsZero() {
+		return 0
+	}
+	return max(rec.RenewedAt.Sub(rec.RenewedAfter), 0)
 }
 
 // leaseOf is the lease the holder named in spec renews its lock for: the

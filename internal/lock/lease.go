@@ -419,7 +419,7 @@ func (b *Backend) confirmClaim(l *Snapshot, c *Record, now servertime.Bounds) (S
 	if lease <= 0 {
 		lease = DefaultLeaseDuration
 	}
-	s := Sighting{Lease: lease, Bounded: bounded(c, c.Session, c.RenewedAt, c.LockedTill, lease)}
+	s := Sighting{Lease: lease, Bounded: bounded(c, c.Session, c.RenewedAt, c.LockedTill, lease), Uncertain: uncertainty(c, c.Session), ExpiresIn: b.expiresIn(c.LockedTill, now)}
 	return b.confirmSeen(b.sightKey(l.Namespace, l.Name)+claimSight, c.Session, c.RenewedAt, c.LockedTill, st, s)
 }
 
@@ -523,7 +523,7 @@ func (b *Backend) confirm(v *view, judged *Record, l *Snapshot, self string, now
 	// beat over the winner's, the winner stopped, and its gate was judged
 	// by the 24 h bound.
 	silent := l.Silent && judged != nil && judged.Session == holder && judged.LeaseDuration.Duration > 0
-	s := Sighting{Lease: lease, Bounded: silent || bounded(judged, holder, renewed, till, lease)}
+	s := Sighting{Lease: lease, Bounded: silent || bounded(judged, holder, renewed, till, lease), Uncertain: uncertainty(judged, holder), ExpiresIn: b.expiresIn(till, now)}
 	seenAs := holder
 	if silent {
 		// Seen unchanged means the beat's heartbeat unchanged too: a
@@ -734,17 +734,25 @@ func (b *Backend) lockedError(req *Request, v view, now servertime.Bounds, ahead
 // message and countdown that announces a takeover says this one time, so
 // that none announces a moment the tool will not act at.
 func (b *Backend) takeoverIn(lockedTill, confirmAt time.Time, now servertime.Bounds) time.Duration {
-	switch {
-	case !confirmAt.IsZero() && b.clock != nil:
+	if !confirmAt.IsZero() && b.clock != nil {
 		return max(0, confirmAt.Sub(b.clock.Now()))
-	case lockedTill.IsZero() || now.IsZero():
+	}
+	return b.expiresIn(lockedTill, now)
+}
+
+// expiresIn is how long until the lower bound of the server's clock, now,
+// passes lockedTill and the margin: a lock held till then is Expired in
+// server time from then on. Zero when it has, or cannot be told.
+func (b *Backend) expiresIn(lockedTill time.Time, now servertime.Bounds) time.Duration {
+	if lockedTill.IsZero() || now.IsZero() {
 		return 0
 	}
 	return max(0, lockedTill.Add(b.margin()).Sub(now.Earliest))
 }
 
 // stamp fills the time fields of a record written now. All of them come from
-// the upper bound of server time, so LockedTill is never early.
+// the upper bound of server time, so LockedTill is never early, except
+// RenewedAfter, the lower bound: how early the write may have been sent.
 // The upper bound can shrink as the estimate narrows; a renewal never stamps
 // a time before the record's previous ones (a later LockedTill only makes
 // others wait longer, never shorter), and stamps at least a millisecond after
@@ -761,6 +769,10 @@ func stamp(rec *Record, now servertime.Bounds) {
 	}
 	rec.RenewedAt = t
 	rec.LockedTill = t.Add(rec.LeaseDuration.Duration)
+	rec.RenewedAfter = now.Earliest.Truncate(time.Millisecond).UTC()
+	if rec.RenewedAfter.After(t) {
+		rec.RenewedAfter = t
+	}
 }
 
 func ceilMilli(t time.Time) time.Time {

@@ -548,7 +548,7 @@ func (h *part) reread(ctx context.Context, cur *Snapshot) (*Snapshot, error) {
 	if rec := fresh.Record; fresh.RecordErr == nil && rec != nil && rec.Session == h.req.Session {
 		h.mu.Lock()
 		if rec.RenewedAt.After(h.rec.RenewedAt) {
-			h.rec.RenewedAt, h.rec.LockedTill = rec.RenewedAt, rec.LockedTill
+			h.rec.RenewedAt, h.rec.RenewedAfter, h.rec.LockedTill = rec.RenewedAt, rec.RenewedAfter, rec.LockedTill
 		}
 		h.mu.Unlock()
 	}

@@ -94,6 +94,17 @@ type Record struct {
 	// write) of the take and of the last renewal.
 	AcquiredAt time.Time `json:"acquiredAt"`
 	RenewedAt  time.Time `json:"renewedAt"`
+	// The lower bound of the holder's estimate of API-server time when it
+	// sent the write that stamped renewedAt (whole milliseconds, rounded
+	// down): the server's clock read at least this then. renewedAt less
+	// this is how uncertain the stamp is (a Date header is truncated to
+	// its second, so up to a second and more for a fresh process). A
+	// client that judges the lock on its own clock counts it in before it
+	// takes a lock that server time still says is live (Confirm), so that
+	// such a take never comes before LOCKED TILL plus the takeover margin
+	// in the server's clock either: the bound a holder whose own clocks
+	// stood still stops by (ServerPassedLockedTill).
+	RenewedAfter time.Time `json:"renewedAfter,omitzero"`
 	// LOCKED TILL = renewedAt + leaseDuration: the holder promises to have
 	// stopped writing before the server clock reaches it unless it renews.
 	LockedTill time.Time `json:"lockedTill"`

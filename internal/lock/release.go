@@ -282,7 +282,7 @@ func (s *releaseStore) snapshot(release string, r records.Record, beat beatObj, 
 			// itself abandoned, undone here by its own earlier renewal,
 			// and the release left stuck).
 			if g.ReleasedAt.IsZero() && bt.RenewedAt.After(g.RenewedAt) {
-				g.RenewedAt, g.Revision = bt.RenewedAt, bt.Revision
+				g.RenewedAt, g.RenewedAfter, g.Revision = bt.RenewedAt, bt.RenewedAfter, bt.Revision
 				if bt.Revision > 0 {
 					g.Abandoned = nil
 				}

@@ -127,6 +127,7 @@ type beat struct {
 	Lease      int64     `json:"d"`
 	Acquired   int64     `json:"a"`
 	Renewed    int64     `json:"t"`
+	After      int64     `json:"f,omitempty"`
 	Till       int64     `json:"x"`
 	Released   int64     `json:"rel,omitempty"`
 	ReleasedBy string    `json:"by,omitempty"`
@@ -141,6 +142,9 @@ func encodeBeat(rec Record) (string, error) {
 	}
 	if !rec.ReleasedAt.IsZero() {
 		b.Released = rec.ReleasedAt.UnixMilli()
+	}
+	if !rec.RenewedAfter.IsZero() {
+		b.After = rec.RenewedAfter.UnixMilli()
 	}
 	out, err := json.Marshal(b)
 	if err != nil {
@@ -164,6 +168,9 @@ func decodeBeat(s, release, ns string) *Record {
 	}
 	if b.Released != 0 {
 		rec.ReleasedAt = ms(b.Released)
+	}
+	if b.After != 0 {
+		rec.RenewedAfter = ms(b.After)
 	}
 	return rec
 }
