@@ -86,6 +86,13 @@ func TestCheck(t *testing.T) {
 		return Result{Plan: Plan{ID: id, Op: autorecover.OpUpgrade, Backend: backend, Lease: lease}, Started: t0.Add(from), Ended: t0.Add(to), Err: err}
 	}
 	rel := autorecover.BackendRelease
+	// deadWaiter is a client that started at from, queued (it waits), and
+	// crashed at crash without having taken the lock.
+	deadWaiter := func(from, crash time.Duration) Result {
+		r := result("q", rel, from, crash, nil)
+		r.Plan.Wait, r.Crashed, r.CrashAt = time.Minute, true, t0.Add(crash)
+		return r
+	}
 	locked := errors.New(`release "app" in namespace "sim" is locked by a`)
 	// dead is a holder of the gate that took it at 0 and never renewed:
 	// its lock stands expired from 2 s on.
@@ -266,6 +273,16 @@ func TestCheck(t *testing.T) {
 		{"a contender that never takes the lock over", Outcome{
 			Results: []Result{result("b", rel, s(1), s(400), nil)},
 			Writes:  dead,
+		}, []string{"S2"}},
+		// A waiter that came first and died queued holds the next one up
+		// until its entry is seen unchanged for its lease (seed 96028).
+		{"a contender behind a waiter that died queued, within the bound from when its entry is gone", Outcome{
+			Results: []Result{deadWaiter(s(0.5), s(30)), result("b", rel, s(1), s(51), nil)},
+			Writes:  join(dead, takeover(3, s(50))),
+		}, nil},
+		{"a contender behind a waiter that died queued, longer than the bound from when its entry is gone", Outcome{
+			Results: []Result{deadWaiter(s(0.5), s(30)), result("b", rel, s(1), s(71), nil)},
+			Writes:  join(dead, takeover(3, s(70))),
 		}, []string{"S2"}},
 		{"a contender that crashed waiting", Outcome{
 			Results: []Result{func() Result { r := result("b", rel, s(1), s(400), nil); r.Crashed = true; return r }()},
