@@ -168,6 +168,90 @@ func TestDateAheadTakerNeverTakesARenewingHolder(t *testing.T) {
 	}
 }
 
+// TestNoWaitTakerConfirmsAHolderStampedAhead: the holder's Date ran 30 s
+// ahead, so its LOCKED TILL stands 30 s ahead of the server's clock as the
+// taker reads it, more than its lease can explain. A client that does not
+// wait judges it by its own clock: it waits for the confirmation (a lease,
+// the margin and the stamp's second of uncertainty) and takes it over,
+// instead of being refused until the server's clock catches up with the
+// dead holder's stamp (the simulation, seed 95473).
+func TestNoWaitTakerConfirmsAHolderStampedAhead(t *testing.T) {
+	w := newWorld(t)
+	a, b := w.dated(0, 30*time.Second), w.dated(0, 0)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	dead, _, err := a.b.TryAcquire(ctx, req(OpUpgrade, 3*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := req(OpUpgrade, 3*time.Second)
+	var told []time.Duration
+	r.onConfirm = func(_ *Record, in time.Duration) { told = append(told, in) }
+	done := tryAsync(ctx, b, r)
+	if res, ok := settle(t, b, done); ok {
+		t.Fatalf("the client did not wait for the confirmation: %+v, %v", res.held, res.err)
+	}
+	var res tryResult
+	elapsed := time.Duration(0)
+	for taken := false; !taken; {
+		select {
+		case res = <-done:
+			taken = true
+			continue
+		case <-time.After(20 * time.Millisecond):
+		}
+		if elapsed > 7*time.Second {
+			t.Fatal("the dead holder's lock stamped ahead was not taken over")
+		}
+		waitTimers(t, b, 1)
+		w.advance(100 * time.Millisecond)
+		elapsed += 100 * time.Millisecond
+	}
+	if res.err != nil {
+		t.Fatalf("the dead holder's lock stamped ahead was not taken over: %v", res.err)
+	}
+	if elapsed < 4*time.Second || res.held.PreviousState != Expired || res.held.Previous.Session != dead.Session() {
+		t.Errorf("taken over after %v (want a lease and the margin at least, 4 s), from %v %+v", elapsed, res.held.PreviousState, res.held.Previous)
+	}
+	if len(told) != 1 || told[0] < 4*time.Second || told[0] > 5*time.Second {
+		t.Errorf("told of the wait %v, want once, a lease, the margin and the stamp's uncertainty (4 to 5 s)", told)
+	}
+}
+
+// TestNoWaitTakerRefusesARenewingHolderStampedAhead: the same holder,
+// alive, renews every second: the client that waits for the confirmation
+// sees a renewal and is refused, as by any live holder.
+func TestNoWaitTakerRefusesARenewingHolderStampedAhead(t *testing.T) {
+	w := newWorld(t)
+	a, b := w.dated(0, 30*time.Second), w.dated(0, 0)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	held, _, err := a.b.TryAcquire(ctx, req(OpUpgrade, 3*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := tryAsync(ctx, b, req(OpUpgrade, 3*time.Second))
+	var res tryResult
+	for i := 0; ; i++ {
+		r, ok := settle(t, b, done)
+		if ok {
+			res = r
+			break
+		}
+		if i > 3 {
+			t.Fatal("still waiting after a renewal was made to be seen")
+		}
+		w.advance(time.Second)
+		if err := held.Renew(ctx); err != nil {
+			t.Fatalf("the live holder lost its lock at its renewal %d: %v", i+1, err)
+		}
+	}
+	var le *LockedError
+	if !errors.As(res.err, &le) || le.State != Live || le.HolderIdentity != held.Session() || !le.Renewing {
+		t.Fatalf("the taker's result = %+v, %v; want locked by the live holder, seen renewing", res.held, res.err)
+	}
+}
+
 // TestLongOverdueLockWaitsALeaseToo: however long ago a lock expired by the
 // server's clock, a client that did not see it expire takes it over only
 // once it has seen it unchanged for a lease and the margin: a Date header

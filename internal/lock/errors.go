@@ -42,6 +42,13 @@ type LockedError struct {
 	// it is taken over once this process has seen it unchanged for a lease
 	// (see Confirm), in Left unless the holder renews it meanwhile.
 	Confirming bool
+	// StampedAhead is set when the lock is live in server time only by a
+	// LOCKED TILL further ahead of the API server's clock, as this client
+	// reads it, than its holder could have stamped through Date headers
+	// that agree (one of the two reads a clock that is wrong): it is taken
+	// over once this process has seen it unchanged for a lease (see
+	// Confirm), in Left unless the holder renews it meanwhile.
+	StampedAhead bool
 	// Renewing is set when the holder renewed the lock while this client
 	// waited for it to be confirmed: it is alive, though the API server's
 	// Date headers say its lock expired.
@@ -127,6 +134,8 @@ func (e *LockedError) Error() string {
 		b.WriteString(")")
 	}
 	switch {
+	case e.StampedAhead:
+		fmt.Fprintf(&b, ", LOCKED TILL %s (stamped further ahead of the API server's clock, as this client reads it, than a lease; can be taken over in %s unless renewed, once this client has seen it unchanged for a lease)", formatTime(e.LockedTill), e.Left.Round(time.Second))
 	case e.Confirming:
 		fmt.Fprintf(&b, ", LOCKED TILL %s (passed by the API server's clock; can be taken over in %s unless renewed, once this client has seen it unchanged for a lease)", formatTime(e.LockedTill), e.Left.Round(time.Second))
 	case !e.LockedTill.IsZero():
@@ -140,3 +149,8 @@ func (e *LockedError) Error() string {
 }
 
 func formatTime(t time.Time) string { return t.UTC().Format(time.RFC3339) }
+
+// awaitsConfirmation reports whether the lock is taken over once this
+// process has seen it unchanged long enough (Confirm), whatever the API
+// server's clock says meanwhile: Confirming or StampedAhead.
+func (e *LockedError) awaitsConfirmation() bool { return e.Confirming || e.StampedAhead }

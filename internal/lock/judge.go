@@ -300,6 +300,20 @@ func Confirm(st State, s Sighting, margin time.Duration) (State, time.Duration) 
 	return Live, need - seenFor
 }
 
+// stampedAhead reports whether a lock held till lockedTill, live in server
+// time and bounded (s), has a LOCKED TILL further ahead of now's upper
+// bound than its holder could have stamped if its Date headers agreed with
+// this process's: it stamped at most its lease, its stamp's uncertainty
+// and a millisecond after the server's clock when it sent the renewal,
+// which is no later than now. Such a lock is judged by this process's own
+// clock alone (Confirm), whatever server time says.
+func stampedAhead(lockedTill time.Time, now servertime.Bounds, s Sighting, margin time.Duration) bool {
+	if !s.Bounded || now.IsZero() || lockedTill.IsZero() {
+		return false
+	}
+	return lockedTill.After(now.Latest.Add(s.Lease + max(s.Uncertain, 0) + margin))
+}
+
 // uncertainty is how much earlier than its renewedAt the holder named
 // holder may have sent the renewal of rec (Sighting.Uncertain): zero when
 // rec is not that holder's or does not say.

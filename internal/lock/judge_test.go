@@ -265,3 +265,37 @@ func TestBounded(t *testing.T) {
 		}
 	}
 }
+
+// TestStampedAhead: a bounded lock whose LOCKED TILL is further ahead of
+// the upper bound of server time than its lease, the stamp's uncertainty
+// and the margin could put it was stamped through a Date header that does
+// not agree with this process's.
+func TestStampedAhead(t *testing.T) {
+	const (
+		lease  = 5 * time.Second
+		margin = 250 * time.Millisecond
+	)
+	now := servertime.Bounds{Earliest: at(10 * time.Second), Latest: at(11 * time.Second)}
+	for _, tc := range []struct {
+		name      string
+		till      time.Time
+		now       servertime.Bounds
+		bounded   bool
+		uncertain time.Duration
+		want      bool
+	}{
+		{"stamped a lease after the upper bound: plausible", at(16 * time.Second), now, true, 0, false},
+		{"a lease and the margin after it: plausible", at(16*time.Second + margin), now, true, 0, false},
+		{"a millisecond more", at(16*time.Second + margin + time.Millisecond), now, true, 0, true},
+		{"explained by the stamp's uncertainty", at(17 * time.Second), now, true, time.Second, false},
+		{"30 s ahead", at(46 * time.Second), now, true, time.Second, true},
+		{"not bounded (a gate's long bound)", at(46 * time.Second), now, false, 0, false},
+		{"no server time", at(46 * time.Second), servertime.Bounds{}, true, 0, false},
+		{"no LOCKED TILL", time.Time{}, now, true, 0, false},
+	} {
+		s := Sighting{Lease: lease, Bounded: tc.bounded, Uncertain: tc.uncertain}
+		if got := stampedAhead(tc.till, tc.now, s, margin); got != tc.want {
+			t.Errorf("%s: stampedAhead = %t, want %t", tc.name, got, tc.want)
+		}
+	}
+}

@@ -259,7 +259,7 @@ func (b *Backend) TryAcquire(ctx context.Context, req Request) (*part, *Record, 
 		// tell yet.
 		res, err = b.attempt(ctx, &req, nil, maybe)
 	}
-	if err == nil && res.locked != nil && res.locked.Confirming && res.locked.Ahead == 0 {
+	if err == nil && res.locked != nil && res.locked.awaitsConfirmation() && res.locked.Ahead == 0 {
 		res, err = b.confirmTake(ctx, &req, res, maybe)
 	}
 	if err != nil {
@@ -271,16 +271,20 @@ func (b *Backend) TryAcquire(ctx context.Context, req Request) (*part, *Record, 
 	return res.held, nil, nil
 }
 
-// confirmTake is TryAcquire's wait for a lock Expired in server time to be
-// confirmed on this process's clock (Confirm): it reads the lock again
+// confirmTake is TryAcquire's wait for a lock Expired in server time, or
+// live there only by a LOCKED TILL stamped ahead of it (StampedAhead), to
+// be confirmed on this process's clock (Confirm): it reads the lock again
 // every third of a lease until then, and takes it once confirmed. A
 // renewal seen meanwhile shows the holder alive, whatever the Date headers
-// say: the lock is refused at once then, as any live lock is.
+// say: the lock is refused at once then, as any live lock is. Without it,
+// a client that does not wait was refused by a dead holder whose Date
+// headers ran 30 s ahead until the server's clock caught up with its
+// stamp (the simulation, seed 95473).
 func (b *Backend) confirmTake(ctx context.Context, req *Request, res attemptResult, maybe *maybeTaken) (attemptResult, error) {
 	if req.onConfirm != nil {
 		req.onConfirm(res.locked.Holder, res.locked.Left)
 	}
-	for res.locked != nil && res.locked.Confirming {
+	for res.locked != nil && res.locked.awaitsConfirmation() {
 		at := res.locked.confirmAt
 		step := min(at.Sub(b.clock.Now()), max(req.LeaseDuration/3, time.Second))
 		if err := b.sleep(ctx, step); err != nil {
@@ -290,7 +294,7 @@ func (b *Backend) confirmTake(ctx context.Context, req *Request, res attemptResu
 		if err != nil {
 			return attemptResult{}, err
 		}
-		if next.locked != nil && next.locked.Confirming && next.locked.confirmAt.After(at) {
+		if next.locked != nil && next.locked.awaitsConfirmation() && next.locked.confirmAt.After(at) {
 			next.locked.Renewing = true
 			return next, nil
 		}
@@ -355,6 +359,13 @@ type view struct {
 	// confirming is set when the lock is Expired in server time but not
 	// yet confirmed (Confirm): it is Live until confirmAt.
 	confirming bool
+	// stampedAhead is set when the lock is Live in server time only by
+	// a LOCKED TILL further ahead of this process's upper bound of the
+	// server's clock than its holder could have stamped through Date
+	// headers that agree with ours (stampedAhead): its holder's ran ahead,
+	// or ours run behind, and only its confirmation on this process's
+	// clock, at confirmAt, tells whether it has stopped.
+	stampedAhead bool
 	// claim is another session's claim in flight on a release lock's beat
 	// (see sidecar.go): the lock is Live, held by it, until it lands on the
 	// gate or expires.
@@ -555,6 +566,7 @@ func (b *Backend) confirm(v *view, judged *Record, l *Snapshot, self string, now
 	}
 	var at time.Time
 	v.state, at, v.confirming = b.confirmSeen(key, seenAs, renewed, till, state, s)
+	v.stampedAhead = v.state == Live && state == Live && !at.IsZero() && stampedAhead(till, now, s, b.margin())
 	return at
 }
 
@@ -710,6 +722,7 @@ func (b *Backend) lockedError(req *Request, v view, now servertime.Bounds, ahead
 		e.Left = b.takeoverIn(e.LockedTill, e.confirmAt, now)
 		return e
 	}
+	e.StampedAhead = v.stampedAhead
 	if v.recErr == nil && v.rec != nil && v.rec.Session == e.HolderIdentity {
 		e.Holder = v.rec
 	}

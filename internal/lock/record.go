@@ -103,7 +103,7 @@ type Record struct {
 	// takes a lock that server time still says is live (Confirm), so that
 	// such a take never comes before LOCKED TILL plus the takeover margin
 	// in the server's clock either: the bound a holder whose own clocks
-	// stood still stops by (ServerPassedLockedTill).
+	// stood still stops by (ServerPassedLockedTill). On the beat, key f.
 	RenewedAfter time.Time `json:"renewedAfter,omitzero"`
 	// LOCKED TILL = renewedAt + leaseDuration: the holder promises to have
 	// stopped writing before the server clock reaches it unless it renews.
