@@ -184,7 +184,7 @@ func sleepCtx(ctx context.Context, drained <-chan struct{}, d time.Duration) err
 func (g *GuardedWrites) ownRecord(rev int, cur *lock.Record) (string, error) {
 	rec := g.Lock.Record()
 	if cur != nil && cur.Session == rec.Session && cur.RenewedAt.After(rec.RenewedAt) {
-		rec.RenewedAt, rec.LockedTill = cur.RenewedAt, cur.LockedTill
+		rec.RenewedAt, rec.RenewedAfter, rec.LockedTill = cur.RenewedAt, cur.RenewedAfter, cur.LockedTill
 	}
 	rec.Revision = rev
 	rec = lock.GateRecord(rec)

@@ -56,6 +56,9 @@ type LockedError struct {
 	// confirmAt is, on this process's clock, when the lock's judgement by
 	// its own elapsed time changes unless the lock does (see Confirm).
 	confirmAt time.Time
+	// uncertain is the uncertainty of a live lock's stamp counted in
+	// confirmAt (see takeoverIn).
+	uncertain time.Duration
 	// Ahead counts live waiters queued before the caller.
 	Ahead int
 	// Waited is how long the caller waited for the lock before it gave up

@@ -241,11 +241,6 @@ type Sighting struct {
 	// less the record's renewedAfter, at most Lease; zero when the record
 	// does not say).
 	Uncertain time.Duration
-	// ExpiresIn is, for a lock live in server time, how long until this
-	// process's lower bound of the server's clock passes its LOCKED TILL
-	// and the margin (zero when it cannot be told): it is then Expired
-	// there, and needs no more than Lease + margin seen.
-	ExpiresIn time.Duration
 }
 
 // Confirm judges a held lock again by this process's own elapsed time, the
@@ -285,19 +280,18 @@ func Confirm(st State, s Sighting, margin time.Duration) (State, time.Duration) 
 	case st == Free || (st == Live && !s.Bounded):
 		return st, 0
 	case st == Live:
-		in := need + min(max(s.Uncertain, 0), s.Lease) - seenFor
-		if in <= 0 {
-			return Expired, 0
-		}
-		if s.ExpiresIn > 0 {
-			// Or once Expired in server time, seen for Lease + margin.
-			in = min(in, max(s.ExpiresIn, need-seenFor))
-		}
-		return Live, in
-	case seenFor >= need:
+		need += liveUncertainty(s)
+	}
+	if seenFor >= need {
 		return Expired, 0
 	}
 	return Live, need - seenFor
+}
+
+// liveUncertainty is what Confirm adds for a lock live in server time:
+// the uncertainty of its stamp, at most a lease.
+func liveUncertainty(s Sighting) time.Duration {
+	return min(max(s.Uncertain, 0), s.Lease)
 }
 
 // stampedAhead reports whether a lock held till lockedTill, live in server

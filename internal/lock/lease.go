@@ -366,6 +366,10 @@ type view struct {
 	// or ours run behind, and only its confirmation on this process's
 	// clock, at confirmAt, tells whether it has stopped.
 	stampedAhead bool
+	// uncertain is, for a lock live in server time, the uncertainty of its
+	// stamp that Confirm counted in confirmAt: it is also taken once
+	// Expired in server time and seen for that much less (takeoverIn).
+	uncertain time.Duration
 	// claim is another session's claim in flight on a release lock's beat
 	// (see sidecar.go): the lock is Live, held by it, until it lands on the
 	// gate or expires.
@@ -393,10 +397,10 @@ func (b *Backend) decode(l *Snapshot, now servertime.Bounds, self string) view {
 	// gate's does.
 	if c := claimOf(l); c != nil && c.Session != self && c.ReleasedAt.IsZero() &&
 		l.Claim.From == gateSession && claimAgainstGate(l) {
-		st, at, confirming := b.confirmClaim(l, c, now)
-		switch {
+		cc := b.confirmClaim(l, c, now)
+		switch st, at := cc.state, cc.at; {
 		case v.state != Live && st == Live:
-			v.state, v.claim, v.confirmAt, v.confirming = Live, c, at, confirming
+			v.state, v.claim, v.confirmAt, v.confirming, v.uncertain = Live, c, at, cc.confirming, cc.uncertain
 		case v.confirming && st == Live && at.After(v.confirmAt):
 			// The gate's holder and the claim both wait to be confirmed:
 			// the lock is free once both are, so the later time is when
@@ -415,22 +419,20 @@ func (b *Backend) decode(l *Snapshot, now servertime.Bounds, self string) view {
 // lock's beat as confirm judges a holder: by server time, then by how long
 // this process has seen the claim unchanged (Confirm), since its writer,
 // like any holder, stops writing a lease after it sent it. It returns the
-// state, when on this process's clock that judgement changes unless the
-// claim does (zero when it will not), and whether the claim is Expired in
-// server time but not yet confirmed.
-func (b *Backend) confirmClaim(l *Snapshot, c *Record, now servertime.Bounds) (State, time.Time, bool) {
+// confirmation (see confirmSeen).
+func (b *Backend) confirmClaim(l *Snapshot, c *Record, now servertime.Bounds) confirmation {
 	st := Live
 	if !now.IsZero() && now.Earliest.After(c.LockedTill.Add(b.margin())) {
 		st = Expired
 	}
 	if b.TrustServerTime || b.clock == nil || b.Sightings == nil {
-		return st, time.Time{}, false
+		return confirmation{state: st}
 	}
 	lease := c.LeaseDuration.Duration
 	if lease <= 0 {
 		lease = DefaultLeaseDuration
 	}
-	s := Sighting{Lease: lease, Bounded: bounded(c, c.Session, c.RenewedAt, c.LockedTill, lease), Uncertain: uncertainty(c, c.Session), ExpiresIn: b.expiresIn(c.LockedTill, now)}
+	s := Sighting{Lease: lease, Bounded: bounded(c, c.Session, c.RenewedAt, c.LockedTill, lease), Uncertain: uncertainty(c, c.Session)}
 	return b.confirmSeen(b.sightKey(l.Namespace, l.Name)+claimSight, c.Session, c.RenewedAt, c.LockedTill, st, s)
 }
 
@@ -441,7 +443,7 @@ func (b *Backend) confirmClaim(l *Snapshot, c *Record, now servertime.Bounds) (S
 // (zero when it will not), and whether a lock Expired in server time is
 // not yet confirmed. With no clock or no Sightings the lock counts as
 // first seen now.
-func (b *Backend) confirmSeen(key, seenAs string, renewed, till time.Time, state State, s Sighting) (State, time.Time, bool) {
+func (b *Backend) confirmSeen(key, seenAs string, renewed, till time.Time, state State, s Sighting) confirmation {
 	var localNow time.Time
 	if b.clock != nil && b.Sightings != nil {
 		// One reading of the clock: the moment judged, and what the
@@ -452,11 +454,26 @@ func (b *Backend) confirmSeen(key, seenAs string, renewed, till time.Time, state
 		s.SeenFor = localNow.Sub(b.Sightings.mark(key, seenAs, renewed, till, localNow))
 	}
 	st, in := Confirm(state, s, b.margin())
-	var at time.Time
+	c := confirmation{state: st, confirming: state == Expired && st == Live}
 	if in > 0 && !localNow.IsZero() {
-		at = localNow.Add(in)
+		c.at = localNow.Add(in)
+		if state == Live && s.Bounded {
+			c.uncertain = liveUncertainty(s)
+		}
 	}
-	return st, at, state == Expired && st == Live
+	return c
+}
+
+// confirmation is what confirmSeen returns: the state, when on this
+// process's clock that judgement changes unless the lock does (zero when
+// it will not), whether a lock Expired in server time is not yet
+// confirmed, and, for a lock live in server time, the uncertainty of its
+// stamp that Confirm counted in at (see takeoverIn).
+type confirmation struct {
+	state      State
+	at         time.Time
+	confirming bool
+	uncertain  time.Duration
 }
 
 // judgeWaiters returns the entries of queue ws that come before a take
@@ -534,7 +551,7 @@ func (b *Backend) confirm(v *view, judged *Record, l *Snapshot, self string, now
 	// beat over the winner's, the winner stopped, and its gate was judged
 	// by the 24 h bound.
 	silent := l.Silent && judged != nil && judged.Session == holder && judged.LeaseDuration.Duration > 0
-	s := Sighting{Lease: lease, Bounded: silent || bounded(judged, holder, renewed, till, lease), Uncertain: uncertainty(judged, holder), ExpiresIn: b.expiresIn(till, now)}
+	s := Sighting{Lease: lease, Bounded: silent || bounded(judged, holder, renewed, till, lease), Uncertain: uncertainty(judged, holder)}
 	seenAs := holder
 	if silent {
 		// Seen unchanged means the beat's heartbeat unchanged too: a
@@ -564,10 +581,10 @@ func (b *Backend) confirm(v *view, judged *Record, l *Snapshot, self string, now
 		// stopped); a waiter took it after that confirmation already.
 		state = Expired
 	}
-	var at time.Time
-	v.state, at, v.confirming = b.confirmSeen(key, seenAs, renewed, till, state, s)
-	v.stampedAhead = v.state == Live && state == Live && !at.IsZero() && stampedAhead(till, now, s, b.margin())
-	return at
+	c := b.confirmSeen(key, seenAs, renewed, till, state, s)
+	v.state, v.confirming, v.uncertain = c.state, c.confirming, c.uncertain
+	v.stampedAhead = c.state == Live && state == Live && !c.at.IsZero() && stampedAhead(till, now, s, b.margin())
+	return c.at
 }
 
 // bounded tells whether the lock held by holder, renewed at renewed until
@@ -718,8 +735,8 @@ func (b *Backend) lockedError(req *Request, v view, now servertime.Bounds, ahead
 	}
 	if c := v.claim; c != nil {
 		e.HolderIdentity, e.Holder, e.LockedTill = c.Session, c, c.LockedTill
-		e.confirmAt, e.Confirming = v.confirmAt, v.confirming
-		e.Left = b.takeoverIn(e.LockedTill, e.confirmAt, now)
+		e.confirmAt, e.Confirming, e.uncertain = v.confirmAt, v.confirming, v.uncertain
+		e.Left = b.takeoverIn(e.LockedTill, e.confirmAt, e.uncertain, now)
 		return e
 	}
 	e.StampedAhead = v.stampedAhead
@@ -733,8 +750,8 @@ func (b *Backend) lockedError(req *Request, v view, now servertime.Bounds, ahead
 	if till, ok := LockedTill(judged, &v.snap.Spec); ok {
 		e.LockedTill = till
 	}
-	e.confirmAt, e.Confirming = v.confirmAt, v.confirming
-	e.Left = b.takeoverIn(e.LockedTill, e.confirmAt, now)
+	e.confirmAt, e.Confirming, e.uncertain = v.confirmAt, v.confirming, v.uncertain
+	e.Left = b.takeoverIn(e.LockedTill, e.confirmAt, e.uncertain, now)
 	return e
 }
 
@@ -746,9 +763,16 @@ func (b *Backend) lockedError(req *Request, v view, now servertime.Bounds, ahead
 // API server's clock certainly passes lockedTill and the margin. Every
 // message and countdown that announces a takeover says this one time, so
 // that none announces a moment the tool will not act at.
-func (b *Backend) takeoverIn(lockedTill, confirmAt time.Time, now servertime.Bounds) time.Duration {
+func (b *Backend) takeoverIn(lockedTill, confirmAt time.Time, uncertain time.Duration, now servertime.Bounds) time.Duration {
 	if !confirmAt.IsZero() && b.clock != nil {
-		return max(0, confirmAt.Sub(b.clock.Now()))
+		in := max(0, confirmAt.Sub(b.clock.Now()))
+		if uncertain > 0 && !lockedTill.IsZero() && !now.IsZero() {
+			// Live in server time: confirmAt counts the uncertainty of
+			// its stamp in; once Expired there, a lock is taken after a
+			// lease and the margin seen, which is that much sooner.
+			in = min(in, max(b.expiresIn(lockedTill, now), in-uncertain))
+		}
+		return in
 	}
 	return b.expiresIn(lockedTill, now)
 }

@@ -22,7 +22,6 @@ import (
 // but the reader's own estimate of server time, whose lower bound grows
 // at 1 - 1/5000 of its local clock (servertime's drift allowance).
 func TestConfirmAtStaysPutWithoutARenewal(t *testing.T) {
-	t.Skip("review of afd2ee8: fails since Confirm folds ExpiresIn into a live claim's time (lease.go decode, confirmTake's renewal test); unskip with the fix")
 	t0 := time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)
 	lease := 15 * time.Second
 	holder := Record{Schema: SchemaVersion, Session: "G", Release: "web", Namespace: "shop", Operation: OpUpgrade, Revision: 3, LeaseDuration: metav1.Duration{Duration: lease}, AcquiredAt: t0.Add(-time.Minute), RenewedAt: t0.Add(-time.Minute), LockedTill: t0.Add(-45 * time.Second)}

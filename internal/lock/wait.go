@@ -197,7 +197,7 @@ func (b *Backend) progress(lk *LockedError, f func(*Record, time.Duration)) {
 	left := time.Duration(0)
 	if lk.State == Live {
 		now, _ := b.time.Now()
-		left = b.takeoverIn(lk.LockedTill, lk.confirmAt, now)
+		left = b.takeoverIn(lk.LockedTill, lk.confirmAt, lk.uncertain, now)
 	}
 	f(lk.Holder, left)
 }
