@@ -252,6 +252,64 @@ func TestNoWaitTakerRefusesARenewingHolderStampedAhead(t *testing.T) {
 	}
 }
 
+// TestNoWaitTakerSeesARenewalNarrowerThanTheTake: the holder stamped ahead
+// took its lock with an estimate 2 s wide (a slow first answer), and
+// renews it 2 s later with one a few milliseconds wide. The client that
+// waits for the confirmation first saw the take a second after it was
+// made and reads the renewal a second later: seen a second later, but
+// counted 2 s less of uncertainty, the renewal would be confirmed earlier
+// than the take. It is still a renewal: the client is refused at once, as
+// by any live holder, not kept waiting for a confirmation that a holder
+// renewing every third of its lease puts off each time (without the fix
+// it waited, and took the lock once this holder, which renews no more
+// here, had stopped).
+func TestNoWaitTakerSeesARenewalNarrowerThanTheTake(t *testing.T) {
+	w := newWorld(t)
+	a := w.datedRTT(0, 30*time.Second, time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	held, _, err := a.b.TryAcquire(ctx, req(OpUpgrade, 3*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if u := uncertainty(ptr(held.Record()), held.Session()); u < 1900*time.Millisecond {
+		t.Fatalf("the take's stamp is %v uncertain; the test needs about 2 s", u)
+	}
+	w.advance(time.Second)
+	b := w.dated(0, 0)
+	done := tryAsync(ctx, b, req(OpUpgrade, 3*time.Second))
+	if res, ok := settle(t, b, done); ok {
+		t.Fatalf("the client did not wait for the confirmation: %+v, %v", res.held, res.err)
+	}
+	// Just before the next second of the holder's shifted clock, a Date
+	// of the second before narrows its estimate to a few milliseconds.
+	w.advance(999 * time.Millisecond)
+	a.est.Observe(a.clk.Now(), a.clk.Now(), t0.Add(31*time.Second+999*time.Millisecond).Truncate(time.Second))
+	if err := held.Renew(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if u := uncertainty(ptr(held.Record()), held.Session()); u > 100*time.Millisecond {
+		t.Fatalf("the renewal's stamp is %v uncertain, want a few milliseconds", u)
+	}
+	var res tryResult
+	for i := 0; ; i++ {
+		w.advance(time.Millisecond)
+		r, ok := settle(t, b, done)
+		if ok {
+			res = r
+			break
+		}
+		if i > 40 {
+			t.Fatal("the client still waits, 4 s after the holder renewed: the renewal was not seen")
+		}
+		w.advance(100 * time.Millisecond)
+	}
+	var le *LockedError
+	if !errors.As(res.err, &le) || le.State != Live || !le.Renewing {
+		t.Fatalf("the taker's result = %+v, %v; want locked by the live holder, seen renewing", res.held, res.err)
+	}
+}
+
 // TestLongOverdueLockWaitsALeaseToo: however long ago a lock expired by the
 // server's clock, a client that did not see it expire takes it over only
 // once it has seen it unchanged for a lease and the margin: a Date header

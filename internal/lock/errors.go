@@ -157,3 +157,8 @@ func formatTime(t time.Time) string { return t.UTC().Format(time.RFC3339) }
 // process has seen it unchanged long enough (Confirm), whatever the API
 // server's clock says meanwhile: Confirming or StampedAhead.
 func (e *LockedError) awaitsConfirmation() bool { return e.Confirming || e.StampedAhead }
+
+// seenFrom is confirmAt less the stamp's uncertainty counted in it: a
+// lease and the margin after this process first saw the lock as it stands,
+// later whenever it changed.
+func (e *LockedError) seenFrom() time.Time { return e.confirmAt.Add(-e.uncertain) }

@@ -294,7 +294,12 @@ func (b *Backend) confirmTake(ctx context.Context, req *Request, res attemptResu
 		if err != nil {
 			return attemptResult{}, err
 		}
-		if next.locked != nil && next.locked.awaitsConfirmation() && next.locked.confirmAt.After(at) {
+		// A renewal restarts the count from when it was first seen:
+		// confirmAt less the stamp's uncertainty (a renewal stamped
+		// with a narrower estimate than the take may otherwise move
+		// confirmAt back, and a live holder would be waited for as
+		// long as it renews).
+		if next.locked != nil && next.locked.awaitsConfirmation() && next.locked.seenFrom().After(res.locked.seenFrom()) {
 			next.locked.Renewing = true
 			return next, nil
 		}

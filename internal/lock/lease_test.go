@@ -23,8 +23,11 @@ type world struct {
 	// dated makes a client whose server-time estimate starts from a Date
 	// header shifted by dateShift, and that confirms recent expiries on its
 	// own clock as in production (Confirm).
-	dated   func(skew, dateShift time.Duration) *client
-	clients []*client
+	dated func(skew, dateShift time.Duration) *client
+	// datedRTT is dated with a first answer that took rtt to arrive: the
+	// client's estimate starts rtt wider.
+	datedRTT func(skew, dateShift, rtt time.Duration) *client
+	clients  []*client
 }
 
 type client struct {
@@ -37,7 +40,7 @@ type client struct {
 func newWorld(t *testing.T) *world {
 	cs, store := newCASClient()
 	w := &world{t: t, store: store}
-	w.dated = func(skew, dateShift time.Duration) *client {
+	w.datedRTT = func(skew, dateShift, rtt time.Duration) *client {
 		elapsed := time.Duration(0)
 		if len(w.clients) > 0 {
 			c0 := w.clients[0]
@@ -47,12 +50,13 @@ func newWorld(t *testing.T) *world {
 		est := servertime.New(clk)
 		// One response, generated at true time t0+elapsed (its Date shifted
 		// by dateShift), seen at once.
-		est.Observe(clk.Now(), clk.Now(), t0.Add(elapsed+dateShift).Truncate(time.Second))
+		est.Observe(clk.Now().Add(-rtt), clk.Now(), t0.Add(elapsed+dateShift).Truncate(time.Second))
 		c := &client{skew: skew, clk: clk, est: est, b: NewLeaseBackend(cs, est, clk)}
 		c.b.Margin = time.Second
 		w.clients = append(w.clients, c)
 		return c
 	}
+	w.dated = func(skew, dateShift time.Duration) *client { return w.datedRTT(skew, dateShift, 0) }
 	w.backend = func(skew time.Duration) *client {
 		c := w.dated(skew, 0)
 		// The clients of this world judge expiry by server time alone, as
