@@ -86,6 +86,13 @@ func TestCheck(t *testing.T) {
 		return Result{Plan: Plan{ID: id, Op: autorecover.OpUpgrade, Backend: backend, Lease: lease}, Started: t0.Add(from), Ended: t0.Add(to), Err: err}
 	}
 	rel := autorecover.BackendRelease
+	// paused is client id, whose plan pauses it for 5 s at its first
+	// request.
+	paused := func(id string) Result {
+		r := result(id, rel, 0, s(10), nil)
+		r.Plan.PauseAt, r.Plan.PauseFor = 1, 5*time.Second
+		return r
+	}
 	// deadWaiter is a client that started at from, queued (it waits), and
 	// crashed at crash without having taken the lock.
 	deadWaiter := func(from, crash time.Duration) Result {
@@ -214,6 +221,24 @@ func TestCheck(t *testing.T) {
 		{"a record write after the holder's expiry", Outcome{Writes: join(dead, []Write{
 			onRecord(write(3, s(2.5), "a", 0, false), "2", "failed"),
 		})}, []string{"S5"}},
+		// The residual risk of a paused process: a write sent in time,
+		// held in flight by its writer's own pause (seeds 5041, 69572).
+		{"a conditional record write sent in time, held by its writer's pause past its expiry", Outcome{
+			Results: []Result{paused("a")},
+			Writes:  join(dead, []Write{sent(onRecord(write(3, s(2.5), "a", 0, false), "2", "failed"), s(1.5))}),
+		}, nil},
+		{"a blind record write sent in time, held by its writer's pause past its expiry", Outcome{
+			Results: []Result{paused("a")},
+			Writes:  join(dead, []Write{blind(sent(onRecord(write(3, s(2.5), "a", 0, false), "2", "failed"), s(1.5)))}),
+		}, []string{"S5"}},
+		{"a conditional record write held by its writer's pause, landing after another client took over", Outcome{
+			Results: []Result{paused("a")},
+			Writes:  join(dead, takeover(3, s(2.2)), []Write{sent(onRecord(write(5, s(2.5), "a", 0, false), "2", "failed"), s(1.5))}),
+		}, []string{"S5", "S1"}},
+		{"a conditional record write held past its writer's expiry by latency alone", Outcome{
+			Results: []Result{func() Result { r := paused("a"); r.Plan.PauseAt = 0; return r }()},
+			Writes:  join(dead, []Write{sent(onRecord(write(3, s(2.5), "a", 0, false), "2", "failed"), s(1.5))}),
+		}, []string{"S5"}},
 		{"a take of the gate on a claim of the beat that expired", Outcome{Writes: []Write{
 			onBeat(write(1, 0, "a", 0, false)), gate(write(2, s(2.5), "a", 0, false)),
 		}}, []string{"S5"}},
