@@ -85,6 +85,11 @@ func (s *leaseStore) Create(ctx context.Context, name string, rec Record) (*Snap
 	return leaseSnapshot(created), nil
 }
 
+// Announce implements Store: a Lease names its holder from its take on.
+func (s *leaseStore) Announce(_ context.Context, from *Snapshot, _ Record) (*Snapshot, error) {
+	return from, nil
+}
+
 func (s *leaseStore) Take(ctx context.Context, from *Snapshot, rec Record, queue []Waiter) (*Snapshot, error) {
 	l := s.lease(from).DeepCopy()
 	if err := setHolder(l, &rec); err != nil {

@@ -180,31 +180,28 @@ func (h *part) Carry(write func(Record) error) error {
 	}
 	rec := h.rec
 	h.gateStamp = later(h.gateStamp, rec.RenewedAt)
-	virtual := h.snap.virtual(h.b.kind)
+	snap := h.snap
 	h.mu.Unlock()
-	if h.b.kind == StoreRelease {
-		if e, ok := h.b.store(h.req.Namespace).(*releaseStore); ok && virtual {
-			// Taken while the release had no record: the beat names us
-			// before the first gate appears. Best effort: without it the
-			// gate is judged by its long bound until the first renewal,
-			// which only delays a takeover.
-			// The deadline is on the backend's clock, not the runtime's
-			// (a test build's offset clock, an embedder's): the time left
-			// bounds the write. Found by the simulation (seed 389): with
-			// a clock 10 min behind, the context had always expired, the
-			// beat was never written, and a holder that died before its
-			// first renewal left its gate judged by the 24 h bound.
-			ctx, cancel := h.b.withDeadline(withFence(context.Background(), h.Valid), h.Deadline())
-			if beatRV, err := e.ensureBeat(ctx, rec); err == nil {
-				// The lock as this holder knows it now has that beat: a
-				// release that deletes it (the first revision was never
-				// written) removes exactly this one.
-				h.mu.Lock()
-				h.snap = withBeatVersion(h.snap, beatRV)
-				h.mu.Unlock()
-			}
-			cancel()
+	if snap.virtual(h.b.kind) {
+		// Taken while the release had no record: the store names us
+		// before the first gate appears (Store.Announce). Best effort:
+		// without it the gate is judged by its long bound until the
+		// first renewal, which only delays a takeover.
+		// The deadline is on the backend's clock, not the runtime's
+		// (a test build's offset clock, an embedder's): the time left
+		// bounds the write. Found by the simulation (seed 389): with
+		// a clock 10 min behind, the context had always expired, the
+		// beat was never written, and a holder that died before its
+		// first renewal left its gate judged by the 24 h bound.
+		ctx, cancel := h.b.withDeadline(withFence(context.Background(), h.Valid), h.Deadline())
+		if announced, err := h.b.store(h.req.Namespace).Announce(ctx, snap, rec); err == nil {
+			h.mu.Lock()
+			h.snap = announced
+			h.mu.Unlock()
 		}
+		cancel()
+	}
+	if h.b.kind == StoreRelease {
 		rec = gateForm(rec)
 	}
 	// The beat's write may have taken the time left (its fence then found

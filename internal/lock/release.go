@@ -902,6 +902,21 @@ func (s *releaseStore) ensureBeat(ctx context.Context, rec Record) (string, erro
 	return "", fmt.Errorf("the lock's beat %s of release %q in namespace %q kept changing", LeaseName(rec.Release), rec.Release, s.ns)
 }
 
+// Announce implements Store: for a virtual lock (the release has no
+// record yet) it writes the beat naming rec (ensureBeat) and returns from
+// with that beat's version, so that a release deleting the beat (the
+// first revision was never written) removes exactly this one.
+func (s *releaseStore) Announce(ctx context.Context, from *Snapshot, rec Record) (*Snapshot, error) {
+	if !from.virtual(StoreRelease) {
+		return from, nil
+	}
+	beatRV, err := s.ensureBeat(ctx, rec)
+	if err != nil {
+		return nil, err
+	}
+	return withBeatVersion(from, beatRV), nil
+}
+
 // Delete removes the lock of a release whose records helm deleted
 // (uninstall) or is about to keep without one: the beat object, then the
 // gate's annotations, each conditional on the resourceVersion from read.

@@ -107,6 +107,12 @@ type Store interface {
 	Read(ctx context.Context, name string) (*Snapshot, error)
 	// Create takes the lock of a release that has none, naming rec.
 	Create(ctx context.Context, name string, rec Record) (*Snapshot, error)
+	// Announce readies the lock in from, taken by rec while the release
+	// had nothing stored (a virtual lock), for the first revision its
+	// holder writes: the release store names rec on the beat before the
+	// first gate appears, so that the gate is judged by it; the others
+	// have nothing to do and return from.
+	Announce(ctx context.Context, from *Snapshot, rec Record) (*Snapshot, error)
 	// Take names rec the holder of a lock judged Free or Expired in
 	// from, with queue the waiters left.
 	Take(ctx context.Context, from *Snapshot, rec Record, queue []Waiter) (*Snapshot, error)
