@@ -294,13 +294,24 @@ func (b *Backend) confirmTake(ctx context.Context, req *Request, res attemptResu
 		if err != nil {
 			return attemptResult{}, err
 		}
-		if next.locked != nil && next.locked.awaitsConfirmation() && next.locked.confirmAt.After(at) {
+		if next.locked != nil && next.locked.awaitsConfirmation() && next.locked.sightedAfter(res.locked) {
 			next.locked.Renewing = true
 			return next, nil
 		}
 		res = next
 	}
 	return res, nil
+}
+
+// sightedAfter reports whether e, a later judgement of the lock than
+// prev, counts its confirmation from a later first sight (a renewal, or
+// any change, seen since): confirmAt less the stamp's uncertainty Confirm
+// counted in it. confirmAt alone moved earlier at a renewal whose stamp
+// was narrower than the one before by more than the time between the two
+// reads, and confirmTake missed it (review of 13428ba,
+// TestNoWaitTakerSeesARenewalThatNarrowedItsStamp).
+func (e *LockedError) sightedAfter(prev *LockedError) bool {
+	return e.confirmAt.Add(-e.uncertain).After(prev.confirmAt.Add(-prev.uncertain))
 }
 
 // sleep waits d on the backend's clock, or until ctx ends.

@@ -2,6 +2,7 @@ package lock
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -144,5 +145,55 @@ func TestStampedAheadFromFirstSight(t *testing.T) {
 		if got := stampedAhead(till, now, s, margin); got != tc.want {
 			t.Errorf("seen for %v: stampedAhead = %t, want %t", tc.seenFor, got, tc.want)
 		}
+	}
+}
+
+// TestNoWaitTakerSeesARenewalThatNarrowedItsStamp: a live holder whose
+// Date runs 30.9 s ahead first stamped its lock through a slow answer (its
+// stamp 2.5 s wide), then narrowed its estimate and renewed, its stamp
+// 0.6 s wide. The client that does not wait and confirms the lock stamped
+// ahead reads it again a second after it first saw it and must see that
+// renewal: its confirmation, counted from the renewal with the narrower
+// stamp, comes 0.9 s sooner than the first one, and a test of a renewal by
+// the confirmation moving later misses it (confirmTake).
+func TestNoWaitTakerSeesARenewalThatNarrowedItsStamp(t *testing.T) {
+	w := newWorld(t)
+	b := w.dated(0, 0)
+	clkA := clocktesting.NewFakeClock(b.clk.Now())
+	estA := servertime.New(clkA)
+	shift := 30*time.Second + 900*time.Millisecond
+	// Sent 1.5 s before its answer, dated when it was sent.
+	sent := clkA.Now().Add(-1500 * time.Millisecond)
+	estA.Observe(sent, clkA.Now(), sent.Add(shift).Truncate(time.Second))
+	a := NewLeaseBackend(b.b.client, estA, clkA)
+	a.Margin = time.Second
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	held, _, err := a.TryAcquire(ctx, req(OpUpgrade, 3*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := tryAsync(ctx, b, req(OpUpgrade, 3*time.Second))
+	if res, ok := settle(t, b, done); ok {
+		t.Fatalf("the client did not wait for the confirmation: %+v, %v", res.held, res.err)
+	}
+	step := func(d time.Duration) { clkA.Step(d); b.clk.Step(d) }
+	step(100 * time.Millisecond)
+	// An answer dated just after the server's clock turned a second.
+	estA.Observe(clkA.Now(), clkA.Now(), clkA.Now().Add(shift).Truncate(time.Second))
+	if err := held.Renew(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if r := held.Record(); r.RenewedAt.Sub(r.RenewedAfter) > time.Second {
+		t.Fatalf("the renewal's stamp is %v wide; the test wants it narrowed", r.RenewedAt.Sub(r.RenewedAfter))
+	}
+	step(900 * time.Millisecond)
+	res, ok := settle(t, b, done)
+	if !ok {
+		t.Fatal("the client read the lock after the holder renewed it and still waits for its confirmation (the renewal, its stamp narrower, was not seen)")
+	}
+	var le *LockedError
+	if !errors.As(res.err, &le) || !le.Renewing {
+		t.Fatalf("the taker's result = %+v, %v; want refused, seen renewing", res.held, res.err)
 	}
 }
