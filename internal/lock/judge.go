@@ -299,13 +299,19 @@ func liveUncertainty(s Sighting) time.Duration {
 // bound than its holder could have stamped if its Date headers agreed with
 // this process's: it stamped at most its lease, its stamp's uncertainty
 // and a millisecond after the server's clock when it sent the renewal,
-// which is no later than now. Such a lock is judged by this process's own
-// clock alone (Confirm), whatever server time says.
+// which is no later than this process first saw it (s.SeenFor ago, when
+// the upper bound was at most now's less that). Such a lock is judged by
+// this process's own clock alone (Confirm), whatever server time says.
+// Judged from the first sight, it stays so until it changes: judged from
+// now, a lock stamped less than a confirmation further ahead stopped
+// being so while its confirmation was awaited, and a client that does
+// not wait was refused with no renewal seen (review of 0eec072,
+// TestNoWaitTakerStampedAheadByLittleIsNotRefusedUnrenewed).
 func stampedAhead(lockedTill time.Time, now servertime.Bounds, s Sighting, margin time.Duration) bool {
 	if !s.Bounded || now.IsZero() || lockedTill.IsZero() {
 		return false
 	}
-	return lockedTill.After(now.Latest.Add(s.Lease + max(s.Uncertain, 0) + margin))
+	return lockedTill.After(now.Latest.Add(s.Lease + max(s.Uncertain, 0) + margin - max(s.SeenFor, 0)))
 }
 
 // uncertainty is how much earlier than its renewedAt the holder named

@@ -459,7 +459,7 @@ func (b *Backend) confirmSeen(key, seenAs string, renewed, till time.Time, state
 		s.SeenFor = localNow.Sub(b.Sightings.mark(key, seenAs, renewed, till, localNow))
 	}
 	st, in := Confirm(state, s, b.margin())
-	c := confirmation{state: st, confirming: state == Expired && st == Live}
+	c := confirmation{state: st, confirming: state == Expired && st == Live, seenFor: s.SeenFor}
 	if in > 0 && !localNow.IsZero() {
 		c.at = localNow.Add(in)
 		if state == Live && s.Bounded {
@@ -479,6 +479,8 @@ type confirmation struct {
 	at         time.Time
 	confirming bool
 	uncertain  time.Duration
+	// seenFor is how long this process has seen the lock so (Sighting).
+	seenFor time.Duration
 }
 
 // judgeWaiters returns the entries of queue ws that come before a take
@@ -588,6 +590,7 @@ func (b *Backend) confirm(v *view, judged *Record, l *Snapshot, self string, now
 	}
 	c := b.confirmSeen(key, seenAs, renewed, till, state, s)
 	v.state, v.confirming, v.uncertain = c.state, c.confirming, c.uncertain
+	s.SeenFor = c.seenFor
 	v.stampedAhead = c.state == Live && state == Live && !c.at.IsZero() && stampedAhead(till, now, s, b.margin())
 	return c.at
 }
@@ -676,8 +679,10 @@ func (b *Backend) attempt(ctx context.Context, req *Request, w *waitState, maybe
 		// While this part keeps us waiting (a holder, or waiters ahead of
 		// us, dead ones included), the later parts are read too, so that
 		// a dead holder's expiry there is confirmed meanwhile, not only
-		// once this part is ours (seeds 92122, 96108).
-		if req.sightLater != nil && holderOf(&cur.Spec) != req.Session && (v.confirming || v.state == Expired || (w != nil && (v.state == Live || ahead > 0))) {
+		// once this part is ours (seeds 92122, 96108); so is a holder's
+		// stamped ahead (StampedAhead) that a client that does not wait
+		// confirms (review of 0eec072: one confirmation per part).
+		if req.sightLater != nil && holderOf(&cur.Spec) != req.Session && (v.confirming || v.stampedAhead || v.state == Expired || (w != nil && (v.state == Live || ahead > 0))) {
 			req.sightLater(ctx)
 		}
 		// Our own lock whose take may have committed is adopted while it is

@@ -511,6 +511,13 @@ func (c *checker) deadAheadGone(r Result, p *partLog) time.Time {
 		if p.firstTake(q.Plan.ID, q.Started).Before(q.CrashAt) {
 			continue // it held the part when it died: a holder, not a waiter
 		}
+		if p.name == "lease" && (q.Plan.Backend != autorecover.BackendLease || !c.parts["gate"].firstTake(q.Plan.ID, q.Started).Before(q.CrashAt)) {
+			// A joint lock waits for the Lease only once it holds the
+			// gate (recovery): a waiter that died before, or that
+			// never takes the Lease, left no entry in its queue
+			// (review of e4fdf6c).
+			continue
+		}
 		gone = maxTime(gone, readable(q.CrashAt.Add(q.Plan.Lease), r.Plan))
 	}
 	return gone

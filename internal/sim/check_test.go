@@ -309,6 +309,18 @@ func TestCheck(t *testing.T) {
 			Results: []Result{deadWaiter(s(0.5), s(30)), result("b", rel, s(1), s(71), nil)},
 			Writes:  join(dead, takeover(3, s(70))),
 		}, []string{"S2"}},
+		// Review of e4fdf6c: only an entry in the part's own queue holds
+		// a waiter up. A client of the gate alone (BackendRelease) that
+		// died queued never wrote the Lease's queue: a joint contender
+		// waiting on the Lease is held up by nothing of it.
+		{"a Lease contender, longer than the bound, beside a gate-only waiter that died queued", Outcome{
+			Results: []Result{deadWaiter(s(0.5), s(30)), result("b", autorecover.BackendLease, s(1), s(51), nil)},
+			Writes:  join(dead, []Write{write(3, s(0.2), "a", 0, false)}, takeover(4, s(20)), []Write{write(6, s(50), "b", s(50), false)}),
+		}, []string{"S2"}},
+		{"a Lease contender, longer than the bound (control: no dead waiter)", Outcome{
+			Results: []Result{result("b", autorecover.BackendLease, s(1), s(51), nil)},
+			Writes:  join(dead, []Write{write(3, s(0.2), "a", 0, false)}, takeover(4, s(20)), []Write{write(6, s(50), "b", s(50), false)}),
+		}, []string{"S2"}},
 		{"a contender that crashed waiting", Outcome{
 			Results: []Result{func() Result { r := result("b", rel, s(1), s(400), nil); r.Crashed = true; return r }()},
 			Writes:  dead,
