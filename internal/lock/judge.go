@@ -288,10 +288,39 @@ func Confirm(st State, s Sighting, margin time.Duration) (State, time.Duration) 
 	return Live, need - seenFor
 }
 
+// uncertaintyCounted is the most of a stamp's uncertainty Confirm counts
+// for a lock live in server time: a Date header's resolution, the width of
+// a fresh process's estimate. A holder whose stamp was more uncertain
+// stops by its renewedAfter instead (StopTill), so that a take never waits
+// more than a lease and this much for a dead holder's lock (the
+// simulation, counting up to a lease: a holder whose first answer came
+// 22 s late stamped 23 s of uncertainty, and its lock waited two leases).
+const uncertaintyCounted = servertime.DateResolution
+
 // liveUncertainty is what Confirm adds for a lock live in server time:
-// the uncertainty of its stamp, at most a lease.
+// the uncertainty of its stamp, at most uncertaintyCounted and the lease.
 func liveUncertainty(s Sighting) time.Duration {
-	return min(max(s.Uncertain, 0), s.Lease)
+	return min(max(s.Uncertain, 0), uncertaintyCounted, s.Lease)
+}
+
+// StopTill is the LOCKED TILL by which the holder of rec stops writing in
+// the API server's clock (ServerPassedLockedTill), whatever its own clocks
+// say: its LOCKED TILL, or sooner when its stamp was more uncertain than a
+// taker counts (uncertaintyCounted). A taker on its own clock takes the
+// lock no earlier than renewedAfter + lease + takeover + the uncertainty
+// it counts in the server's clock; one Date header read after that, a
+// second behind at most, must already stop the holder, which stops
+// renew before the returned time.
+func StopTill(rec *Record, takeover, renew time.Duration) time.Time {
+	till := rec.LockedTill
+	if till.IsZero() || rec.RenewedAfter.IsZero() {
+		return till
+	}
+	bound := rec.RenewedAfter.Add(rec.LeaseDuration.Duration + takeover + min(max(rec.RenewedAt.Sub(rec.RenewedAfter), 0), uncertaintyCounted) - servertime.DateResolution + renew)
+	if bound.Before(till) {
+		return bound
+	}
+	return till
 }
 
 // stampedAhead reports whether a lock held till lockedTill, live in server

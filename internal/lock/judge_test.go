@@ -166,7 +166,8 @@ func TestConfirm(t *testing.T) {
 		{name: "a clock that ran backwards counts as unseen", st: Expired, seenFor: -time.Second, bounded: true, want: Live, confirmIn: lease + margin},
 		{name: "live, bounded, its stamp a second wide: seen for a lease and the margin is not enough", st: Live, seenFor: lease + margin, bounded: true, uncertain: time.Second, want: Live, confirmIn: time.Second},
 		{name: "live, bounded, its stamp a second wide, seen for a lease, the margin and that second", st: Live, seenFor: lease + margin + time.Second, bounded: true, uncertain: time.Second, want: Expired},
-		{name: "live, bounded, an uncertainty beyond the lease counts as a lease", st: Live, seenFor: 2 * lease, bounded: true, uncertain: time.Hour, want: Live, confirmIn: margin},
+		{name: "live, bounded, an uncertainty beyond a second counts as a second", st: Live, seenFor: lease + margin, bounded: true, uncertain: time.Hour, want: Live, confirmIn: time.Second},
+		{name: "live, bounded, an uncertainty beyond a second, seen for a lease, the margin and a second", st: Live, seenFor: lease + margin + time.Second, bounded: true, uncertain: time.Hour, want: Expired},
 		{name: "expired in server time: the stamp's uncertainty adds nothing", st: Expired, seenFor: lease + margin, bounded: true, uncertain: time.Second, want: Expired},
 	}
 	for _, tc := range cases {

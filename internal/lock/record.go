@@ -99,11 +99,12 @@ type Record struct {
 	// down): the server's clock read at least this then. renewedAt less
 	// this is how uncertain the stamp is (a Date header is truncated to
 	// its second, so up to a second and more for a fresh process). A
-	// client that judges the lock on its own clock counts it in before it
-	// takes a lock that server time still says is live (Confirm), so that
-	// such a take never comes before LOCKED TILL plus the takeover margin
-	// in the server's clock either: the bound a holder whose own clocks
-	// stood still stops by (ServerPassedLockedTill). On the beat, key f.
+	// client that judges the lock on its own clock counts it in, up to a
+	// second, before it takes a lock that server time still says is live
+	// (Confirm), so that such a take never comes before the bound a holder
+	// whose own clocks stood still stops by in the server's clock
+	// (StopTill: LOCKED TILL, or sooner for a stamp more uncertain than
+	// that). On the beat, key f.
 	RenewedAfter time.Time `json:"renewedAfter,omitzero"`
 	// LOCKED TILL = renewedAt + leaseDuration: the holder promises to have
 	// stopped writing before the server clock reaches it unless it renews.
