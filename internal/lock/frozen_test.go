@@ -177,9 +177,45 @@ func TestOwnClockTakeStopsAFrozenHolder(t *testing.T) {
 			for after := time.Duration(0); after < 2*time.Second; after += 100 * time.Millisecond {
 				date := take.Add(after).Truncate(servertime.DateResolution)
 				now := servertime.Bounds{Earliest: date, Latest: date.Add(servertime.DateResolution)}
-				if !ServerPassedLockedTill(StopTill(&rec, TakeoverMargin, RenewMargin), now, true, RenewMargin) {
+				if !ServerPassedLockedTill(StopTill(&rec, RenewMargin), now, true, RenewMargin) {
 					t.Fatalf("estimate %s wide, %s below the server's clock: taken over at %s, LOCKED TILL %s; a Date header of %s does not stop the holder",
 						width, below, take.Format(time.StampMilli), rec.LockedTill.Format(time.StampMilli), date.Format(time.Stamp))
+				}
+			}
+		}
+	}
+}
+
+// TestOwnClockTakeStopsAFrozenHolderWhateverTheTakersRate: as
+// TestOwnClockTakeStopsAFrozenHolder, with the taker's clock running
+// faster than the server's by NTP's largest slew (500 ppm), which the
+// takeover margin covers (docs/protocol.md, "Time"): a taker counts a
+// lease, the margin and the uncertainty of the stamp on its own clock, a
+// little less in the server's. StopTill must leave the holder's bound that
+// margin below the take for every stamp's width, as LOCKED TILL does for a
+// stamp up to a second wide; it left none for a stamp more than 1.25 s
+// wide (review of 58c4010), and a frozen holder resumed on a Date header
+// of the second before its bound wrote after the take.
+func TestOwnClockTakeStopsAFrozenHolderWhateverTheTakersRate(t *testing.T) {
+	const ppm = 500
+	for _, lease := range []time.Duration{3 * time.Second, DefaultLeaseDuration} {
+		for _, width := range []time.Duration{0, 500 * time.Millisecond, time.Second, 1100 * time.Millisecond, 1250 * time.Millisecond, 1300 * time.Millisecond, 2 * time.Second, 23 * time.Second} {
+			// The lower bound a few milliseconds below the server's clock
+			// at most (a stamp wide by its upper bound: a wall clock
+			// stepped forward, a renewal stamped a millisecond after a
+			// previous one far ahead), at every phase of the second.
+			for i := range 20 * 1000 {
+				below, send := min(time.Duration(i/1000)*time.Millisecond, width), at(10*time.Second+time.Duration(i%1000)*time.Millisecond)
+				rec := Record{LeaseDuration: metav1.Duration{Duration: lease}, Session: "holder"}
+				stamp(&rec, servertime.Bounds{Earliest: send.Add(-below), Latest: send.Add(width - below)})
+				_, in := Confirm(Live, Sighting{Lease: lease, Bounded: true, Uncertain: uncertainty(&rec, "holder")}, TakeoverMargin)
+				// in on the taker's clock is this much in the server's.
+				take := send.Add(in - in*ppm/1_000_000)
+				date := take.Truncate(servertime.DateResolution)
+				now := servertime.Bounds{Earliest: date, Latest: date.Add(servertime.DateResolution)}
+				if !ServerPassedLockedTill(StopTill(&rec, RenewMargin), now, true, RenewMargin) {
+					t.Fatalf("lease %s, estimate %s wide, %s below the server's clock, taker's clock %d ppm fast: taken over at %s, the holder's bound %s; a Date header of %s does not stop the holder",
+						lease, width, below, ppm, take.Format(time.StampMilli), StopTill(&rec, RenewMargin).Format(time.StampMilli), date.Format(time.Stamp))
 				}
 			}
 		}

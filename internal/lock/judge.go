@@ -307,16 +307,21 @@ func liveUncertainty(s Sighting) time.Duration {
 // the API server's clock (ServerPassedLockedTill), whatever its own clocks
 // say: its LOCKED TILL, or sooner when its stamp was more uncertain than a
 // taker counts (uncertaintyCounted). A taker on its own clock takes the
-// lock no earlier than renewedAfter + lease + takeover + the uncertainty
-// it counts in the server's clock; one Date header read after that, a
-// second behind at most, must already stop the holder, which stops
-// renew before the returned time.
-func StopTill(rec *Record, takeover, renew time.Duration) time.Time {
+// lock no earlier than renewedAfter + lease + the takeover margin + the
+// uncertainty it counts in the server's clock; one Date header read after
+// that, a second behind at most, must already stop the holder, which stops
+// renew before the returned time. The takeover margin is left out of the
+// bound, as LOCKED TILL leaves it below a take: it covers a taker's clock
+// running faster than the server's (NTP slews up to 500 ppm), which counts
+// the lease a little short. Counted in, it left a stamp more than 1.25 s
+// wide no margin at all (review of 58c4010,
+// TestOwnClockTakeStopsAFrozenHolderWhateverTheTakersRate).
+func StopTill(rec *Record, renew time.Duration) time.Time {
 	till := rec.LockedTill
 	if till.IsZero() || rec.RenewedAfter.IsZero() {
 		return till
 	}
-	bound := rec.RenewedAfter.Add(rec.LeaseDuration.Duration + takeover + min(max(rec.RenewedAt.Sub(rec.RenewedAfter), 0), uncertaintyCounted) - servertime.DateResolution + renew)
+	bound := rec.RenewedAfter.Add(rec.LeaseDuration.Duration + min(max(rec.RenewedAt.Sub(rec.RenewedAfter), 0), uncertaintyCounted) - servertime.DateResolution + renew)
 	if bound.Before(till) {
 		return bound
 	}

@@ -316,7 +316,7 @@ func (h *part) validLocked() error {
 	}
 	// The local deadline above stands still with this process's clocks;
 	// the API server's clock does not (see ServerPassedLockedTill).
-	till := StopTill(&h.rec, h.b.margin(), h.b.renewMargin())
+	till := StopTill(&h.rec, h.b.renewMargin())
 	if now, ok := h.b.time.Now(); ServerPassedLockedTill(till, now, ok, h.b.renewMargin()) {
 		return h.loseLocked(fmt.Errorf("lock on release %q in namespace %q: the API server's clock reads at least %s, past its LOCKED TILL %s less the renew margin %s, though this process's clocks say its renew deadline has not come (they stood still: a paused or restored virtual machine, a restored snapshot); another client may have taken the release over; stop writing: %w",
 			h.req.Release, h.req.Namespace, now.Earliest.UTC().Format(time.RFC3339Nano), till.UTC().Format(time.RFC3339Nano), h.b.renewMargin(), ErrLost))
