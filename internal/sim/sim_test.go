@@ -199,6 +199,11 @@ var preemptRegressions = []struct {
 	{13031, "S2: a joint lock's renewal of its gate, committed, was cancelled when the take handed the renewals over; the next renewal conflicted with it and came too late on a network of up to 900 ms a request (a renewal once sent now runs to its answer)"},
 	{13466, "S5: a first install's renewals of its virtual lock wrote nothing after its beat was written before the create of revision 1, so its renew deadline moved on while the beat's LOCKED TILL stood; helm's create, retried after a 429, went out past it (a renewal renews that beat now)"},
 	{58682, "S5 (checker): a holder whose own Lease expired queued behind a waiter on it, its record carried unchanged; it renews nothing (as seed 79 on the beat)"},
+	{95473, "S2: a client that does not wait was refused by a dead holder whose Date ran 30 s ahead until the server's clock caught up with its stamp (it now waits for the confirmation on its own clock: LockedError.StampedAhead)"},
+	{96028, "S2 (checker): a waiter held up by the entries of two waiters that came first and died queued, which stand a lease (the bound runs from when they are gone)"},
+	{5041, "S5 (checker): a conditional record write sent before its writer's expiry, held in flight past it by its writer's own system sleep, nobody taking over: the documented paused-process risk"},
+	{69572, "S5 (checker): as 5041"},
+	{10617, "S2: a holder whose first answer a pause held 22 s stamped 23 s of uncertainty, and its dead lock waited two leases (the uncertainty is counted up to a second; a wider stamp stops its holder by renewedAfter, StopTill)"},
 	{84184, "S2: a holder stopped at a waiter's request whose settle read failed released naming itself abandoned; its own earlier renewal on the beat took that back in the virtual Lease, and the asker found the revision pending with no lock covering it (a released gate now keeps what its release says)"},
 }
 
