@@ -87,6 +87,54 @@ func settle(t *testing.T, c *client, done <-chan tryResult) (tryResult, bool) {
 	}
 }
 
+// stepUntilDone moves the clocks on (step) 100 ms at a time, each time
+// once the waiting client's timers are set (ready), until done has a
+// result, and returns it with the time moved; it fails the test with
+// stuck once limit has passed.
+func stepUntilDone[T any](t *testing.T, done <-chan T, limit time.Duration, ready func(), step func(time.Duration), stuck string) (T, time.Duration) {
+	t.Helper()
+	elapsed := time.Duration(0)
+	for {
+		select {
+		case res := <-done:
+			return res, elapsed
+		case <-time.After(20 * time.Millisecond):
+		}
+		if elapsed > limit {
+			t.Fatal(stuck)
+		}
+		ready()
+		step(100 * time.Millisecond)
+		elapsed += 100 * time.Millisecond
+	}
+}
+
+// refusedAsRenewing renews held every second (a third of its 3 s lease)
+// while client b, started with done, waits to confirm its lock, and checks
+// that b is refused at a renewal it sees, as by any live holder.
+func refusedAsRenewing(ctx context.Context, t *testing.T, w *world, b *client, held *part, done <-chan tryResult) {
+	t.Helper()
+	var res tryResult
+	for i := 0; ; i++ {
+		r, ok := settle(t, b, done)
+		if ok {
+			res = r
+			break
+		}
+		if i > 3 {
+			t.Fatal("still waiting after a renewal was made to be seen")
+		}
+		w.advance(time.Second)
+		if err := held.Renew(ctx); err != nil {
+			t.Fatalf("the live holder lost its lock at its renewal %d: %v", i+1, err)
+		}
+	}
+	var le *LockedError
+	if !errors.As(res.err, &le) || le.State != Live || le.HolderIdentity != held.Session() || !le.Renewing {
+		t.Fatalf("the taker's result = %+v, %v; want locked by the live holder, seen renewing", res.held, res.err)
+	}
+}
+
 // TestDateAheadTakerConfirmsADeadHolder: the holder dies; a client whose
 // Date runs 10 s ahead judges its lock expired at once, but takes it over
 // only once it has seen it unchanged for a lease (3 s) and the margin (1 s)
@@ -144,25 +192,7 @@ func TestDateAheadTakerNeverTakesARenewingHolder(t *testing.T) {
 		t.Fatal(err)
 	}
 	done := tryAsync(ctx, b, req(OpUpgrade, 3*time.Second))
-	var res tryResult
-	for i := 0; ; i++ {
-		r, ok := settle(t, b, done)
-		if ok {
-			res = r
-			break
-		}
-		if i > 3 {
-			t.Fatal("still waiting after a renewal was made to be seen")
-		}
-		w.advance(time.Second)
-		if err := held.Renew(ctx); err != nil {
-			t.Fatalf("the live holder lost its lock at its renewal %d: %v", i+1, err)
-		}
-	}
-	var le *LockedError
-	if !errors.As(res.err, &le) || le.State != Live || le.HolderIdentity != held.Session() || !le.Renewing {
-		t.Fatalf("the taker's result = %+v, %v; want locked by the live holder, seen renewing", res.held, res.err)
-	}
+	refusedAsRenewing(ctx, t, w, b, held, done)
 	if err := held.Renew(ctx); err != nil {
 		t.Errorf("the holder lost its lock: %v", err)
 	}
@@ -191,22 +221,7 @@ func TestNoWaitTakerConfirmsAHolderStampedAhead(t *testing.T) {
 	if res, ok := settle(t, b, done); ok {
 		t.Fatalf("the client did not wait for the confirmation: %+v, %v", res.held, res.err)
 	}
-	var res tryResult
-	elapsed := time.Duration(0)
-	for taken := false; !taken; {
-		select {
-		case res = <-done:
-			taken = true
-			continue
-		case <-time.After(20 * time.Millisecond):
-		}
-		if elapsed > 7*time.Second {
-			t.Fatal("the dead holder's lock stamped ahead was not taken over")
-		}
-		waitTimers(t, b, 1)
-		w.advance(100 * time.Millisecond)
-		elapsed += 100 * time.Millisecond
-	}
+	res, elapsed := stepUntilDone(t, done, 7*time.Second, func() { waitTimers(t, b, 1) }, w.advance, "the dead holder's lock stamped ahead was not taken over")
 	if res.err != nil {
 		t.Fatalf("the dead holder's lock stamped ahead was not taken over: %v", res.err)
 	}
@@ -231,25 +246,7 @@ func TestNoWaitTakerRefusesARenewingHolderStampedAhead(t *testing.T) {
 		t.Fatal(err)
 	}
 	done := tryAsync(ctx, b, req(OpUpgrade, 3*time.Second))
-	var res tryResult
-	for i := 0; ; i++ {
-		r, ok := settle(t, b, done)
-		if ok {
-			res = r
-			break
-		}
-		if i > 3 {
-			t.Fatal("still waiting after a renewal was made to be seen")
-		}
-		w.advance(time.Second)
-		if err := held.Renew(ctx); err != nil {
-			t.Fatalf("the live holder lost its lock at its renewal %d: %v", i+1, err)
-		}
-	}
-	var le *LockedError
-	if !errors.As(res.err, &le) || le.State != Live || le.HolderIdentity != held.Session() || !le.Renewing {
-		t.Fatalf("the taker's result = %+v, %v; want locked by the live holder, seen renewing", res.held, res.err)
-	}
+	refusedAsRenewing(ctx, t, w, b, held, done)
 }
 
 // TestNoWaitTakerSeesARenewalNarrowerThanTheTake: the holder stamped ahead

@@ -38,22 +38,7 @@ func TestNoWaitTakerStampedAheadByLittleIsNotRefusedUnrenewed(t *testing.T) {
 	if res, ok := settle(t, b, done); ok {
 		t.Fatalf("the client did not wait for the confirmation: %+v, %v", res.held, res.err)
 	}
-	var res tryResult
-	elapsed := time.Duration(0)
-	for taken := false; !taken; {
-		select {
-		case res = <-done:
-			taken = true
-			continue
-		case <-time.After(20 * time.Millisecond):
-		}
-		if elapsed > 7*time.Second {
-			t.Fatal("the dead holder's lock stamped ahead was not taken over")
-		}
-		waitTimers(t, b, 1)
-		w.advance(100 * time.Millisecond)
-		elapsed += 100 * time.Millisecond
-	}
+	res, elapsed := stepUntilDone(t, done, 7*time.Second, func() { waitTimers(t, b, 1) }, w.advance, "the dead holder's lock stamped ahead was not taken over")
 	if res.err != nil {
 		t.Fatalf("refused after waiting %v with no renewal of the dead holder seen (its confirmation was due at 5 s): %v", elapsed, res.err)
 	}
@@ -99,23 +84,8 @@ func TestJointNoWaitTakerConfirmsEveryPartStampedAheadAtOnce(t *testing.T) {
 		h, err := Acquire(ctx, req(OpUpgrade, lease), false, nil, backends(clkB, estB)...)
 		done <- result{h, err}
 	}()
-	var res result
-	elapsed := time.Duration(0)
-	for taken := false; !taken; {
-		select {
-		case res = <-done:
-			taken = true
-			continue
-		case <-time.After(20 * time.Millisecond):
-		}
-		if elapsed > 15*time.Second {
-			t.Fatal("the dead holder's lock stamped ahead was not taken over")
-		}
-		eventually(t, "timers", func() bool { return clkB.HasWaiters() })
-		clkA.Step(100 * time.Millisecond)
-		clkB.Step(100 * time.Millisecond)
-		elapsed += 100 * time.Millisecond
-	}
+	res, elapsed := stepUntilDone(t, done, 15*time.Second, func() { eventually(t, "timers", func() bool { return clkB.HasWaiters() }) },
+		func(d time.Duration) { clkA.Step(d); clkB.Step(d) }, "the dead holder's lock stamped ahead was not taken over")
 	if res.err != nil {
 		t.Fatalf("refused after %v: %v", elapsed, res.err)
 	}
