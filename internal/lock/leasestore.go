@@ -3,6 +3,7 @@ package lock
 import (
 	"context"
 	"math"
+	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -88,6 +89,22 @@ func (s *leaseStore) Create(ctx context.Context, name string, rec Record) (*Snap
 // Announce implements Store: a Lease names its holder from its take on.
 func (s *leaseStore) Announce(_ context.Context, from *Snapshot, _ Record) (*Snapshot, error) {
 	return from, nil
+}
+
+// Renewal implements Store: the Lease's holder, renewal and LOCKED TILL.
+func (s *leaseStore) Renewal(name string, obj runtime.Object) (string, time.Time, time.Time, bool) {
+	lease, ok := obj.(*coordinationv1.Lease)
+	if !ok || lease.Name != name {
+		return "", time.Time{}, time.Time{}, false
+	}
+	l := leaseSnapshot(lease)
+	holder, renewed := renewalOf(l)
+	rec := l.Record
+	if rec != nil && rec.Session != holder {
+		rec = nil
+	}
+	till, _ := LockedTill(rec, &l.Spec)
+	return holder, renewed, till, true
 }
 
 func (s *leaseStore) Take(ctx context.Context, from *Snapshot, rec Record, queue []Waiter) (*Snapshot, error) {

@@ -917,6 +917,24 @@ func (s *releaseStore) Announce(ctx context.Context, from *Snapshot, rec Record)
 	return withBeatVersion(from, beatRV), nil
 }
 
+// Renewal implements Store: the beat's holder, renewal and LOCKED TILL,
+// unless it was released. A Lease seen on the watch (a joint lock's other
+// store shares none with this one) is read as the Lease store reads it.
+func (s *releaseStore) Renewal(name string, obj runtime.Object) (string, time.Time, time.Time, bool) {
+	if _, ok := obj.(*coordinationv1.Lease); ok {
+		return (&leaseStore{}).Renewal(name, obj)
+	}
+	m, err := meta.Accessor(obj)
+	if err != nil || m.GetName() != name {
+		return "", time.Time{}, time.Time{}, false
+	}
+	bt := decodeBeat(m.GetAnnotations()[AnnotationBeat], releaseOf(name), s.ns)
+	if bt == nil || !bt.ReleasedAt.IsZero() {
+		return "", time.Time{}, time.Time{}, false
+	}
+	return bt.Session, bt.RenewedAt, bt.LockedTill, true
+}
+
 // Delete removes the lock of a release whose records helm deleted
 // (uninstall) or is about to keep without one: the beat object, then the
 // gate's annotations, each conditional on the resourceVersion from read.

@@ -4,8 +4,6 @@ import (
 	"sync"
 	"time"
 
-	coordinationv1 "k8s.io/api/coordination/v1"
-	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/runtime"
 )
 
@@ -154,29 +152,7 @@ func (b *Backend) sightEvent(namespace, lockName string, obj runtime.Object) {
 	if b.Sightings == nil || b.clock == nil {
 		return
 	}
-	key := b.sightKey(namespace, lockName)
-	if lease, ok := obj.(*coordinationv1.Lease); ok {
-		if lease.Name != lockName {
-			return
-		}
-		l := leaseSnapshot(lease)
-		holder, renewed := renewalOf(l)
-		rec := l.Record
-		if rec != nil && rec.Session != holder {
-			rec = nil
-		}
-		till, _ := LockedTill(rec, &l.Spec)
-		b.Sightings.advance(key, holder, renewed, till, b.clock.Now())
-		return
-	}
-	if b.kind != StoreRelease {
-		return
-	}
-	m, err := meta.Accessor(obj)
-	if err != nil || m.GetName() != lockName {
-		return
-	}
-	if bt := decodeBeat(m.GetAnnotations()[AnnotationBeat], releaseOf(lockName), namespace); bt != nil && bt.ReleasedAt.IsZero() {
-		b.Sightings.advance(key, bt.Session, bt.RenewedAt, bt.LockedTill, b.clock.Now())
+	if holder, renewed, till, ok := b.store(namespace).Renewal(lockName, obj); ok {
+		b.Sightings.advance(b.sightKey(namespace, lockName), holder, renewed, till, b.clock.Now())
 	}
 }

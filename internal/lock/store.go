@@ -134,6 +134,13 @@ type Store interface {
 	List(ctx context.Context) ([]*Snapshot, error)
 	// Watch watches what the lock read in from is kept on, from then.
 	Watch(ctx context.Context, from *Snapshot) (watch.Interface, error)
+	// Renewal reads, from an object seen on the watch of lock name, the
+	// holder it names, its latest renewal and its LOCKED TILL (false when
+	// the object says nothing of a live holder): how a waiter that lets
+	// the holder's renewals pass without reading the lock again knows when
+	// it first saw the latest one. Records are not looked at: a read
+	// judges them.
+	Renewal(name string, obj runtime.Object) (holder string, renewed, till time.Time, ok bool)
 	// WatchQueue watches the object the queue of lock name lives on, and
 	// says how to read the queue from one of its events.
 	WatchQueue(ctx context.Context, name string) (watch.Interface, func(runtime.Object) ([]Waiter, bool), error)
