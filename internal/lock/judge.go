@@ -238,8 +238,8 @@ type Sighting struct {
 	Bounded bool
 	// Uncertain is how much earlier in server time than its stamped
 	// renewedAt the holder may have sent its latest renewal (renewedAt
-	// less the record's renewedAfter, at most Lease; zero when the record
-	// does not say).
+	// less the record's renewedAfter; zero when the record does not say).
+	// Confirm counts it up to uncertaintyCounted (liveUncertainty).
 	Uncertain time.Duration
 }
 
@@ -321,7 +321,7 @@ func StopTill(rec *Record, renew time.Duration) time.Time {
 	if till.IsZero() || rec.RenewedAfter.IsZero() {
 		return till
 	}
-	bound := rec.RenewedAfter.Add(rec.LeaseDuration.Duration + min(max(rec.RenewedAt.Sub(rec.RenewedAfter), 0), uncertaintyCounted) - servertime.DateResolution + renew)
+	bound := rec.RenewedAfter.Add(rec.LeaseDuration.Duration + min(uncertainty(rec, rec.Session), uncertaintyCounted) - servertime.DateResolution + renew)
 	if bound.Before(till) {
 		return bound
 	}

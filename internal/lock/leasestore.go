@@ -93,6 +93,12 @@ func (s *leaseStore) Announce(_ context.Context, from *Snapshot, _ Record) (*Sna
 
 // Renewal implements Store: the Lease's holder, renewal and LOCKED TILL.
 func (s *leaseStore) Renewal(name string, obj runtime.Object) (string, time.Time, time.Time, bool) {
+	return leaseRenewal(name, obj)
+}
+
+// leaseRenewal is the holder, renewal and LOCKED TILL of obj when it is
+// the Lease named name (false otherwise).
+func leaseRenewal(name string, obj runtime.Object) (string, time.Time, time.Time, bool) {
 	lease, ok := obj.(*coordinationv1.Lease)
 	if !ok || lease.Name != name {
 		return "", time.Time{}, time.Time{}, false

@@ -922,7 +922,7 @@ func (s *releaseStore) Announce(ctx context.Context, from *Snapshot, rec Record)
 // store shares none with this one) is read as the Lease store reads it.
 func (s *releaseStore) Renewal(name string, obj runtime.Object) (string, time.Time, time.Time, bool) {
 	if _, ok := obj.(*coordinationv1.Lease); ok {
-		return (&leaseStore{}).Renewal(name, obj)
+		return leaseRenewal(name, obj)
 	}
 	m, err := meta.Accessor(obj)
 	if err != nil || m.GetName() != name {
