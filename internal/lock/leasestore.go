@@ -253,3 +253,30 @@ func (s *leaseStore) WatchQueue(ctx context.Context, name string) (watch.Interfa
 		return decodeQueue(l.Annotations[AnnotationQueue]), true
 	}, err
 }
+
+// Change reads an event of the Lease watched: its queue, its holder, and
+// whether it still names the holder seen in the same state.
+func (s *leaseStore) Change(seen *Snapshot, ev watch.Event) (Change, bool) {
+	l, ok := ev.Object.(*coordinationv1.Lease)
+	if !ok || ev.Type != watch.Modified || l.Namespace != seen.Namespace || l.Name != seen.Name {
+		return Change{}, false
+	}
+	return Change{
+		Queue: decodeQueue(l.Annotations[AnnotationQueue]), Queued: true,
+		Holders: []string{holderOf(&l.Spec), sessionOfRaw(annotatedRecord(l.Annotations))},
+		Same:    sameLeaseHolder(l, seen),
+	}, true
+}
+
+// Carried is rec: a Lease is not copied onto helm's records.
+func (s *leaseStore) Carried(rec Record) Record { return rec }
+
+// Written is nil: a Lease is not copied onto helm's records.
+func (s *leaseStore) Written(metav1.ObjectMeta) (*Record, string, int) { return nil, "", 0 }
+
+// sameLeaseHolder tells whether Lease l names the holder of seen in the
+// same state: the same holder identity and record session, released or
+// not alike (the queue and the record's renewal times aside).
+func sameLeaseHolder(l *coordinationv1.Lease, seen *Snapshot) bool {
+	return holderOf(&l.Spec) == holderOf(&seen.Spec) && SameHolder(l.Annotations[AnnotationRecord], seen.Raw)
+}

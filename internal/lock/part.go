@@ -10,7 +10,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/helm-autorecover/helm-autorecover/internal/records"
 	"github.com/helm-autorecover/helm-autorecover/internal/sleepclock"
 )
 
@@ -120,19 +119,18 @@ func (h *part) Newest() (name string, rev int, status string, ok bool) {
 // resourceVersion, without reading the records again: if anything wrote
 // the record since, the release reads them as usual.
 func (h *part) GateWritten(meta metav1.ObjectMeta) {
-	if h.b.kind != StoreRelease || meta.ResourceVersion == "" {
+	if meta.ResourceVersion == "" {
 		return
 	}
-	rec := annotatedRecord(meta.Annotations)
+	rec, at, rev := h.b.store(h.req.Namespace).Written(meta)
 	if rec == nil || rec.Session != h.req.Session || !rec.ReleasedAt.IsZero() {
 		return
 	}
-	rev := records.RevisionOf(meta.Labels)
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.carryNoted = true
 	if rev >= h.gateAtRev {
-		h.gateAt, h.gateAtRev = recordAt(meta.Name, meta.ResourceVersion), rev
+		h.gateAt, h.gateAtRev = at, rev
 	}
 }
 
@@ -201,9 +199,7 @@ func (h *part) Carry(write func(Record) error) error {
 		}
 		cancel()
 	}
-	if h.b.kind == StoreRelease {
-		rec = gateForm(rec)
-	}
+	rec = h.b.store(h.req.Namespace).Carried(rec)
 	// The beat's write may have taken the time left (its fence then found
 	// the lock past its deadline): nothing more is sent under it.
 	if err := h.Valid(); err != nil {

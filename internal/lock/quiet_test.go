@@ -105,7 +105,7 @@ func TestQuiet(t *testing.T) {
 
 	cases := []struct {
 		name  string
-		store StoreKind
+		store Store
 		seen  *Snapshot
 		typ   watch.EventType
 		obj   runtime.Object
@@ -113,146 +113,146 @@ func TestQuiet(t *testing.T) {
 	}{
 		// Lease store.
 		{
-			"lease: behind a live waiter, the holder releases", StoreLease,
+			"lease: behind a live waiter, the holder releases", &leaseStore{},
 			leaseSnapshot(lease4(holder, held, waiter(ahead, liveTill), waiter(self, liveTill))), watch.Modified,
 			lease4("", released, waiter(ahead, liveTill), waiter(self, liveTill)), true,
 		},
 		{
-			"lease: behind a dead waiter, the holder releases", StoreLease,
+			"lease: behind a dead waiter, the holder releases", &leaseStore{},
 			leaseSnapshot(lease4(holder, held, waiter(ahead, dead), waiter(self, liveTill))), watch.Modified,
 			lease4("", released, waiter(ahead, dead), waiter(self, liveTill)), false,
 		},
 		{
-			"lease: first, the holder renews", StoreLease,
+			"lease: first, the holder renews", &leaseStore{},
 			leaseSnapshot(lease4(holder, held, waiter(self, liveTill))), watch.Modified,
 			lease4(holder, renewed, waiter(self, liveTill), waiter(other, liveTill)), true,
 		},
 		{
-			"lease: first, the holder releases", StoreLease,
+			"lease: first, the holder releases", &leaseStore{},
 			leaseSnapshot(lease4(holder, held, waiter(self, liveTill))), watch.Modified,
 			lease4("", released, waiter(self, liveTill)), false,
 		},
 		{
-			"lease: first, another session holds it", StoreLease,
+			"lease: first, another session holds it", &leaseStore{},
 			leaseSnapshot(lease4(holder, held, waiter(self, liveTill))), watch.Modified,
 			lease4(other, rec(other, t0, false), waiter(self, liveTill)), false,
 		},
 		{
-			"lease: first after the waiter ahead left", StoreLease,
+			"lease: first after the waiter ahead left", &leaseStore{},
 			leaseSnapshot(lease4(holder, held, waiter(ahead, liveTill), waiter(self, liveTill))), watch.Modified,
 			lease4(holder, renewed, waiter(self, liveTill)), true,
 		},
 		{
-			"lease: dropped from the queue", StoreLease,
+			"lease: dropped from the queue", &leaseStore{},
 			leaseSnapshot(lease4(holder, held, waiter(self, liveTill))), watch.Modified,
 			lease4(holder, renewed, waiter(other, liveTill)), false,
 		},
 		{
-			"lease: our own take committed late", StoreLease,
+			"lease: our own take committed late", &leaseStore{},
 			leaseSnapshot(lease4(holder, held, waiter(ahead, liveTill), waiter(self, liveTill))), watch.Modified,
 			lease4(self, rec(self, t0, false), waiter(ahead, liveTill)), false,
 		},
 		{
-			"lease: deleted", StoreLease,
+			"lease: deleted", &leaseStore{},
 			leaseSnapshot(lease4(holder, held, waiter(self, liveTill))), watch.Deleted,
 			lease4(holder, held, waiter(self, liveTill)), false,
 		},
 
 		// Release store: the beat.
 		{
-			"release: beat, behind a live waiter, a claim", StoreRelease,
+			"release: beat, behind a live waiter, a claim", &releaseStore{},
 			virtual(3, rec(holder, t0, false), holder, waiter(ahead, liveTill), waiter(self, liveTill)), watch.Modified,
 			beatEvent(other, false, waiter(ahead, liveTill), waiter(self, liveTill)), true,
 		},
 		{
-			"release: beat, first, the holder renews", StoreRelease,
+			"release: beat, first, the holder renews", &releaseStore{},
 			virtual(3, rec(holder, t0, false), holder, waiter(self, liveTill)), watch.Modified,
 			beatEvent(holder, false, waiter(self, liveTill), waiter(other, liveTill)), true,
 		},
 		{
-			"release: beat, first, the holder's beat released", StoreRelease,
+			"release: beat, first, the holder's beat released", &releaseStore{},
 			virtual(3, rec(holder, t0, false), holder, waiter(self, liveTill)), watch.Modified,
 			beatEvent(holder, true, waiter(self, liveTill)), false,
 		},
 		{
-			"release: beat, first, another session claims", StoreRelease,
+			"release: beat, first, another session claims", &releaseStore{},
 			virtual(3, rec(holder, t0, false), holder, waiter(self, liveTill)), watch.Modified,
 			beatEvent(other, false, waiter(self, liveTill)), false,
 		},
 		{
-			"release: beat, our own claim", StoreRelease,
+			"release: beat, our own claim", &releaseStore{},
 			virtual(3, rec(holder, t0, false), holder, waiter(ahead, liveTill), waiter(self, liveTill)), watch.Modified,
 			beatEvent(self, false, waiter(ahead, liveTill)), false,
 		},
 		{
-			"release: beat deleted", StoreRelease,
+			"release: beat deleted", &releaseStore{},
 			virtual(3, rec(holder, t0, false), holder, waiter(self, liveTill)), watch.Deleted,
 			beatEvent(holder, false, waiter(self, liveTill)), false,
 		},
 
 		// Release store: the records, first in the queue.
 		{
-			"release: an older record superseded", StoreRelease,
+			"release: an older record superseded", &releaseStore{},
 			virtual(3, rec(holder, t0, false), holder, waiter(self, liveTill)), watch.Modified,
 			record(2, ""), true,
 		},
 		{
-			"release: an older record pruned", StoreRelease,
+			"release: an older record pruned", &releaseStore{},
 			virtual(3, rec(holder, t0, false), holder, waiter(self, liveTill)), watch.Deleted,
 			record(1, ""), true,
 		},
 		{
-			"release: the holder's pending revision", StoreRelease,
+			"release: the holder's pending revision", &releaseStore{},
 			virtual(3, rec(holder, t0, false), holder, waiter(self, liveTill)), watch.Added,
 			record(4, rec(holder, t0, false)), true,
 		},
 		{
-			"release: the gate rewritten by its holder", StoreRelease,
+			"release: the gate rewritten by its holder", &releaseStore{},
 			virtual(3, rec(holder, t0, false), holder, waiter(self, liveTill)), watch.Modified,
 			record(3, rec(holder, t0.Add(time.Second), false)), true,
 		},
 		{
-			"release: the gate released", StoreRelease,
+			"release: the gate released", &releaseStore{},
 			virtual(3, rec(holder, t0, false), holder, waiter(self, liveTill)), watch.Modified,
 			record(3, rec(holder, t0, true)), false,
 		},
 		{
-			"release: the gate taken by another session", StoreRelease,
+			"release: the gate taken by another session", &releaseStore{},
 			virtual(3, rec(holder, t0, false), holder, waiter(self, liveTill)), watch.Modified,
 			record(3, rec(other, t0, false)), false,
 		},
 		{
-			"release: the gate deleted", StoreRelease,
+			"release: the gate deleted", &releaseStore{},
 			virtual(3, rec(holder, t0, false), holder, waiter(self, liveTill)), watch.Deleted,
 			record(3, rec(holder, t0, false)), false,
 		},
 		{
-			"release: a newer record without a lock (stock helm)", StoreRelease,
+			"release: a newer record without a lock (stock helm)", &releaseStore{},
 			virtual(3, rec(holder, t0, false), holder, waiter(self, liveTill)), watch.Added,
 			record(4, ""), false,
 		},
 		{
-			"release: a newer record of another session", StoreRelease,
+			"release: a newer record of another session", &releaseStore{},
 			virtual(3, rec(holder, t0, false), holder, waiter(self, liveTill)), watch.Added,
 			record(4, rec(other, t0, false)), false,
 		},
 		{
-			"release: behind a live waiter, the gate released", StoreRelease,
+			"release: behind a live waiter, the gate released", &releaseStore{},
 			virtual(3, rec(holder, t0, false), holder, waiter(ahead, liveTill), waiter(self, liveTill)), watch.Modified,
 			record(3, rec(holder, t0, true)), true,
 		},
 		{
-			"release: behind a dead waiter, the gate released", StoreRelease,
+			"release: behind a dead waiter, the gate released", &releaseStore{},
 			virtual(3, rec(holder, t0, false), holder, waiter(ahead, dead), waiter(self, liveTill)), watch.Modified,
 			record(3, rec(holder, t0, true)), false,
 		},
 		{
-			"release: our own gate", StoreRelease,
+			"release: our own gate", &releaseStore{},
 			virtual(3, rec(holder, t0, false), holder, waiter(ahead, liveTill), waiter(self, liveTill)), watch.Modified,
 			record(3, rec(self, t0, false)), false,
 		},
 		{
-			"release: another release's record", StoreRelease,
+			"release: another release's record", &releaseStore{},
 			virtual(3, rec(holder, t0, false), holder, waiter(self, liveTill)), watch.Modified,
 			&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "other", Namespace: "elsewhere"}}, false,
 		},
@@ -273,13 +273,13 @@ func TestQuietFollowsTheQueue(t *testing.T) {
 	f := newReleaseLock(t, t0q, "ahead", "self")
 	v := newWatchView(f.seen, "self", true)
 	ev := f.gateEvent(true)
-	if !v.quiet(StoreRelease, ev, f.now, 0) {
+	if !v.quiet(&releaseStore{}, ev, f.now, 0) {
 		t.Fatal("behind a live waiter, the gate's release was not quiet")
 	}
-	if !v.quiet(StoreRelease, f.beatEvent("self"), f.now, 0) {
+	if !v.quiet(&releaseStore{}, f.beatEvent("self"), f.now, 0) {
 		t.Fatal("the holder's renewal with the queue shortened was not quiet")
 	}
-	if v.quiet(StoreRelease, ev, f.now, 0) {
+	if v.quiet(&releaseStore{}, ev, f.now, 0) {
 		t.Fatal("first in the queue now, the gate's release was quiet")
 	}
 }

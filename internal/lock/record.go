@@ -318,3 +318,19 @@ func firstNonEmpty(s ...string) string {
 	}
 	return ""
 }
+
+// SameHolder tells whether two encodings of a lock record name the same
+// holder in the same state: the same session, released or not alike (a
+// renewal changes neither). Two unreadable or absent records are the same
+// only when equal.
+func SameHolder(a, b string) bool {
+	if a == b {
+		return true
+	}
+	ra, errA := DecodeRecord(a)
+	rb, errB := DecodeRecord(b)
+	if errA != nil || errB != nil || ra == nil || rb == nil {
+		return false
+	}
+	return ra.Session == rb.Session && ra.ReleasedAt.Equal(rb.ReleasedAt) && ra.ReleasedBy == rb.ReleasedBy
+}

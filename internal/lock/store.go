@@ -5,6 +5,7 @@ import (
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/watch"
 )
@@ -90,6 +91,21 @@ type Newest struct {
 	GateRenewed time.Time
 }
 
+// Change is what a store reads of an event seen on the watch of a lock
+// (Store.Change): what a waiter needs to tell whether its next decision
+// can be anything but "wait" (see watchView.quiet).
+type Change struct {
+	// Queue is the waiters' queue the object now stores, when Queued (an
+	// event of the object the queue lives on).
+	Queue  []Waiter
+	Queued bool
+	// Holders are the sessions the object names as the lock's holder.
+	Holders []string
+	// Same tells that the change leaves the lock's holder as seen, in the
+	// same state (its renewals aside).
+	Same bool
+}
+
 // virtual reports a release lock taken while the release had no record.
 func (s *Snapshot) virtual(kind StoreKind) bool { return kind == StoreRelease && s.Newest == nil }
 
@@ -141,6 +157,18 @@ type Store interface {
 	// it first saw the latest one. Records are not looked at: a read
 	// judges them.
 	Renewal(name string, obj runtime.Object) (holder string, renewed, till time.Time, ok bool)
+	// Change reads an event seen on the watch (Watch) of the lock read as
+	// seen; false for an object or a kind of event the store cannot vouch
+	// for, which makes the waiter read the lock again.
+	Change(seen *Snapshot, ev watch.Event) (Change, bool)
+	// Carried is rec as a write of helm's records made under the lock
+	// carries it (Held.Carry).
+	Carried(rec Record) Record
+	// Written reads, from a record write made under the lock as the API
+	// server returned it (Held.GateWritten), the lock record it carries,
+	// where it left it (name@resourceVersion) and at which revision; nil
+	// when the store keeps no lock on helm's records.
+	Written(meta metav1.ObjectMeta) (rec *Record, at string, rev int)
 	// WatchQueue watches the object the queue of lock name lives on, and
 	// says how to read the queue from one of its events.
 	WatchQueue(ctx context.Context, name string) (watch.Interface, func(runtime.Object) ([]Waiter, bool), error)

@@ -169,7 +169,7 @@ func (b *Backend) waitForChange(ctx context.Context, req *Request, w *waitState,
 			// is confirmed expired a lease after its last renewal was
 			// seen (Confirm), not a lease after it is next read.
 			b.sightEvent(req.Namespace, LeaseName(req.Release), ev.Object)
-			if view.quiet(b.kind, ev, b.serverNowOrZero(), b.margin()) {
+			if view.quiet(b.store(req.Namespace), ev, b.serverNowOrZero(), b.margin()) {
 				continue
 			}
 			return nil
