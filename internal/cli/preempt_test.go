@@ -15,6 +15,7 @@ import (
 	"github.com/helm-autorecover/helm-autorecover/internal/guard"
 	"github.com/helm-autorecover/helm-autorecover/internal/inspect"
 	"github.com/helm-autorecover/helm-autorecover/internal/lock"
+	"github.com/helm-autorecover/helm-autorecover/internal/lock/releasestore"
 )
 
 // preemptBeat is the beat object of release web in the fixture, whose
@@ -28,7 +29,7 @@ func preemptBeat(expires time.Time) *corev1.Secret {
 	return &corev1.Secret{ObjectMeta: metav1.ObjectMeta{
 		Name: lock.LeaseName("web"), Namespace: "prod",
 		Labels:      map[string]string{lock.LabelManagedBy: lock.ManagedBy, lock.LabelRelease: "web", "name": "web"}, // beatLabels
-		Annotations: map[string]string{lock.AnnotationWaiters: queue},
+		Annotations: map[string]string{releasestore.AnnotationWaiters: queue},
 	}}
 }
 

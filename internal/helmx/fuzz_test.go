@@ -22,6 +22,7 @@ import (
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 
 	"github.com/helm-autorecover/helm-autorecover/internal/lock"
+	"github.com/helm-autorecover/helm-autorecover/internal/lock/releasestore"
 	"github.com/helm-autorecover/helm-autorecover/internal/records"
 )
 
@@ -432,7 +433,7 @@ func FuzzSummarizeMeta(f *testing.F) {
 	f.Fuzz(func(t *testing.T, version, status, name, lockAnn string, createdMs int64, mgr1 byte, at1 int64, mgr2 byte, at2 int64) {
 		base := time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)
 		ts := func(ms int64) time.Time { return base.Add(time.Duration(ms%(1<<40)) * time.Millisecond) }
-		managers := []string{"helm", lock.FieldManager, "kubectl-edit"}
+		managers := []string{"helm", releasestore.FieldManager, "kubectl-edit"}
 		var mf []metav1.ManagedFieldsEntry
 		var wantWrite time.Time
 		for _, e := range []struct {
@@ -442,7 +443,7 @@ func FuzzSummarizeMeta(f *testing.F) {
 			m := metav1.ManagedFieldsEntry{Manager: managers[int(e.mgr)%len(managers)]}
 			if e.ms >= 0 {
 				m.Time = &metav1.Time{Time: ts(e.ms)}
-				if m.Manager != lock.FieldManager && m.Time.After(wantWrite) {
+				if m.Manager != releasestore.FieldManager && m.Time.After(wantWrite) {
 					wantWrite = m.Time.Time
 				}
 			}

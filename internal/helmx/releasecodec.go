@@ -26,6 +26,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/helm-autorecover/helm-autorecover/internal/lock"
+	"github.com/helm-autorecover/helm-autorecover/internal/lock/releasestore"
 	"github.com/helm-autorecover/helm-autorecover/internal/records"
 )
 
@@ -384,7 +385,7 @@ func summarizeMeta(r Record) Summary {
 	}
 	s.LockSession, s.LockAbandoned, s.LockRevision = lockSessions(r.Meta.Annotations[lock.AnnotationRecord])
 	for _, mf := range r.Meta.ManagedFields {
-		if mf.Manager == lock.FieldManager {
+		if mf.Manager == releasestore.FieldManager {
 			continue // a lock write, not a change of the release
 		}
 		if mf.Time != nil && mf.Time.After(s.LastWriteTime) {

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/helm-autorecover/helm-autorecover/internal/lock"
+	"github.com/helm-autorecover/helm-autorecover/internal/lock/releasestore"
 )
 
 // maxPutRetries bounds how often an update of a record is read and sent
@@ -187,6 +188,6 @@ func (g *GuardedWrites) ownRecord(rev int, cur *lock.Record) (string, error) {
 		rec.RenewedAt, rec.RenewedAfter, rec.LockedTill = cur.RenewedAt, cur.RenewedAfter, cur.LockedTill
 	}
 	rec.Revision = rev
-	rec = lock.GateRecord(rec)
+	rec = releasestore.GateRecord(rec)
 	return rec.Encode()
 }

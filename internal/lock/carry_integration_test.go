@@ -110,7 +110,7 @@ func TestIntegrationCarryWaitsForRenewal(t *testing.T) {
 		t.Fatalf("renewal: %v", err)
 	}
 	if err := receive(t, created); err != nil {
-		t.Fatalf("fenced create of revision 2: %v", err)
+		t.Fatalf("Fenced create of revision 2: %v", err)
 	}
 	on2, _ := lockOn(t, env, ns, 2)
 	rec2, err := lock.DecodeRecord(on2)

@@ -29,7 +29,7 @@ func TestClaimIsConfirmedOnOwnClock(t *testing.T) {
 	claim := Record{Session: "B", Operation: OpUpgrade, LeaseDuration: metav1.Duration{Duration: lease}, AcquiredAt: t0, RenewedAt: t0.Add(2 * time.Second), LockedTill: t0.Add(2*time.Second + lease)}
 	beatEnc, _ := encodeBeat(claim)
 	r := records.Record{Kind: records.KindSecret, Meta: metav1.ObjectMeta{Name: "sh.helm.release.v1.web.v3", Namespace: "shop", ResourceVersion: "5", Annotations: map[string]string{AnnotationRecord: gateEnc}}}
-	l := (&releaseStore{ns: "shop"}).snapshot("web", r, beatObj{exists: true, meta: metav1.ObjectMeta{Name: LeaseName("web"), Namespace: "shop", ResourceVersion: "7", Annotations: map[string]string{AnnotationBeat: beatEnc, annotationClaimedFrom: "A"}}}, "9")
+	l := Stores.ReleaseSnapshot("shop", "web", r, &metav1.ObjectMeta{Name: LeaseName("web"), Namespace: "shop", ResourceVersion: "7", Annotations: map[string]string{Stores.AnnotationBeat: beatEnc, Stores.AnnotationClaimedFrom: "A"}}, "9")
 	at := func(d time.Duration) servertime.Bounds {
 		return servertime.Bounds{Earliest: t0.Add(d), Latest: t0.Add(d + 100*time.Millisecond)}
 	}
@@ -156,18 +156,18 @@ func TestSilentBeatBoundsTheGate(t *testing.T) {
 	need := lease + TakeoverMargin
 	for _, tc := range []struct {
 		name  string
-		beat  beatObj
+		beat  *metav1.ObjectMeta
 		after time.Duration
 		want  State
 	}{
 		{"beat left by the loser, first seen", beatOf(t, "7", loser, "B"), 0, Live},
 		{"beat left by the loser, seen for less than a lease", beatOf(t, "7", loser, "B"), need - time.Millisecond, Live},
 		{"beat left by the loser, seen for a lease and the margin", beatOf(t, "7", loser, "B"), need, Free},
-		{"no beat, seen for a lease and the margin", beatObj{}, need, Free},
+		{"no beat, seen for a lease and the margin", nil, need, Free},
 		{"the holder's own beat, expired in server time, seen for a lease", beatOf(t, "7", holder, "A"), need, Free},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			l := (&releaseStore{ns: "shop"}).snapshot("web", r, tc.beat, "9")
+			l := Stores.ReleaseSnapshot("shop", "web", r, tc.beat, "9")
 			clk := clocktesting.NewFakeClock(t0)
 			b := &Backend{Margin: TakeoverMargin, clock: clk, Sightings: NewSightings()}
 			b.decode(l, now, "C")
@@ -192,7 +192,7 @@ func TestSilentGatePastItsLeaseIsConfirmed(t *testing.T) {
 	t0 := time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)
 	lease := 15 * time.Second
 	holder := Record{Schema: SchemaVersion, Session: "A", Release: "web", Namespace: "shop", Operation: OpInstall, LeaseDuration: metav1.Duration{Duration: lease}, AcquiredAt: t0, RenewedAt: t0, LockedTill: t0.Add(lease)}
-	l := (&releaseStore{ns: "shop"}).snapshot("web", firstInstallGate(t, holder), beatObj{}, "9")
+	l := Stores.ReleaseSnapshot("shop", "web", firstInstallGate(t, holder), nil, "9")
 	for _, tc := range []struct {
 		name       string
 		at         time.Duration // server time after t0
@@ -230,14 +230,14 @@ func TestSilentGatePastItsLeaseIsConfirmed(t *testing.T) {
 func TestClaimConfirmedBesideItsGate(t *testing.T) {
 	t0 := time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)
 	holder := Record{Schema: SchemaVersion, Session: "G", Release: "web", Namespace: "shop", Operation: OpUpgrade, Revision: 3, LeaseDuration: metav1.Duration{Duration: 15 * time.Second}, AcquiredAt: t0.Add(-time.Minute), RenewedAt: t0.Add(-time.Minute), LockedTill: t0.Add(-45 * time.Second)}
-	gate := GateRecord(holder)
+	gate := gateForm(holder)
 	gateEnc, _ := gate.Encode()
 	r := records.Record{Kind: records.KindSecret, Meta: metav1.ObjectMeta{Name: "sh.helm.release.v1.web.v3", Namespace: "shop", ResourceVersion: "5", Annotations: map[string]string{AnnotationRecord: gateEnc}}}
 	claim := Record{Session: "C", Operation: OpUpgrade, LeaseDuration: metav1.Duration{Duration: time.Minute}, AcquiredAt: t0.Add(-2 * time.Minute), RenewedAt: t0.Add(-2 * time.Minute), LockedTill: t0.Add(-time.Minute)}
 	claimEnc, _ := encodeBeat(claim)
-	l := (&releaseStore{ns: "shop"}).snapshot("web", r, beatObj{exists: true, meta: metav1.ObjectMeta{Name: LeaseName("web"), Namespace: "shop", ResourceVersion: "7", Annotations: map[string]string{
-		AnnotationBeat: claimEnc, annotationClaimedFrom: "G", annotationClaimedOn: claimedOn("C", r.Meta.Name, "5"),
-	}}}, "9")
+	l := Stores.ReleaseSnapshot("shop", "web", r, &metav1.ObjectMeta{Name: LeaseName("web"), Namespace: "shop", ResourceVersion: "7", Annotations: map[string]string{
+		Stores.AnnotationBeat: claimEnc, Stores.AnnotationClaimedFrom: "G", Stores.AnnotationClaimedOn: ClaimedOn("C", r.Meta.Name, "5"),
+	}}, "9")
 	now := servertime.Bounds{Earliest: t0, Latest: t0.Add(100 * time.Millisecond)}
 	clk := clocktesting.NewFakeClock(t0)
 	b := &Backend{Margin: TakeoverMargin, clock: clk, Sightings: NewSightings()}
@@ -291,7 +291,7 @@ func TestForceReleaseHandsOnNotStopped(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			w := newWorld(t)
 			c := w.backend(0)
-			l := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: LeaseName("web"), Namespace: ns, Labels: leaseLabels("web")}}
+			l := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: LeaseName("web"), Namespace: ns, Labels: LockLabels("web")}}
 			if err := setHolder(l, &tc.holder); err != nil {
 				t.Fatal(err)
 			}
@@ -327,20 +327,19 @@ func TestSilentBeatCountsEveryBeatWrite(t *testing.T) {
 	r := firstInstallGate(t, w)
 	l1 := Record{Session: "L1", LeaseDuration: metav1.Duration{Duration: lease}, RenewedAt: t0, LockedTill: t0.Add(lease)}
 	l2 := Record{Session: "L2", LeaseDuration: metav1.Duration{Duration: lease}, RenewedAt: t0.Add(time.Second), LockedTill: t0.Add(time.Second + lease)}
-	st := &releaseStore{ns: "shop"}
 	clk := clocktesting.NewFakeClock(t0)
 	b := &Backend{Margin: TakeoverMargin, clock: clk, Sightings: NewSightings()}
 	now := func() servertime.Bounds {
 		n := clk.Now()
 		return servertime.Bounds{Earliest: n, Latest: n.Add(100 * time.Millisecond)}
 	}
-	if v := b.decode(st.snapshot("web", r, beatOf(t, "7", l1, "L1"), "9"), now(), "R"); v.state != Live {
+	if v := b.decode(Stores.ReleaseSnapshot("shop", "web", r, beatOf(t, "7", l1, "L1"), "9"), now(), "R"); v.state != Live {
 		t.Fatalf("first read: %s", v.state)
 	}
 	// W renews on its own beat (rv 8), then L2 writes its beat (rv 10):
 	// neither is read here.
 	clk.Step(lease + TakeoverMargin)
-	if v := b.decode(st.snapshot("web", r, beatOf(t, "10", l2, "L2"), "9"), now(), "R"); v.state != Live {
+	if v := b.decode(Stores.ReleaseSnapshot("shop", "web", r, beatOf(t, "10", l2, "L2"), "9"), now(), "R"); v.state != Live {
 		t.Fatalf("a lease after the first read, the beat written since: %s; want live (W may write until %v)", v.state, 5*time.Second+lease-RenewMargin)
 	}
 	// The reader's own queue refreshes rewrite the beat (rv 11, 12) and
@@ -348,11 +347,11 @@ func TestSilentBeatCountsEveryBeatWrite(t *testing.T) {
 	// simulation, seed 414, found a waiter that never took a dead holder's
 	// release over, its own refreshes restarting its count).
 	clk.Step(lease / 2)
-	if v := b.decode(st.snapshot("web", r, beatOf(t, "11", l2, "L2"), "9"), now(), "R"); v.state != Live {
+	if v := b.decode(Stores.ReleaseSnapshot("shop", "web", r, beatOf(t, "11", l2, "L2"), "9"), now(), "R"); v.state != Live {
 		t.Fatalf("half a lease later: %s; want live", v.state)
 	}
 	clk.Step(lease/2 + TakeoverMargin)
-	if v := b.decode(st.snapshot("web", r, beatOf(t, "12", l2, "L2"), "9"), now(), "R"); v.state == Live {
+	if v := b.decode(Stores.ReleaseSnapshot("shop", "web", r, beatOf(t, "12", l2, "L2"), "9"), now(), "R"); v.state == Live {
 		t.Fatalf("the same heartbeat seen for a lease and the margin, the queue rewritten: %s; want expired", v.state)
 	}
 }
@@ -361,7 +360,7 @@ func TestSilentBeatCountsEveryBeatWrite(t *testing.T) {
 // holding rec (gateForm, as the fence writes it).
 func firstInstallGate(t *testing.T, rec Record) records.Record {
 	t.Helper()
-	gate := GateRecord(rec)
+	gate := gateForm(rec)
 	enc, err := gate.Encode()
 	if err != nil {
 		t.Fatal(err)
@@ -371,11 +370,11 @@ func firstInstallGate(t *testing.T, rec Record) records.Record {
 
 // beatOf is web's beat at resourceVersion rv with rec's heartbeat, claimed
 // from session from.
-func beatOf(t *testing.T, rv string, rec Record, from string) beatObj {
+func beatOf(t *testing.T, rv string, rec Record, from string) *metav1.ObjectMeta {
 	t.Helper()
 	enc, err := encodeBeat(rec)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return beatObj{exists: true, meta: metav1.ObjectMeta{Name: LeaseName("web"), Namespace: "shop", ResourceVersion: rv, Annotations: map[string]string{AnnotationBeat: enc, annotationClaimedFrom: from}}}
+	return &metav1.ObjectMeta{Name: LeaseName("web"), Namespace: "shop", ResourceVersion: rv, Annotations: map[string]string{Stores.AnnotationBeat: enc, Stores.AnnotationClaimedFrom: from}}
 }

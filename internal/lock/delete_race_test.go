@@ -131,7 +131,17 @@ func TestDeleteRaceDeleteSparesAnotherClientsFirstRevision(t *testing.T) {
 		Schema: SchemaVersion, Session: "B", Operation: OpInstall, Release: "web", Namespace: ns,
 		LeaseDuration: metav1.Duration{Duration: 15 * time.Second}, AcquiredAt: now, RenewedAt: now, LockedTill: now.Add(15 * time.Second), MaxHoldUntil: now.Add(time.Hour),
 	}
-	if _, err := (&releaseStore{records: records.New(cs, records.DriverSecret), beats: beats{client: cs, kind: records.KindSecret}, ns: ns}).ensureBeat(ctx, recB); err != nil {
+	// B's take wrote nothing (the release had no record); its fence
+	// announces it on the beat before the first record (Store.Announce).
+	st := Stores.ReleaseStore(cs, records.DriverSecret, ns)
+	if _, err := st.Read(ctx, LeaseName("web")); !apierrors.IsNotFound(err) {
+		t.Fatalf("read of a release with no record: %v; want NotFound", err)
+	}
+	seen, err := st.Create(ctx, LeaseName("web"), recB)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Announce(ctx, seen, recB); err != nil {
 		t.Fatal(err)
 	}
 	gf := gateForm(recB)

@@ -7,13 +7,15 @@
 //   - the engine (Backend, Acquire, Held): it takes, renews, waits for,
 //     keeps and releases a lock over one or more stores, in order (lease.go,
 //     wait.go, held.go, part.go, quiet.go, asks.go, sighting.go);
-//   - the stores, behind the Store interface: each reads a lock into a
-//     typed Snapshot and writes it conditionally on one, saying what it
-//     writes (take, renew, enqueue, release). A Lease per release
-//     (leasestore.go, also over the sql driver's lock rows, which package
-//     sqlstore keeps as Lease objects), and the release's own records: the
-//     gate on the newest record and the beat object (release.go,
-//     sidecar.go).
+//   - the stores, behind the Store interface (store.go): each reads a lock
+//     into a typed Snapshot and writes it conditionally on one, saying what
+//     it writes (take, renew, enqueue, release). They live in packages of
+//     their own, which import this one: a Lease per release (package
+//     leasestore, also over the sql driver's lock rows, which package
+//     sqlstore keeps as Lease objects), and the release's own records, the
+//     gate on the newest record and the beat object (package
+//     releasestore). The engine never reads a store's objects: a store
+//     reads them for it (Store.Change, Renewal, Written).
 //
 // # The Lease
 //

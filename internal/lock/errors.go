@@ -108,7 +108,7 @@ func (e *LockedError) Error() string {
 	}
 	r := e.Holder
 	switch {
-	case r == nil && e.HolderIdentity == unreadableHolder:
+	case r == nil && e.HolderIdentity == UnreadableHolder:
 		// A record lock that is not JSON at all has no expiry: waiting
 		// does not help.
 		fmt.Fprintf(&b, " by a lock record that cannot be read (written by another tool or edited by hand); it does not expire by itself: run \"helm-autorecover locks %s -n %s\" to see where it is and how to clear it", e.Release, e.Namespace)

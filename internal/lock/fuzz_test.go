@@ -72,7 +72,7 @@ func sampleRecordJSON(t testing.TB) []string {
 		Timeout: metav1.Duration{Duration: 5 * time.Minute}, LeaseDuration: metav1.Duration{Duration: 15 * time.Second},
 		AcquiredAt: fzAt(0), RenewedAt: fzAt(5000), LockedTill: fzAt(20000), MaxHoldUntil: fzAt(3600000),
 	}
-	gate := GateRecord(r)
+	gate := gateForm(r)
 	released := r
 	released.ReleasedAt, released.ReleasedBy = fzAt(9000), "bob@desk"
 	taken := r
@@ -92,7 +92,7 @@ func sampleRecordJSON(t testing.TB) []string {
 // FuzzDecodeRecord: DecodeRecord either fails, or returns a record that
 // re-encodes to a fixpoint; a record of an unknown schema is returned with
 // ErrUnsupportedSchema (shown, never judged), any other failure returns no
-// record. The Lease spec a record stands for (specOf) names its holder, or
+// record. The Lease spec a record stands for (SpecOf) names its holder, or
 // none once released, and never ends before renewedAt + leaseDuration.
 // Found hands on only the abandoned holder a record names.
 func FuzzDecodeRecord(f *testing.F) {
@@ -122,10 +122,10 @@ func FuzzDecodeRecord(f *testing.F) {
 			t.Fatalf("DecodeRecord(%q) refused schema %d: %v", s, rec.Schema, err)
 		}
 
-		spec := specOf(s)
+		spec := SpecOf(s)
 		if rec == nil {
-			if s != "" && holderOf(&spec) != unreadableHolder {
-				t.Fatalf("specOf(%q): an unreadable record must name the unreadable holder (judged live), got %q", s, holderOf(&spec))
+			if s != "" && HolderOf(&spec) != UnreadableHolder {
+				t.Fatalf("SpecOf(%q): an unreadable record must name the unreadable holder (judged live), got %q", s, HolderOf(&spec))
 			}
 			return
 		}
@@ -142,18 +142,18 @@ func FuzzDecodeRecord(f *testing.F) {
 			t.Fatalf("not a fixpoint:\n %s\n %s", enc, enc2)
 		}
 
-		// The spec mirror (specOf): the holder, or none once released.
+		// The spec mirror (SpecOf): the holder, or none once released.
 		wantHolder := rec.Session
 		if !rec.ReleasedAt.IsZero() {
 			wantHolder = ""
 		}
-		if got := holderOf(&spec); got != wantHolder {
-			t.Fatalf("specOf names holder %q, want %q (record %s)", got, wantHolder, enc)
+		if got := HolderOf(&spec); got != wantHolder {
+			t.Fatalf("SpecOf names holder %q, want %q (record %s)", got, wantHolder, enc)
 		}
 		d := rec.LeaseDuration.Duration
 		if wantHolder != "" && d > 0 && !rec.RenewedAt.IsZero() {
 			if spec.LeaseDurationSeconds == nil || spec.RenewTime == nil || !spec.RenewTime.Time.Equal(rec.RenewedAt) {
-				t.Fatalf("specOf(%s) = %+v: renewTime and leaseDurationSeconds must mirror the record", enc, spec)
+				t.Fatalf("SpecOf(%s) = %+v: renewTime and leaseDurationSeconds must mirror the record", enc, spec)
 			}
 			secs := *spec.LeaseDurationSeconds
 			// Rounded up, so a reader of the spec alone (a newer schema)
@@ -161,7 +161,7 @@ func FuzzDecodeRecord(f *testing.F) {
 			// Checked up to 1000h: float64 seconds lose a nanosecond
 			// beyond about 97 days, far past any lease.
 			if secs < 1 || (d <= 1000*time.Hour && time.Duration(secs)*time.Second < d) {
-				t.Fatalf("specOf: leaseDurationSeconds %d shortens the record's lease %s", secs, d)
+				t.Fatalf("SpecOf: leaseDurationSeconds %d shortens the record's lease %s", secs, d)
 			}
 		}
 
@@ -226,7 +226,7 @@ func FuzzRecordRoundTrip(f *testing.F) {
 		}
 
 		// Its gate form.
-		gate := GateRecord(rec)
+		gate := gateForm(rec)
 		genc, err := gate.Encode()
 		if err != nil {
 			t.Fatal(err)
@@ -241,7 +241,7 @@ func FuzzRecordRoundTrip(f *testing.F) {
 		if rec.ReleasedAt.IsZero() && gate.LockedTill.Before(rec.LockedTill) {
 			t.Fatalf("the gate's bound for earlier clients %s is before the holder's LOCKED TILL %s", gate.LockedTill, rec.LockedTill)
 		}
-		gateEffective(gback)
+		Stores.GateEffective(gback)
 		if rec.ReleasedAt.IsZero() && !gback.LockedTill.Equal(rec.LockedTill) {
 			t.Fatalf("gateEffective: LOCKED TILL %s, want the holder's %s", gback.LockedTill, rec.LockedTill)
 		}
@@ -266,11 +266,11 @@ func FuzzRecordRoundTrip(f *testing.F) {
 			{Session: rec.Session, Who: rec.Who, Operation: rec.Operation, EnqueuedAt: rec.AcquiredAt, HeartbeatAt: rec.RenewedAt, ExpiresAt: rec.LockedTill},
 			{Session: "w2", EnqueuedAt: rec.RenewedAt, ExpiresAt: rec.RenewedAt.Add(DefaultLeaseDuration)},
 		}
-		qenc, err := encodeQueue(ws)
+		qenc, err := EncodeQueue(ws)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got := decodeQueue(qenc); !reflect.DeepEqual(got, ws) {
+		if got := DecodeQueue(qenc); !reflect.DeepEqual(got, ws) {
 			t.Fatalf("queue round trip:\n got %+v\nwant %+v", got, ws)
 		}
 		wenc, err := encodeWaiters(ws)
@@ -297,7 +297,7 @@ func FuzzRecordRoundTrip(f *testing.F) {
 		if err := setHolder(&l, &rec); err != nil {
 			t.Fatal(err)
 		}
-		for _, spec := range []coordinationv1.LeaseSpec{l.Spec, specOf(enc)} {
+		for _, spec := range []coordinationv1.LeaseSpec{l.Spec, SpecOf(enc)} {
 			// Live up to LOCKED TILL + margin; Expired within a second
 			// after it (the spec rounds the lease up to whole seconds).
 			for _, d := range []time.Duration{-time.Hour, 0, TakeoverMargin, TakeoverMargin + time.Nanosecond, TakeoverMargin + time.Second, time.Hour} {
@@ -327,7 +327,7 @@ func FuzzBeatAnnotations(f *testing.F) {
 	released, _ := encodeBeat(rec)
 	ws := []Waiter{{Session: "a", Who: "x@y", Operation: OpInstall, EnqueuedAt: fzAt(1), HeartbeatAt: fzAt(2), ExpiresAt: fzAt(15002)}, {Session: "b", EnqueuedAt: fzAt(3), ExpiresAt: fzAt(4)}}
 	compact, _ := encodeWaiters(ws)
-	queue, _ := encodeQueue(ws)
+	queue, _ := EncodeQueue(ws)
 	f.Add(beat, compact, queue)
 	f.Add(released, "[]", `{"schema":1,"waiters":null}`)
 	f.Add(`{"s":""}`, "null", "")
@@ -362,16 +362,16 @@ func FuzzBeatAnnotations(f *testing.F) {
 			t.Fatalf("compact queue not a fixpoint:\n %+v\n %+v", compact, again)
 		}
 
-		q := decodeQueue(queueAnn)
-		qe, err := encodeQueue(q)
+		q := DecodeQueue(queueAnn)
+		qe, err := EncodeQueue(q)
 		if err != nil {
 			t.Fatalf("a decoded queue does not encode again: %v", err)
 		}
-		q2 := decodeQueue(qe)
+		q2 := DecodeQueue(qe)
 		if len(q2) != len(q) {
 			t.Fatalf("queue of %d waiters reads back as %d", len(q), len(q2))
 		}
-		if qe2, _ := encodeQueue(q2); qe2 != qe {
+		if qe2, _ := EncodeQueue(q2); qe2 != qe {
 			t.Fatalf("queue not a fixpoint:\n %s\n %s", qe, qe2)
 		}
 	})
@@ -425,7 +425,7 @@ func FuzzJudge(f *testing.F) {
 		later := int64(max(laterMs, 0))
 
 		st := Judge(rec, spec, now, margin)
-		if free := spec == nil || holderOf(spec) == ""; (st == Free) != free {
+		if free := spec == nil || HolderOf(spec) == ""; (st == Free) != free {
 			t.Fatalf("Judge = %s, but the lock is held: %v", st, !free)
 		}
 		till, ok := LockedTill(rec, spec)
@@ -460,8 +460,8 @@ func FuzzJudge(f *testing.F) {
 			if !ok || till.Before(bare) {
 				t.Fatalf("the record shortened the lock: %s (known %v), spec alone %s", till, ok, bare)
 			}
-			if rec != nil && rec.Session != holderOf(spec) && !till.Equal(bare) {
-				t.Fatalf("a record of session %q changed the lock of %q: %s, spec alone %s", rec.Session, holderOf(spec), till, bare)
+			if rec != nil && rec.Session != HolderOf(spec) && !till.Equal(bare) {
+				t.Fatalf("a record of session %q changed the lock of %q: %s, spec alone %s", rec.Session, HolderOf(spec), till, bare)
 			}
 		}
 
@@ -514,14 +514,14 @@ func FuzzGateAnnotations(f *testing.F) {
 	f.Add("sh.helm.release.v1.web.v9223372036854775807", "7", "s", "8", "9223372036854775807", "deployed", byte(1))
 	f.Fuzz(func(t *testing.T, name, rv, session, otherRV, anchorRev, anchorStatus string, op byte) {
 		session = strings.ToValidUTF8(session, "\uFFFD") // as the claim's JSON carries it
-		on := claimedOn(session, name, rv)
+		on := ClaimedOn(session, name, rv)
 		at, who, found := cutLast(on, "@")
-		if !found || (!strings.Contains(session, "@") && (at != recordAt(name, rv) || who != session)) {
-			t.Fatalf("claimedOn(%q, %q, %q) = %q reads back as %q, %q", session, name, rv, on, at, who)
+		if !found || (!strings.Contains(session, "@") && (at != RecordAt(name, rv) || who != session)) {
+			t.Fatalf("ClaimedOn(%q, %q, %q) = %q reads back as %q, %q", session, name, rv, on, at, who)
 		}
 		if !strings.Contains(name, "@") { // an object name never holds one
-			if n, r, ok := strings.Cut(recordAt(name, rv), "@"); !ok || n != name || r != rv {
-				t.Fatalf("recordAt(%q, %q) reads back as %q, %q", name, rv, n, r)
+			if n, r, ok := strings.Cut(RecordAt(name, rv), "@"); !ok || n != name || r != rv {
+				t.Fatalf("RecordAt(%q, %q) reads back as %q, %q", name, rv, n, r)
 			}
 		}
 
@@ -542,7 +542,7 @@ func FuzzGateAnnotations(f *testing.F) {
 				t.Fatalf("a claim %q counts against %s at another version %q", on, name, otherRV)
 			}
 			other := lease(otherRV)
-			other.Claim.On = claimedOn(session+"x", name, rv)
+			other.Claim.On = ClaimedOn(session+"x", name, rv)
 			if !claimAgainstGate(other) {
 				t.Fatal("a claimed-on written for another session (an earlier version's claim over it) must not void the claim")
 			}
@@ -614,7 +614,7 @@ func FuzzGateAndBeat(f *testing.F) {
 		var claimant string
 		switch beatMode % 4 {
 		case 1:
-			beatAnn = map[string]string{AnnotationBeat: beatRaw}
+			beatAnn = map[string]string{Stores.AnnotationBeat: beatRaw}
 		case 2, 3:
 			claimant = holder
 			if beatMode%4 == 3 {
@@ -628,19 +628,19 @@ func FuzzGateAndBeat(f *testing.F) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			beatAnn = map[string]string{AnnotationBeat: enc}
+			beatAnn = map[string]string{Stores.AnnotationBeat: enc}
 		}
 		if beatAnn != nil {
-			beatAnn[annotationClaimedFrom] = from
+			beatAnn[Stores.AnnotationClaimedFrom] = from
 			switch onMode % 5 {
 			case 1:
-				beatAnn[annotationClaimedOn] = claimedOn(claimant, recordName, gateRV)
+				beatAnn[Stores.AnnotationClaimedOn] = ClaimedOn(claimant, recordName, gateRV)
 			case 2:
-				beatAnn[annotationClaimedOn] = claimedOn(claimant, recordName, gateRV+"0")
+				beatAnn[Stores.AnnotationClaimedOn] = ClaimedOn(claimant, recordName, gateRV+"0")
 			case 3:
-				beatAnn[annotationClaimedOn] = claimedOn(claimant+"-other", recordName, gateRV)
+				beatAnn[Stores.AnnotationClaimedOn] = ClaimedOn(claimant+"-other", recordName, gateRV)
 			case 4:
-				beatAnn[annotationClaimedOn] = onRaw
+				beatAnn[Stores.AnnotationClaimedOn] = onRaw
 			}
 		}
 		r := records.Record{Kind: records.KindSecret, Meta: metav1.ObjectMeta{
@@ -648,23 +648,23 @@ func FuzzGateAndBeat(f *testing.F) {
 			Labels:      map[string]string{"owner": "helm", "name": "web", "version": "3", "status": "pending-upgrade"},
 			Annotations: map[string]string{AnnotationRecord: gateEnc},
 		}}
-		beat := beatObj{}
+		var beat *metav1.ObjectMeta
 		if beatAnn != nil {
-			beat = beatObj{exists: true, meta: metav1.ObjectMeta{Name: LeaseName("web"), Namespace: "shop", ResourceVersion: "7", Labels: leaseLabels("web"), Annotations: beatAnn}}
+			beat = &metav1.ObjectMeta{Name: LeaseName("web"), Namespace: "shop", ResourceVersion: "7", Labels: LockLabels("web"), Annotations: beatAnn}
 		}
-		l := (&releaseStore{ns: "shop"}).snapshot("web", r, beat, "9")
+		l := Stores.ReleaseSnapshot("shop", "web", r, beat, "9")
 		now := fzBounds(int64(nowMs), widthMs)
 		v := (&Backend{Margin: TakeoverMargin}).decode(l, now, self)
 
-		bt := decodeBeat(beatAnn[AnnotationBeat], "web", "shop")
+		bt := decodeBeat(beatAnn[Stores.AnnotationBeat], "web", "shop")
 		expiredBy := func(till time.Time) bool { return now.Earliest.After(till.Add(TakeoverMargin)) }
 
 		if gateReleased {
-			if holderOf(&l.Spec) != "" {
-				t.Fatalf("a released gate is held by %q", holderOf(&l.Spec))
+			if HolderOf(&l.Spec) != "" {
+				t.Fatalf("a released gate is held by %q", HolderOf(&l.Spec))
 			}
 		} else {
-			if got := holderOf(&l.Spec); got != holder {
+			if got := HolderOf(&l.Spec); got != holder {
 				t.Fatalf("the gate's holder %q reads as %q", holder, got)
 			}
 			if v.state == Free {
@@ -689,9 +689,9 @@ func FuzzGateAndBeat(f *testing.F) {
 		// A fresh claim against the gate as it stands.
 		_, encodes := bt.Encode() // a claim whose times JSON cannot carry is not shown
 		fresh := bt != nil && encodes == nil && bt.ReleasedAt.IsZero() && bt.Session != holder && bt.Session != self && !expiredBy(bt.LockedTill)
-		againstGate := beatAnn[annotationClaimedOn] == "" || onMode%5 == 1 || onMode%5 == 3
+		againstGate := beatAnn[Stores.AnnotationClaimedOn] == "" || onMode%5 == 1 || onMode%5 == 3
 		if fresh && from == holder && onMode%5 != 4 && againstGate && v.state != Live {
-			t.Fatalf("a fresh claim by %q from the gate's holder (claimed-on %q) is judged %s by %q", bt.Session, beatAnn[annotationClaimedOn], v.state, self)
+			t.Fatalf("a fresh claim by %q from the gate's holder (claimed-on %q) is judged %s by %q", bt.Session, beatAnn[Stores.AnnotationClaimedOn], v.state, self)
 		}
 	})
 }

@@ -210,16 +210,16 @@ func TestStaleQueueWriteAfterGateMovedConflicts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	st := w.b.store(ns).(*releaseStore)
+	st := w.b.store(ns)
 	// unlock --force's first step: the beat is marked released (its gate
 	// write has not landed yet).
 	bt := w.beat(t)
-	rec := decodeBeat(bt.Annotations[AnnotationBeat], "web", ns)
+	rec := decodeBeat(bt.Annotations[Stores.AnnotationBeat], "web", ns)
 	rec.ReleasedAt = t0.Add(time.Second)
 	rec.ReleasedBy = "alice"
 	enc, _ := encodeBeat(*rec)
-	bt.Annotations[AnnotationBeat] = enc
-	delete(bt.Annotations, annotationClaimedFrom)
+	bt.Annotations[Stores.AnnotationBeat] = enc
+	delete(bt.Annotations, Stores.AnnotationClaimedFrom)
 	if _, err := w.cs.CoreV1().Secrets(ns).Update(ctx, bt, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -228,12 +228,12 @@ func TestStaleQueueWriteAfterGateMovedConflicts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	before := w.beat(t).Annotations[AnnotationBeat]
+	before := w.beat(t).Annotations[Stores.AnnotationBeat]
 	// The holder's fenced create of revision 2 (gate moves, beat untouched).
 	w.carry(t, h, 2)
 	// The waiter's enqueue from its view.
 	_, err = st.Enqueue(ctx, seen, []Waiter{{Session: "W", Who: "w", EnqueuedAt: t0, HeartbeatAt: t0, ExpiresAt: t0.Add(time.Minute)}})
-	after := w.beat(t).Annotations[AnnotationBeat]
+	after := w.beat(t).Annotations[Stores.AnnotationBeat]
 	t.Logf("enqueue err=%v\nbeat before: %s\nbeat after:  %s", err, before, after)
 	if after != before {
 		t.Errorf("the waiter's queue write rewrote the beat")

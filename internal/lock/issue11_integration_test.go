@@ -17,6 +17,8 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/helm-autorecover/helm-autorecover/internal/lock"
+	"github.com/helm-autorecover/helm-autorecover/internal/lock/leasestore"
+	"github.com/helm-autorecover/helm-autorecover/internal/lock/releasestore"
 	"github.com/helm-autorecover/helm-autorecover/internal/records"
 	"github.com/helm-autorecover/helm-autorecover/internal/servertime"
 	"github.com/helm-autorecover/helm-autorecover/internal/testenv"
@@ -51,8 +53,8 @@ func newClient(t *testing.T, env *testenv.Env, wrap func(http.RoundTripper) http
 	}
 	return &client{
 		cs:      cs,
-		release: lock.NewReleaseBackend(cs, est, clk, records.DriverSecret),
-		lease:   lock.NewLeaseBackend(cs, est, clk),
+		release: releasestore.NewBackend(cs, est, clk, records.DriverSecret),
+		lease:   leasestore.NewBackend(cs, est, clk),
 	}
 }
 

@@ -81,7 +81,7 @@ func TestJointRetakeKeepsExpiredLeaseHolder(t *testing.T) {
 		RenewedAt: t0.Add(-time.Hour), AcquiredAt: t0.Add(-time.Hour), LockedTill: t0.Add(-time.Hour + 15*time.Second),
 		LeaseDuration: metav1.Duration{Duration: 15 * time.Second},
 	}
-	l := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: LeaseName("web"), Namespace: ns, Labels: leaseLabels("web")}}
+	l := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: LeaseName("web"), Namespace: ns, Labels: LockLabels("web")}}
 	if err := setHolder(l, &x); err != nil {
 		t.Fatal(err)
 	}

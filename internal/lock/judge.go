@@ -3,10 +3,12 @@ package lock
 import (
 	"encoding/json"
 	"fmt"
+	"math"
 	"slices"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/helm-autorecover/helm-autorecover/internal/servertime"
 )
@@ -59,7 +61,7 @@ func (s State) String() string {
 // whose expiry cannot be told at all (no readable record and no renewTime in
 // the spec), or judged without any server time, is Live.
 func Judge(rec *Record, spec *coordinationv1.LeaseSpec, now servertime.Bounds, margin time.Duration) State {
-	if spec == nil || holderOf(spec) == "" {
+	if spec == nil || HolderOf(spec) == "" {
 		return Free
 	}
 	till, ok := LockedTill(rec, spec)
@@ -121,7 +123,7 @@ func LockedTill(rec *Record, spec *coordinationv1.LeaseSpec) (time.Time, bool) {
 			ok = true
 		}
 	}
-	if rec != nil && spec != nil && rec.Session != "" && rec.Session == holderOf(spec) && !rec.LockedTill.IsZero() {
+	if rec != nil && spec != nil && rec.Session != "" && rec.Session == HolderOf(spec) && !rec.LockedTill.IsZero() {
 		if !ok || rec.LockedTill.After(till) {
 			till = rec.LockedTill
 		}
@@ -130,7 +132,7 @@ func LockedTill(rec *Record, spec *coordinationv1.LeaseSpec) (time.Time, bool) {
 	return till, ok
 }
 
-func holderOf(spec *coordinationv1.LeaseSpec) string {
+func HolderOf(spec *coordinationv1.LeaseSpec) string {
 	if spec == nil || spec.HolderIdentity == nil {
 		return ""
 	}
@@ -168,10 +170,10 @@ type queue struct {
 	Waiters []Waiter `json:"waiters"`
 }
 
-// decodeQueue reads the waiters. An unreadable queue is treated as empty: the
+// DecodeQueue reads the waiters. An unreadable queue is treated as empty: the
 // queue orders waiters, it does not provide mutual exclusion, so losing it
 // costs fairness once and never safety.
-func decodeQueue(s string) []Waiter {
+func DecodeQueue(s string) []Waiter {
 	if s == "" {
 		return nil
 	}
@@ -182,7 +184,7 @@ func decodeQueue(s string) []Waiter {
 	return q.Waiters
 }
 
-func encodeQueue(ws []Waiter) (string, error) {
+func EncodeQueue(ws []Waiter) (string, error) {
 	b, err := json.Marshal(queue{Schema: SchemaVersion, Waiters: ws})
 	if err != nil {
 		return "", fmt.Errorf("encode lock queue: %w", err)
@@ -366,11 +368,52 @@ func leaseOf(rec *Record, spec *coordinationv1.LeaseSpec) time.Duration {
 	if spec != nil && spec.LeaseDurationSeconds != nil {
 		d = time.Duration(*spec.LeaseDurationSeconds) * time.Second
 	}
-	if rec != nil && rec.Session == holderOf(spec) {
+	if rec != nil && rec.Session == HolderOf(spec) {
 		d = max(d, rec.LeaseDuration.Duration)
 	}
 	if d <= 0 {
 		return DefaultLeaseDuration
 	}
 	return d
+}
+
+// ApplyHolder mirrors rec in spec: its holder, and while it holds, its
+// lease, take and renewal.
+func ApplyHolder(spec *coordinationv1.LeaseSpec, rec *Record) {
+	if !rec.ReleasedAt.IsZero() {
+		spec.HolderIdentity = ptr("")
+		return
+	}
+	spec.HolderIdentity = ptr(rec.Session)
+	spec.LeaseDurationSeconds = ptr(int32(min(math.MaxInt32, math.Ceil(rec.LeaseDuration.Seconds()))))
+	spec.AcquireTime = &metav1.MicroTime{Time: rec.AcquiredAt}
+	spec.RenewTime = &metav1.MicroTime{Time: rec.RenewedAt}
+}
+
+// SpecOf derives the Lease spec from a stored lock record (a release
+// store's gate, which has no spec of its own). Session, renewedAt,
+// leaseDuration and releasedAt keep their meaning in every schema (they play
+// the part of the Lease spec), so a record of a newer schema is still judged
+// by them; a record that is not JSON at all names an unreadable holder with
+// no expiry, which is judged Live.
+func SpecOf(s string) coordinationv1.LeaseSpec {
+	if s == "" {
+		return coordinationv1.LeaseSpec{}
+	}
+	rec, _ := DecodeRecord(s) // a newer schema's record is still judged; see above
+	if rec == nil {
+		return coordinationv1.LeaseSpec{HolderIdentity: ptr(UnreadableHolder)}
+	}
+	if !rec.ReleasedAt.IsZero() || rec.Session == "" {
+		return coordinationv1.LeaseSpec{HolderIdentity: ptr("")}
+	}
+	spec := coordinationv1.LeaseSpec{HolderIdentity: ptr(rec.Session)}
+	if d := rec.LeaseDuration.Duration; d > 0 && !rec.RenewedAt.IsZero() {
+		spec.LeaseDurationSeconds = ptr(int32(min(math.MaxInt32, math.Ceil(d.Seconds()))))
+		spec.RenewTime = &metav1.MicroTime{Time: rec.RenewedAt}
+	}
+	if !rec.AcquiredAt.IsZero() {
+		spec.AcquireTime = &metav1.MicroTime{Time: rec.AcquiredAt}
+	}
+	return spec
 }

@@ -6,22 +6,21 @@ import (
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
-// heldUpdates is a Lease API whose updates wait for release before they
+// heldRenewals is a store whose renewals wait for release before they
 // commit, and then, as a request whose context ended while it was in
 // flight, commit all the same and answer with the context's error.
-type heldUpdates struct {
-	LeaseAPI
+type heldRenewals struct {
+	Store
 	sent    chan<- struct{}
 	release <-chan struct{}
 }
 
-func (h heldUpdates) Update(ctx context.Context, l *coordinationv1.Lease, opts metav1.UpdateOptions) (*coordinationv1.Lease, error) {
+func (h heldRenewals) Renew(ctx context.Context, from *Snapshot, rec Record) (*Snapshot, error) {
 	h.sent <- struct{}{}
 	<-h.release
-	out, err := h.LeaseAPI.Update(context.WithoutCancel(ctx), l, opts)
+	out, err := h.Store.Renew(context.WithoutCancel(ctx), from, rec)
 	if ctx.Err() != nil {
 		return nil, ctx.Err()
 	}
@@ -48,7 +47,7 @@ func TestHandOverLetsARenewalInFlightFinish(t *testing.T) {
 	sent, release := make(chan struct{}, 1), make(chan struct{})
 	inner := a.b.stores
 	a.b.stores = func(ns string) Store {
-		return &leaseStore{api: heldUpdates{inner(ns).(*leaseStore).api, sent, release}, ns: ns}
+		return heldRenewals{inner(ns), sent, release}
 	}
 	kctx, stopKeep := context.WithCancel(ctx)
 	done := make(chan struct{})
@@ -86,7 +85,7 @@ func TestHandOverLetsARenewalInFlightFinish(t *testing.T) {
 	if after := held.Deadline(); !after.After(before) {
 		t.Fatalf("renew deadline %v after the renewal that committed, want later than %v (the take's)", after, before)
 	}
-	if got, want := held.snap.version.(*coordinationv1.Lease).ResourceVersion, w.store.get(ns, LeaseName("web")).ResourceVersion; got != want {
+	if got, want := held.snap.Version.(*coordinationv1.Lease).ResourceVersion, w.store.get(ns, LeaseName("web")).ResourceVersion; got != want {
 		t.Errorf("the holder knows its Lease at resourceVersion %s, the server has %s", got, want)
 	}
 }

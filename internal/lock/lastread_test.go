@@ -75,7 +75,7 @@ func TestTakeFromStaleReadConflicts(t *testing.T) {
 			w := newRWorld(t)
 			ctx := context.Background()
 			w.takeAndRelease(t) // so that a beat exists
-			st := w.b.store(ns).(*releaseStore)
+			st := w.b.store(ns)
 			seen, err := st.Read(ctx, LeaseName("web"))
 			if err != nil {
 				t.Fatal(err)
@@ -155,7 +155,7 @@ func TestTakeNamesNextRevision(t *testing.T) {
 			}
 			// The take's claim is left, naming the record it was made
 			// against: the gate it wrote there since.
-			if on := w.beat(t).Annotations[annotationClaimedOn]; !strings.HasPrefix(on, "sh.helm.release.v1.web.v1@") {
+			if on := w.beat(t).Annotations[Stores.AnnotationClaimedOn]; !strings.HasPrefix(on, "sh.helm.release.v1.web.v1@") {
 				t.Errorf("the beat left by the take is claimed on %q, want the record it took", on)
 			}
 			n = len(w.cs.Actions())
@@ -410,17 +410,17 @@ func TestReadFindsTheBeatInTheList(t *testing.T) {
 			ctx := context.Background()
 			w.takeAndRelease(t)
 			bt := w.beat(t)
-			if bt.Labels[recordLabelName] != "web" && !c.unlabel {
+			if bt.Labels["name"] != "web" && !c.unlabel {
 				t.Fatalf("the beat's labels %v carry no name", bt.Labels)
 			}
 			if c.unlabel {
-				delete(bt.Labels, recordLabelName)
+				delete(bt.Labels, "name")
 				if _, err := w.cs.CoreV1().Secrets(ns).Update(ctx, bt, metav1.UpdateOptions{}); err != nil {
 					t.Fatal(err)
 				}
 			}
 			mine := recSecret(9, "deployed", nil)
-			mine.Name, mine.Labels = "users-own", map[string]string{recordLabelName: "web"}
+			mine.Name, mine.Labels = "users-own", map[string]string{"name": "web"}
 			if _, err := w.cs.CoreV1().Secrets(ns).Create(ctx, mine, metav1.CreateOptions{}); err != nil {
 				t.Fatal(err)
 			}

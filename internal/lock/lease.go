@@ -137,29 +137,18 @@ const (
 	StoreSQL StoreKind = "sql"
 )
 
-// NewLeaseBackend returns a backend. client must be built from a
-// configuration instrumented by est (servertime.Estimator.Instrument or
-// WrapTransport) so that its responses feed est; clk must be the clock est
-// reads (clock.RealClock{} in production).
-func NewLeaseBackend(client kubernetes.Interface, est *servertime.Estimator, clk clock.Clock) *Backend {
+// NewBackend returns a backend that keeps its locks in the stores of kind
+// that stores opens, one per namespace (package leasestore and
+// releasestore build them). client must be built from a configuration
+// instrumented by est (servertime.Estimator.Instrument or WrapTransport)
+// so that its responses feed est, whatever the store: every client of a
+// release talks to its cluster, whose clock judges the lock; clk must be
+// the clock est reads (clock.RealClock{} in production).
+func NewBackend(client kubernetes.Interface, est *servertime.Estimator, clk clock.Clock, kind StoreKind, stores func(ns string) Store) *Backend {
 	return &Backend{
-		client: client, time: est, clock: clk, Margin: TakeoverMargin, RenewMargin: RenewMargin, kind: StoreLease,
-		Sightings: NewSightings(),
-		stores: func(ns string) Store {
-			return &leaseStore{api: client.CoordinationV1().Leases(ns), ns: ns}
-		},
+		client: client, time: est, clock: clk, Margin: TakeoverMargin, RenewMargin: RenewMargin, kind: kind,
+		Sightings: NewSightings(), stores: stores,
 	}
-}
-
-// NewStoreBackend returns a backend that keeps its locks in api, a store
-// of Lease objects, under the name kind. client serves only the API
-// server's clock (est; see NewLeaseBackend), which the lock is judged by
-// wherever it is kept: every client of a release talks to its cluster.
-func NewStoreBackend(client kubernetes.Interface, est *servertime.Estimator, clk clock.Clock, kind StoreKind, api func(ns string) LeaseAPI) *Backend {
-	b := NewLeaseBackend(client, est, clk)
-	b.kind = kind
-	b.stores = func(ns string) Store { return &leaseStore{api: api(ns), ns: ns} }
-	return b
 }
 
 // Kind tells where this backend keeps its locks.
@@ -539,7 +528,7 @@ func (b *Backend) judgeWaiters(l *Snapshot, ws []Waiter, now servertime.Bounds, 
 // writing.
 func (b *Backend) confirm(v *view, judged *Record, l *Snapshot, self string, now servertime.Bounds) time.Time {
 	key := b.sightKey(l.Namespace, l.Name)
-	holder, renewed := renewalOf(l)
+	holder, renewed := RenewalOf(l)
 	if v.state == Free || holder == "" {
 		if b.Sightings != nil {
 			b.Sightings.forget(key)
@@ -682,13 +671,13 @@ func (b *Backend) attempt(ctx context.Context, req *Request, w *waitState, maybe
 		// once this part is ours (seeds 92122, 96108); so is a holder's
 		// stamped ahead (StampedAhead) that a client that does not wait
 		// confirms (review of 0eec072: one confirmation per part).
-		if req.sightLater != nil && holderOf(&cur.Spec) != req.Session && (v.confirming || v.stampedAhead || v.state == Expired || (w != nil && (v.state == Live || ahead > 0))) {
+		if req.sightLater != nil && HolderOf(&cur.Spec) != req.Session && (v.confirming || v.stampedAhead || v.state == Expired || (w != nil && (v.state == Live || ahead > 0))) {
 			req.sightLater(ctx)
 		}
 		// Our own lock whose take may have committed is adopted while it is
 		// live; once expired it is taken again only in its turn, as any
 		// expired lock is (waiters that queued meanwhile come first).
-		if maybe.any() && holderOf(&cur.Spec) == req.Session && (v.state == Live || ahead == 0) {
+		if maybe.any() && HolderOf(&cur.Spec) == req.Session && (v.state == Live || ahead == 0) {
 			h, err := b.adopt(ctx, req, v, now, maybe)
 			if changed(err) || retry(err) || errors.Is(err, errLate) {
 				continue
@@ -737,7 +726,7 @@ func (b *Backend) lockedError(req *Request, v view, now servertime.Bounds, ahead
 		Release:        req.Release,
 		Namespace:      req.Namespace,
 		State:          v.state,
-		HolderIdentity: holderOf(&v.snap.Spec),
+		HolderIdentity: HolderOf(&v.snap.Spec),
 		Ahead:          ahead,
 	}
 	if v.state != Live {
@@ -922,7 +911,7 @@ func (b *Backend) create(ctx context.Context, req *Request, maybe *maybeTaken) (
 	h := b.newHeld(req, nil, rec, sent, nil, Free)
 	wctx, cancel, late := b.takeFence(ctx, h) // as take's
 	defer cancel()
-	if err := fenced(wctx); err != nil {
+	if err := Fenced(wctx); err != nil {
 		return nil, late(err)
 	}
 	created, err := b.store(req.Namespace).Create(wctx, name, rec)
@@ -975,7 +964,7 @@ func (b *Backend) take(ctx context.Context, req *Request, v view, maybe *maybeTa
 	h := b.newHeld(req, nil, rec, sent, prev, v.state)
 	wctx, cancel, late := b.takeFence(ctx, h)
 	defer cancel()
-	if err := fenced(wctx); err != nil {
+	if err := Fenced(wctx); err != nil {
 		return nil, late(err)
 	}
 	updated, err := b.store(req.Namespace).Take(wctx, v.snap, rec, rest)
@@ -1189,7 +1178,7 @@ func (b *Backend) status(l *Snapshot, now servertime.Bounds) *Status {
 		State:          v.state,
 		Record:         v.rec,
 		RecordErr:      v.recErr,
-		HolderIdentity: holderOf(&l.Spec),
+		HolderIdentity: HolderOf(&l.Spec),
 		Waiters:        v.live,
 		Now:            now,
 	}
@@ -1232,7 +1221,7 @@ func (b *Backend) ForceRelease(ctx context.Context, namespace, release, session,
 		if err != nil {
 			return nil, fmt.Errorf("release lock of release %q in namespace %q: %w", release, namespace, err)
 		}
-		if h := holderOf(&cur.Spec); h != session {
+		if h := HolderOf(&cur.Spec); h != session {
 			return nil, fmt.Errorf("release lock of release %q in namespace %q: session %s does not hold it (holder: %q)", release, namespace, session, h)
 		}
 		now, err := b.serverNow(ctx)

@@ -111,7 +111,7 @@ func TestTryAcquireCreatesThenBlocks(t *testing.T) {
 		t.Errorf("previous = %v %+v, want free and none", held.PreviousState, held.Previous)
 	}
 	l := w.store.get(ns, LeaseName("web"))
-	if got := holderOf(&l.Spec); got != held.Session() {
+	if got := HolderOf(&l.Spec); got != held.Session() {
 		t.Errorf("holderIdentity = %q, want %q", got, held.Session())
 	}
 	if l.Labels[LabelManagedBy] != ManagedBy || l.Labels[LabelRelease] != "web" {
@@ -201,7 +201,7 @@ func TestTakeoverOnlyAfterServerTimeExpiry(t *testing.T) {
 	if err := held.Release(ctx); !errors.Is(err, ErrLost) {
 		t.Errorf("old holder Release() = %v, want ErrLost", err)
 	}
-	if got := holderOf(&w.store.get(ns, LeaseName("web")).Spec); got != taken.Session() {
+	if got := HolderOf(&w.store.get(ns, LeaseName("web")).Spec); got != taken.Session() {
 		t.Errorf("holder after the old holder's release attempt = %q, want %q", got, taken.Session())
 	}
 }
@@ -226,7 +226,7 @@ func TestRenewDetectsTakeover(t *testing.T) {
 	default:
 		t.Error("Done() not closed after loss")
 	}
-	if got := holderOf(&w.store.get(ns, LeaseName("web")).Spec); got != "intruder" {
+	if got := HolderOf(&w.store.get(ns, LeaseName("web")).Spec); got != "intruder" {
 		t.Errorf("Renew overwrote the new holder: %q", got)
 	}
 }
@@ -253,7 +253,7 @@ func TestRenewKeepsQueueWrittenConcurrently(t *testing.T) {
 		t.Error("renewedAt did not move")
 	}
 	got := w.store.get(ns, LeaseName("web"))
-	if q := decodeQueue(got.Annotations[AnnotationQueue]); len(q) != 1 || q[0].Session != "w1" {
+	if q := DecodeQueue(got.Annotations[AnnotationQueue]); len(q) != 1 || q[0].Session != "w1" {
 		t.Errorf("queue after renew = %+v", q)
 	}
 	if w.store.calls["update"] != 2 {
@@ -325,7 +325,7 @@ func TestReleaseAndDelete(t *testing.T) {
 		t.Fatal(err)
 	}
 	l = w.store.get(ns, LeaseName("web"))
-	if l == nil || holderOf(&l.Spec) != "" || l.Annotations[AnnotationQueue] == "" {
+	if l == nil || HolderOf(&l.Spec) != "" || l.Annotations[AnnotationQueue] == "" {
 		t.Fatalf("lease after ReleaseAndDelete with a waiter = %+v", l)
 	}
 }
@@ -475,7 +475,7 @@ func TestWaitServesInArrivalOrder(t *testing.T) {
 	}
 	queued := func(n int) func() bool {
 		return func() bool {
-			return len(decodeQueue(w.store.get(ns, LeaseName("web")).Annotations[AnnotationQueue])) == n
+			return len(DecodeQueue(w.store.get(ns, LeaseName("web")).Annotations[AnnotationQueue])) == n
 		}
 	}
 	start("first", c1)

@@ -54,8 +54,8 @@ func ValidateReleaseName(release string) error {
 	return nil
 }
 
-// leaseLabels are the labels of the Lease locking release.
-func leaseLabels(release string) map[string]string {
+// LockLabels are the labels of the Lease locking release.
+func LockLabels(release string) map[string]string {
 	return map[string]string{
 		LabelManagedBy: ManagedBy,
 		LabelRelease:   release,

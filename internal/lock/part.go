@@ -57,7 +57,7 @@ type part struct {
 
 	// gateAt is, on the release store, where the write fence last wrote
 	// this holder's unreleased lock onto a release record
-	// (recordAt(name, resourceVersion)), on the highest revision it
+	// (RecordAt(name, resourceVersion)), on the highest revision it
 	// wrote, gateAtRev; "" when it wrote none. Its release is written there
 	// first (see releaseStore.Release).
 	gateAt    string
@@ -516,7 +516,7 @@ func (h *part) reread(ctx context.Context, cur *Snapshot) (*Snapshot, error) {
 	if err := h.vanished(cur, fresh); err != nil {
 		return nil, h.loseGone(err)
 	}
-	if holder := holderOf(&fresh.Spec); holder != h.req.Session {
+	if holder := HolderOf(&fresh.Spec); holder != h.req.Session {
 		by := "nobody (released)"
 		if holder != "" {
 			by = "session " + holder
@@ -635,7 +635,7 @@ func (h *part) writeLocked(ctx context.Context, release bool, mutate func(*Recor
 		}
 		if !release {
 			// serverNow may have asked the API server: check again.
-			if err := fenced(ctx); err != nil {
+			if err := Fenced(ctx); err != nil {
 				return err
 			}
 		}
@@ -697,7 +697,7 @@ type fenceKey struct{}
 // and in the API server's (part.Valid). A store that sends several
 // requests for one write of the lock (the release store: it reads, then
 // claims the beat, then writes the gate) checks it right before each
-// write request it sends (fenced), so that none leaves once that deadline
+// write request it sends (Fenced), so that none leaves once that deadline
 // has passed, however long the process stood still in between: a read
 // held up by a pause or a system sleep, say (the simulation, seeds 302
 // and 842).
@@ -705,8 +705,8 @@ func withFence(ctx context.Context, valid func() error) context.Context {
 	return context.WithValue(ctx, fenceKey{}, valid)
 }
 
-// fenced runs the check ctx carries (withFence); nil when it carries none.
-func fenced(ctx context.Context) error {
+// Fenced runs the check ctx carries (withFence); nil when it carries none.
+func Fenced(ctx context.Context) error {
 	if valid, ok := ctx.Value(fenceKey{}).(func() error); ok {
 		return valid()
 	}

@@ -18,7 +18,7 @@ import (
 
 // TestQueueEncodingsCarryPreempt: a waiter's request that the holder stop
 // (Waiter.Preempt) survives both forms of the queue, the Lease's JSON
-// (AnnotationQueue) and the beat's compact form (AnnotationWaiters, key
+// (AnnotationQueue) and the beat's compact form (Stores.AnnotationWaiters, key
 // "p"), both ways, for every entry; an entry that did not ask carries no
 // key at all, so the queues of waiters that do not preempt are written
 // as before.
@@ -39,12 +39,12 @@ func TestQueueEncodingsCarryPreempt(t *testing.T) {
 		{"all ask", []Waiter{w("a", true), w("b", true)}, 2},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			js, err := encodeQueue(tc.ws)
+			js, err := EncodeQueue(tc.ws)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if got := decodeQueue(js); !slices.Equal(got, tc.ws) {
-				t.Errorf("Lease queue: decodeQueue(encodeQueue(ws)) =\n  %+v\nwant\n  %+v", got, tc.ws)
+			if got := DecodeQueue(js); !slices.Equal(got, tc.ws) {
+				t.Errorf("Lease queue: DecodeQueue(EncodeQueue(ws)) =\n  %+v\nwant\n  %+v", got, tc.ws)
 			}
 			compact, err := encodeWaiters(tc.ws)
 			if err != nil {

@@ -25,7 +25,7 @@ func TestQueueKeepsAWaiterWhoseDateRunsBehind(t *testing.T) {
 	}
 	queue := func() []string {
 		var out []string
-		for _, x := range decodeQueue(w.store.get(ns, LeaseName("web")).Annotations[AnnotationQueue]) {
+		for _, x := range DecodeQueue(w.store.get(ns, LeaseName("web")).Annotations[AnnotationQueue]) {
 			out = append(out, x.Session)
 		}
 		return out

@@ -54,7 +54,7 @@ func TestQuiet(t *testing.T) {
 			l.Annotations[AnnotationRecord] = record
 		}
 		if len(ws) > 0 {
-			q, err := encodeQueue(ws)
+			q, err := EncodeQueue(ws)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -76,13 +76,13 @@ func TestQuiet(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: LeaseName("web"), Namespace: "shop", Annotations: map[string]string{AnnotationBeat: b, annotationClaimedFrom: session}}}
+		s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: LeaseName("web"), Namespace: "shop", Annotations: map[string]string{Stores.AnnotationBeat: b, Stores.AnnotationClaimedFrom: session}}}
 		if len(ws) > 0 {
 			q, err := encodeWaiters(ws)
 			if err != nil {
 				t.Fatal(err)
 			}
-			s.Annotations[AnnotationWaiters] = q
+			s.Annotations[Stores.AnnotationWaiters] = q
 		}
 		return s
 	}
@@ -100,7 +100,7 @@ func TestQuiet(t *testing.T) {
 		g := record(gateRev, gateRecord)
 		gr := records.Record{Kind: records.KindSecret, Meta: g.ObjectMeta}
 		b := beatEvent(beatHolder, false, ws...)
-		return (&releaseStore{}).snapshot("web", gr, beatObj{meta: b.ObjectMeta, exists: true}, "100")
+		return Stores.ReleaseSnapshot("", "web", gr, &b.ObjectMeta, "100")
 	}
 
 	cases := []struct {
@@ -113,146 +113,146 @@ func TestQuiet(t *testing.T) {
 	}{
 		// Lease store.
 		{
-			"lease: behind a live waiter, the holder releases", &leaseStore{},
+			"lease: behind a live waiter, the holder releases", leaseChanges(),
 			leaseSnapshot(lease4(holder, held, waiter(ahead, liveTill), waiter(self, liveTill))), watch.Modified,
 			lease4("", released, waiter(ahead, liveTill), waiter(self, liveTill)), true,
 		},
 		{
-			"lease: behind a dead waiter, the holder releases", &leaseStore{},
+			"lease: behind a dead waiter, the holder releases", leaseChanges(),
 			leaseSnapshot(lease4(holder, held, waiter(ahead, dead), waiter(self, liveTill))), watch.Modified,
 			lease4("", released, waiter(ahead, dead), waiter(self, liveTill)), false,
 		},
 		{
-			"lease: first, the holder renews", &leaseStore{},
+			"lease: first, the holder renews", leaseChanges(),
 			leaseSnapshot(lease4(holder, held, waiter(self, liveTill))), watch.Modified,
 			lease4(holder, renewed, waiter(self, liveTill), waiter(other, liveTill)), true,
 		},
 		{
-			"lease: first, the holder releases", &leaseStore{},
+			"lease: first, the holder releases", leaseChanges(),
 			leaseSnapshot(lease4(holder, held, waiter(self, liveTill))), watch.Modified,
 			lease4("", released, waiter(self, liveTill)), false,
 		},
 		{
-			"lease: first, another session holds it", &leaseStore{},
+			"lease: first, another session holds it", leaseChanges(),
 			leaseSnapshot(lease4(holder, held, waiter(self, liveTill))), watch.Modified,
 			lease4(other, rec(other, t0, false), waiter(self, liveTill)), false,
 		},
 		{
-			"lease: first after the waiter ahead left", &leaseStore{},
+			"lease: first after the waiter ahead left", leaseChanges(),
 			leaseSnapshot(lease4(holder, held, waiter(ahead, liveTill), waiter(self, liveTill))), watch.Modified,
 			lease4(holder, renewed, waiter(self, liveTill)), true,
 		},
 		{
-			"lease: dropped from the queue", &leaseStore{},
+			"lease: dropped from the queue", leaseChanges(),
 			leaseSnapshot(lease4(holder, held, waiter(self, liveTill))), watch.Modified,
 			lease4(holder, renewed, waiter(other, liveTill)), false,
 		},
 		{
-			"lease: our own take committed late", &leaseStore{},
+			"lease: our own take committed late", leaseChanges(),
 			leaseSnapshot(lease4(holder, held, waiter(ahead, liveTill), waiter(self, liveTill))), watch.Modified,
 			lease4(self, rec(self, t0, false), waiter(ahead, liveTill)), false,
 		},
 		{
-			"lease: deleted", &leaseStore{},
+			"lease: deleted", leaseChanges(),
 			leaseSnapshot(lease4(holder, held, waiter(self, liveTill))), watch.Deleted,
 			lease4(holder, held, waiter(self, liveTill)), false,
 		},
 
 		// Release store: the beat.
 		{
-			"release: beat, behind a live waiter, a claim", &releaseStore{},
+			"release: beat, behind a live waiter, a claim", releaseChanges(),
 			virtual(3, rec(holder, t0, false), holder, waiter(ahead, liveTill), waiter(self, liveTill)), watch.Modified,
 			beatEvent(other, false, waiter(ahead, liveTill), waiter(self, liveTill)), true,
 		},
 		{
-			"release: beat, first, the holder renews", &releaseStore{},
+			"release: beat, first, the holder renews", releaseChanges(),
 			virtual(3, rec(holder, t0, false), holder, waiter(self, liveTill)), watch.Modified,
 			beatEvent(holder, false, waiter(self, liveTill), waiter(other, liveTill)), true,
 		},
 		{
-			"release: beat, first, the holder's beat released", &releaseStore{},
+			"release: beat, first, the holder's beat released", releaseChanges(),
 			virtual(3, rec(holder, t0, false), holder, waiter(self, liveTill)), watch.Modified,
 			beatEvent(holder, true, waiter(self, liveTill)), false,
 		},
 		{
-			"release: beat, first, another session claims", &releaseStore{},
+			"release: beat, first, another session claims", releaseChanges(),
 			virtual(3, rec(holder, t0, false), holder, waiter(self, liveTill)), watch.Modified,
 			beatEvent(other, false, waiter(self, liveTill)), false,
 		},
 		{
-			"release: beat, our own claim", &releaseStore{},
+			"release: beat, our own claim", releaseChanges(),
 			virtual(3, rec(holder, t0, false), holder, waiter(ahead, liveTill), waiter(self, liveTill)), watch.Modified,
 			beatEvent(self, false, waiter(ahead, liveTill)), false,
 		},
 		{
-			"release: beat deleted", &releaseStore{},
+			"release: beat deleted", releaseChanges(),
 			virtual(3, rec(holder, t0, false), holder, waiter(self, liveTill)), watch.Deleted,
 			beatEvent(holder, false, waiter(self, liveTill)), false,
 		},
 
 		// Release store: the records, first in the queue.
 		{
-			"release: an older record superseded", &releaseStore{},
+			"release: an older record superseded", releaseChanges(),
 			virtual(3, rec(holder, t0, false), holder, waiter(self, liveTill)), watch.Modified,
 			record(2, ""), true,
 		},
 		{
-			"release: an older record pruned", &releaseStore{},
+			"release: an older record pruned", releaseChanges(),
 			virtual(3, rec(holder, t0, false), holder, waiter(self, liveTill)), watch.Deleted,
 			record(1, ""), true,
 		},
 		{
-			"release: the holder's pending revision", &releaseStore{},
+			"release: the holder's pending revision", releaseChanges(),
 			virtual(3, rec(holder, t0, false), holder, waiter(self, liveTill)), watch.Added,
 			record(4, rec(holder, t0, false)), true,
 		},
 		{
-			"release: the gate rewritten by its holder", &releaseStore{},
+			"release: the gate rewritten by its holder", releaseChanges(),
 			virtual(3, rec(holder, t0, false), holder, waiter(self, liveTill)), watch.Modified,
 			record(3, rec(holder, t0.Add(time.Second), false)), true,
 		},
 		{
-			"release: the gate released", &releaseStore{},
+			"release: the gate released", releaseChanges(),
 			virtual(3, rec(holder, t0, false), holder, waiter(self, liveTill)), watch.Modified,
 			record(3, rec(holder, t0, true)), false,
 		},
 		{
-			"release: the gate taken by another session", &releaseStore{},
+			"release: the gate taken by another session", releaseChanges(),
 			virtual(3, rec(holder, t0, false), holder, waiter(self, liveTill)), watch.Modified,
 			record(3, rec(other, t0, false)), false,
 		},
 		{
-			"release: the gate deleted", &releaseStore{},
+			"release: the gate deleted", releaseChanges(),
 			virtual(3, rec(holder, t0, false), holder, waiter(self, liveTill)), watch.Deleted,
 			record(3, rec(holder, t0, false)), false,
 		},
 		{
-			"release: a newer record without a lock (stock helm)", &releaseStore{},
+			"release: a newer record without a lock (stock helm)", releaseChanges(),
 			virtual(3, rec(holder, t0, false), holder, waiter(self, liveTill)), watch.Added,
 			record(4, ""), false,
 		},
 		{
-			"release: a newer record of another session", &releaseStore{},
+			"release: a newer record of another session", releaseChanges(),
 			virtual(3, rec(holder, t0, false), holder, waiter(self, liveTill)), watch.Added,
 			record(4, rec(other, t0, false)), false,
 		},
 		{
-			"release: behind a live waiter, the gate released", &releaseStore{},
+			"release: behind a live waiter, the gate released", releaseChanges(),
 			virtual(3, rec(holder, t0, false), holder, waiter(ahead, liveTill), waiter(self, liveTill)), watch.Modified,
 			record(3, rec(holder, t0, true)), true,
 		},
 		{
-			"release: behind a dead waiter, the gate released", &releaseStore{},
+			"release: behind a dead waiter, the gate released", releaseChanges(),
 			virtual(3, rec(holder, t0, false), holder, waiter(ahead, dead), waiter(self, liveTill)), watch.Modified,
 			record(3, rec(holder, t0, true)), false,
 		},
 		{
-			"release: our own gate", &releaseStore{},
+			"release: our own gate", releaseChanges(),
 			virtual(3, rec(holder, t0, false), holder, waiter(ahead, liveTill), waiter(self, liveTill)), watch.Modified,
 			record(3, rec(self, t0, false)), false,
 		},
 		{
-			"release: another release's record", &releaseStore{},
+			"release: another release's record", releaseChanges(),
 			virtual(3, rec(holder, t0, false), holder, waiter(self, liveTill)), watch.Modified,
 			&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "other", Namespace: "elsewhere"}}, false,
 		},
@@ -273,13 +273,13 @@ func TestQuietFollowsTheQueue(t *testing.T) {
 	f := newReleaseLock(t, t0q, "ahead", "self")
 	v := newWatchView(f.seen, "self", true)
 	ev := f.gateEvent(true)
-	if !v.quiet(&releaseStore{}, ev, f.now, 0) {
+	if !v.quiet(releaseChanges(), ev, f.now, 0) {
 		t.Fatal("behind a live waiter, the gate's release was not quiet")
 	}
-	if !v.quiet(&releaseStore{}, f.beatEvent("self"), f.now, 0) {
+	if !v.quiet(releaseChanges(), f.beatEvent("self"), f.now, 0) {
 		t.Fatal("the holder's renewal with the queue shortened was not quiet")
 	}
-	if v.quiet(&releaseStore{}, ev, f.now, 0) {
+	if v.quiet(releaseChanges(), ev, f.now, 0) {
 		t.Fatal("first in the queue now, the gate's release was quiet")
 	}
 }
@@ -312,8 +312,8 @@ func newReleaseLock(t *testing.T, renewed time.Time, queue ...string) *releaseLo
 		t.Fatal(err)
 	}
 	f.gate = metav1.ObjectMeta{Name: "sh.helm.release.v1.web.v3", Namespace: "shop", Labels: map[string]string{records.LabelVersion: "3"}, Annotations: map[string]string{AnnotationRecord: f.gateRecord(false)}}
-	f.beat = metav1.ObjectMeta{Name: LeaseName("web"), Namespace: "shop", Annotations: map[string]string{AnnotationBeat: b, annotationClaimedFrom: "holder", AnnotationWaiters: f.waiters(queue...)}}
-	f.seen = (&releaseStore{}).snapshot("web", records.Record{Kind: records.KindSecret, Meta: f.gate}, beatObj{meta: f.beat, exists: true}, "100")
+	f.beat = metav1.ObjectMeta{Name: LeaseName("web"), Namespace: "shop", Annotations: map[string]string{Stores.AnnotationBeat: b, Stores.AnnotationClaimedFrom: "holder", Stores.AnnotationWaiters: f.waiters(queue...)}}
+	f.seen = Stores.ReleaseSnapshot("", "web", records.Record{Kind: records.KindSecret, Meta: f.gate}, &f.beat, "100")
 	return f
 }
 
@@ -354,7 +354,7 @@ func (f *releaseLock) gateEvent(released bool) watch.Event {
 // beatEvent is a change of the beat: the holder's, with the queue given.
 func (f *releaseLock) beatEvent(queue ...string) watch.Event {
 	b := f.beat.DeepCopy()
-	b.Annotations[AnnotationWaiters] = f.waiters(queue...)
+	b.Annotations[Stores.AnnotationWaiters] = f.waiters(queue...)
 	return watch.Event{Type: watch.Modified, Object: &corev1.Secret{ObjectMeta: *b}}
 }
 

@@ -46,12 +46,12 @@ func TestWaitTakesWhenTheWaiterAheadLeaves(t *testing.T) {
 				done <- err
 			}()
 			eventually(t, "self queued", func() bool {
-				return len(decodeQueue(w.store.get(ns, LeaseName("web")).Annotations[AnnotationQueue])) == 2
+				return len(DecodeQueue(w.store.get(ns, LeaseName("web")).Annotations[AnnotationQueue])) == 2
 			})
 			waitTimers(t, c, 2)
 			// A dequeues (its --lock-timeout, Ctrl-C).
 			l = w.store.get(ns, LeaseName("web"))
-			q := decodeQueue(l.Annotations[AnnotationQueue])
+			q := DecodeQueue(l.Annotations[AnnotationQueue])
 			q = slices.DeleteFunc(q, func(x Waiter) bool { return x.Session == "A" })
 			_ = setQueue(l, q)
 			w.store.put(l)
@@ -78,7 +78,7 @@ func TestQuietNotWhenTheWaiterAheadLeavesAnExpiredLock(t *testing.T) {
 	if v.state != Expired {
 		t.Fatalf("the lock read is %v, want expired", v.state)
 	}
-	if newWatchView(f.seen, "self", v.state == Live).quiet(&releaseStore{}, f.beatEvent("self"), f.now, 250*time.Millisecond) {
+	if newWatchView(f.seen, "self", v.state == Live).quiet(releaseChanges(), f.beatEvent("self"), f.now, 250*time.Millisecond) {
 		t.Error("expired lock, the waiter ahead left: quiet")
 	}
 }
@@ -91,8 +91,8 @@ func TestQuietNotWhenTheWaiterAheadLeavesAnExpiredLock(t *testing.T) {
 func TestQuietAfterAStaleBeat(t *testing.T) {
 	f := newReleaseLock(t, t0q, "self")
 	v := newWatchView(f.seen, "self", true)
-	_ = v.quiet(&releaseStore{}, f.beatEvent("A", "self"), f.now, 0)
-	if v.quiet(&releaseStore{}, f.gateEvent(true), f.now, 0) {
+	_ = v.quiet(releaseChanges(), f.beatEvent("A", "self"), f.now, 0)
+	if v.quiet(releaseChanges(), f.gateEvent(true), f.now, 0) {
 		t.Error("gate released while first (per seen), after a stale replay: quiet")
 	}
 }

@@ -334,3 +334,28 @@ func SameHolder(a, b string) bool {
 	}
 	return ra.Session == rb.Session && ra.ReleasedAt.Equal(rb.ReleasedAt) && ra.ReleasedBy == rb.ReleasedBy
 }
+
+// UnreadableHolder stands for the holder of a lock record that is not JSON
+// at all: the lock is judged Live (its expiry cannot be told) until someone
+// unlocks it with --force naming this session.
+const UnreadableHolder = "unreadable-lock-record"
+
+// AnnotatedRecord is the lock record in annotations as far as it can be
+// read (a newer schema's too, see DecodeRecord), nil when there is none.
+func AnnotatedRecord(annotations map[string]string) *Record {
+	raw, ok := annotations[AnnotationRecord]
+	if !ok {
+		return nil
+	}
+	rec, _ := DecodeRecord(raw)
+	return rec
+}
+
+// SessionOf is the session of a gate record read as far as it could be
+// (a newer schema's), "" when none.
+func SessionOf(rec *Record) string {
+	if rec == nil {
+		return ""
+	}
+	return rec.Session
+}

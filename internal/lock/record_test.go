@@ -168,7 +168,7 @@ func checkLeaseName(t *testing.T, release string) {
 	if errs := validation.IsDNS1123Subdomain(name); len(errs) > 0 {
 		t.Errorf("LeaseName(%q) = %q is not a legal Lease name: %v", release, name, errs)
 	}
-	for k, v := range leaseLabels(release) {
+	for k, v := range LockLabels(release) {
 		if errs := validation.IsQualifiedName(k); len(errs) > 0 {
 			t.Errorf("label key %q illegal: %v", k, errs)
 		}

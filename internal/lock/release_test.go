@@ -32,13 +32,13 @@ func TestSpecOf(t *testing.T) {
 		"held":         {annotation: enc(held), holder: "s1", till: t0.Add(20 * time.Second)},
 		"released":     {annotation: enc(released), holder: ""},
 		"newer schema": {annotation: enc(newer), holder: "s1", till: t0.Add(20 * time.Second)},
-		"not json":     {annotation: "{oops", holder: unreadableHolder},
+		"not json":     {annotation: "{oops", holder: UnreadableHolder},
 		"no session":   {annotation: `{"schema":1}`, holder: ""},
 	}
 	for name, c := range cases {
 		t.Run(name, func(t *testing.T) {
-			spec := specOf(c.annotation)
-			if got := holderOf(&spec); got != c.holder {
+			spec := SpecOf(c.annotation)
+			if got := HolderOf(&spec); got != c.holder {
 				t.Fatalf("holder = %q; want %q", got, c.holder)
 			}
 			till, ok := LockedTill(nil, &spec)

@@ -12,6 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/helm-autorecover/helm-autorecover/internal/lock"
+	"github.com/helm-autorecover/helm-autorecover/internal/lock/releasestore"
 	"github.com/helm-autorecover/helm-autorecover/internal/testenv"
 )
 
@@ -69,7 +70,7 @@ func TestIntegrationReleaseWhereLastWritten(t *testing.T) {
 			}
 			now := time.Now().UTC().Truncate(time.Millisecond)
 			rec := lock.Record{Schema: lock.SchemaVersion, Session: other, Release: "web", Namespace: ns, Operation: lock.OpUpgrade, LeaseDuration: metav1.Duration{Duration: lease}, AcquiredAt: now, RenewedAt: now, LockedTill: now.Add(lease), Revision: 3}
-			g := lock.GateRecord(rec)
+			g := releasestore.GateRecord(rec)
 			enc, err := g.Encode()
 			if err != nil {
 				t.Fatal(err)

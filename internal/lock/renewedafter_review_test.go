@@ -25,7 +25,7 @@ func TestConfirmAtStaysPutWithoutARenewal(t *testing.T) {
 	t0 := time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)
 	lease := 15 * time.Second
 	holder := Record{Schema: SchemaVersion, Session: "G", Release: "web", Namespace: "shop", Operation: OpUpgrade, Revision: 3, LeaseDuration: metav1.Duration{Duration: lease}, AcquiredAt: t0.Add(-time.Minute), RenewedAt: t0.Add(-time.Minute), LockedTill: t0.Add(-45 * time.Second)}
-	gate := GateRecord(holder)
+	gate := gateForm(holder)
 	gateEnc, _ := gate.Encode()
 	r := records.Record{Kind: records.KindSecret, Meta: metav1.ObjectMeta{Name: "sh.helm.release.v1.web.v3", Namespace: "shop", ResourceVersion: "5", Annotations: map[string]string{AnnotationRecord: gateEnc}}}
 	// The claim was sent with its writer's estimate a second wide.
@@ -33,9 +33,9 @@ func TestConfirmAtStaysPutWithoutARenewal(t *testing.T) {
 	stamp(&claim, servertime.Bounds{Earliest: t0, Latest: t0.Add(time.Second)})
 	claim.AcquiredAt = claim.RenewedAt
 	claimEnc, _ := encodeBeat(claim)
-	l := (&releaseStore{ns: "shop"}).snapshot("web", r, beatObj{exists: true, meta: metav1.ObjectMeta{Name: LeaseName("web"), Namespace: "shop", ResourceVersion: "7", Annotations: map[string]string{
-		AnnotationBeat: claimEnc, annotationClaimedFrom: "G", annotationClaimedOn: claimedOn("C", r.Meta.Name, "5"),
-	}}}, "9")
+	l := Stores.ReleaseSnapshot("shop", "web", r, &metav1.ObjectMeta{Name: LeaseName("web"), Namespace: "shop", ResourceVersion: "7", Annotations: map[string]string{
+		Stores.AnnotationBeat: claimEnc, Stores.AnnotationClaimedFrom: "G", Stores.AnnotationClaimedOn: ClaimedOn("C", r.Meta.Name, "5"),
+	}}, "9")
 	clk := clocktesting.NewFakeClock(t0)
 	b := &Backend{Margin: TakeoverMargin, clock: clk, Sightings: NewSightings()}
 	// The reader's estimate is narrower than the claimant's was.
@@ -73,16 +73,16 @@ func TestDecodeCountsTheStampsUncertainty(t *testing.T) {
 		return rec
 	}
 	gateSnap := func(gate Record, beat Record, claimedFrom string) *Snapshot {
-		g := GateRecord(gate)
+		g := gateForm(gate)
 		gateEnc, _ := g.Encode()
 		r := records.Record{Kind: records.KindSecret, Meta: metav1.ObjectMeta{Name: "sh.helm.release.v1.web.v3", Namespace: "shop", ResourceVersion: "5", Annotations: map[string]string{AnnotationRecord: gateEnc}}}
 		beatEnc, _ := encodeBeat(beat)
-		ann := map[string]string{AnnotationBeat: beatEnc}
+		ann := map[string]string{Stores.AnnotationBeat: beatEnc}
 		if claimedFrom != "" {
-			ann[annotationClaimedFrom] = claimedFrom
-			ann[annotationClaimedOn] = claimedOn(beat.Session, r.Meta.Name, "5")
+			ann[Stores.AnnotationClaimedFrom] = claimedFrom
+			ann[Stores.AnnotationClaimedOn] = ClaimedOn(beat.Session, r.Meta.Name, "5")
 		}
-		return (&releaseStore{ns: "shop"}).snapshot("web", r, beatObj{exists: true, meta: metav1.ObjectMeta{Name: LeaseName("web"), Namespace: "shop", ResourceVersion: "7", Annotations: ann}}, "9")
+		return Stores.ReleaseSnapshot("shop", "web", r, &metav1.ObjectMeta{Name: LeaseName("web"), Namespace: "shop", ResourceVersion: "7", Annotations: ann}, "9")
 	}
 	lease0 := holder("H")
 	renewed := lease0

@@ -18,111 +18,6 @@ import (
 	"github.com/helm-autorecover/helm-autorecover/internal/servertime"
 )
 
-// TestVirtualGateAndBeat is the table of the release store's judgement of
-// a gate and a beat together (see sidecar.go): which session holds the
-// lock, until when, and what is a claim in flight.
-func TestVirtualGateAndBeat(t *testing.T) {
-	t0 := time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)
-	lease := 15 * time.Second
-	gate := func(session string, renewed time.Time, mut ...func(*Record)) string {
-		r := Record{
-			Schema: SchemaVersion, Session: session, Operation: OpUpgrade, Release: "web", Namespace: "shop",
-			LeaseDuration: metav1.Duration{Duration: lease}, AcquiredAt: renewed, RenewedAt: renewed,
-			LockedTill: renewed.Add(lease), MaxHoldUntil: renewed.Add(time.Hour),
-		}
-		for _, m := range mut {
-			m(&r)
-		}
-		r = gateForm(r)
-		s, err := r.Encode()
-		if err != nil {
-			t.Fatal(err)
-		}
-		return s
-	}
-	oldVersion := func(session string, renewed time.Time) string {
-		r := Record{Schema: SchemaVersion, Session: session, Release: "web", Namespace: "shop", LeaseDuration: metav1.Duration{Duration: lease}, RenewedAt: renewed, LockedTill: renewed.Add(lease)}
-		s, _ := r.Encode()
-		return s
-	}
-	beatOf := func(session string, renewed time.Time, from *string, mut ...func(*Record)) beatObj {
-		r := Record{Session: session, Operation: OpUpgrade, Release: "web", Namespace: "shop", LeaseDuration: metav1.Duration{Duration: lease}, AcquiredAt: t0, RenewedAt: renewed, LockedTill: renewed.Add(lease)}
-		for _, m := range mut {
-			m(&r)
-		}
-		s, err := encodeBeat(r)
-		if err != nil {
-			t.Fatal(err)
-		}
-		o := beatObj{exists: true, meta: metav1.ObjectMeta{Name: LeaseName("web"), Namespace: "shop", ResourceVersion: "7", Labels: leaseLabels("web"), Annotations: map[string]string{AnnotationBeat: s}}}
-		if from != nil {
-			o.meta.Annotations[annotationClaimedFrom] = *from
-		}
-		return o
-	}
-	str := func(s string) *string { return &s }
-	released := func(r *Record) { r.ReleasedAt = t0.Add(2 * time.Second) }
-	for _, tc := range []struct {
-		name       string
-		gate       string // "" for a record without a lock
-		beat       beatObj
-		holder     string
-		lockedTill time.Time
-		claim      string // session of the Claim, "" for none
-		revision   int
-	}{
-		{name: "gate alone (its beat deleted): the bound it was written with, never its take stamp", gate: gate("A", t0), holder: "A", lockedTill: t0.Add(time.Hour + lease)},
-		{name: "gate and an unreadable beat: its bound", gate: gate("A", t0), beat: beatObj{exists: true, meta: metav1.ObjectMeta{ResourceVersion: "7", Annotations: map[string]string{AnnotationBeat: "{"}}}, holder: "A", lockedTill: t0.Add(time.Hour + lease)},
-		{name: "gate and its holder's later beat", gate: gate("A", t0), beat: beatOf("A", t0.Add(10*time.Second), str("Z")), holder: "A", lockedTill: t0.Add(25 * time.Second)},
-		{name: "the beat names the revision", gate: gate("A", t0), beat: beatOf("A", t0.Add(5*time.Second), nil, func(r *Record) { r.Revision = 4 }), holder: "A", lockedTill: t0.Add(20 * time.Second), revision: 4},
-		{name: "an older beat of the holder never shortens the gate", gate: gate("A", t0.Add(8*time.Second)), beat: beatOf("A", t0, nil), holder: "A", lockedTill: t0.Add(23 * time.Second)},
-		{name: "a claim in flight from the gate's holder", gate: gate("A", t0), beat: beatOf("B", t0.Add(16*time.Second), str("A")), holder: "A", lockedTill: t0.Add(lease), claim: "B"},
-		{name: "a stale claim from another session says nothing of the holder", gate: gate("A", t0), beat: beatOf("B", t0, str("X")), holder: "A", lockedTill: t0.Add(time.Hour + lease), claim: "B"},
-		{name: "the holder's beat marked released by a person, its gate not yet", gate: gate("A", t0), beat: beatOf("A", t0.Add(time.Second), nil, released), holder: "A", lockedTill: t0.Add(time.Hour + lease), claim: "A"},
-		{name: "released gate, the holder's last beat", gate: gate("A", t0, released), beat: beatOf("A", t0.Add(time.Second), nil), holder: ""},
-		{name: "released gate, a claim", gate: gate("A", t0, released), beat: beatOf("B", t0.Add(3*time.Second), str("A")), holder: "", claim: "B"},
-		{name: "no lock on the record, a claim", gate: "", beat: beatOf("B", t0, str("")), holder: "", claim: "B"},
-		{name: "an earlier version's gate is judged as written", gate: oldVersion("A", t0), beat: beatOf("A", t0.Add(30*time.Second), nil), holder: "A", lockedTill: t0.Add(30*time.Second + lease)},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			r := records.Record{Kind: records.KindSecret, Meta: metav1.ObjectMeta{
-				Name: "sh.helm.release.v1.web.v3", Namespace: "shop", ResourceVersion: "5",
-				Labels: map[string]string{"owner": "helm", "name": "web", "version": "3"},
-			}}
-			if tc.gate != "" {
-				r.Meta.Annotations = map[string]string{AnnotationRecord: tc.gate}
-			}
-			l := (&releaseStore{ns: "shop"}).snapshot("web", r, tc.beat, "9")
-			if got := holderOf(&l.Spec); got != tc.holder {
-				t.Fatalf("holder %q, want %q", got, tc.holder)
-			}
-			if v := l.version.(releaseVersion); v.gate != "5" || v.beat != tc.beat.rv() || v.list != "9" {
-				t.Errorf("read at gate %q, beat %q, list %q; want 5, %q, 9", v.gate, v.beat, v.list, tc.beat.rv())
-			}
-			if tc.holder != "" {
-				rec, err := DecodeRecord(l.Raw)
-				if err != nil {
-					t.Fatal(err)
-				}
-				till, _ := LockedTill(rec, &l.Spec)
-				if !till.Equal(tc.lockedTill) {
-					t.Errorf("LOCKED TILL %s, want %s", till.Format(time.RFC3339Nano), tc.lockedTill.Format(time.RFC3339Nano))
-				}
-				if rec.Revision != tc.revision {
-					t.Errorf("revision %d, want %d", rec.Revision, tc.revision)
-				}
-			}
-			c := claimOf(l)
-			switch {
-			case tc.claim == "" && c != nil:
-				t.Errorf("claim %q, want none", c.Session)
-			case tc.claim != "" && (c == nil || c.Session != tc.claim):
-				t.Errorf("claim %v, want %q", c, tc.claim)
-			}
-		})
-	}
-}
-
 // TestDecodeClaim: a claim in flight makes the lock Live for everybody but
 // its claimant, until its own LOCKED TILL has certainly passed.
 func TestDecodeClaim(t *testing.T) {
@@ -132,7 +27,7 @@ func TestDecodeClaim(t *testing.T) {
 	claim := Record{Session: "B", Operation: OpUpgrade, LeaseDuration: metav1.Duration{Duration: 15 * time.Second}, AcquiredAt: t0, RenewedAt: t0.Add(2 * time.Second), LockedTill: t0.Add(17 * time.Second)}
 	beatEnc, _ := encodeBeat(claim)
 	r := records.Record{Kind: records.KindSecret, Meta: metav1.ObjectMeta{Name: "sh.helm.release.v1.web.v3", Namespace: "shop", ResourceVersion: "5", Annotations: map[string]string{AnnotationRecord: gateEnc}}}
-	l := (&releaseStore{ns: "shop"}).snapshot("web", r, beatObj{exists: true, meta: metav1.ObjectMeta{Name: LeaseName("web"), Namespace: "shop", ResourceVersion: "7", Annotations: map[string]string{AnnotationBeat: beatEnc, annotationClaimedFrom: "A"}}}, "9")
+	l := Stores.ReleaseSnapshot("shop", "web", r, &metav1.ObjectMeta{Name: LeaseName("web"), Namespace: "shop", ResourceVersion: "7", Annotations: map[string]string{Stores.AnnotationBeat: beatEnc, Stores.AnnotationClaimedFrom: "A"}}, "9")
 	b := &Backend{Margin: TakeoverMargin}
 	at := func(d time.Duration) servertime.Bounds {
 		return servertime.Bounds{Earliest: t0.Add(d), Latest: t0.Add(d + 100*time.Millisecond)}
@@ -209,7 +104,7 @@ func TestStaleBeatIsNoClaim(t *testing.T) {
 	left := Record{Session: "A", Operation: OpUpgrade, LeaseDuration: metav1.Duration{Duration: 15 * time.Second}, AcquiredAt: t0, RenewedAt: t0, LockedTill: t0.Add(15 * time.Second)}
 	enc, _ := encodeBeat(left)
 	r := records.Record{Kind: records.KindSecret, Meta: metav1.ObjectMeta{Name: "sh.helm.release.v1.web.v4", Namespace: "shop", ResourceVersion: "5"}}
-	l := (&releaseStore{ns: "shop"}).snapshot("web", r, beatObj{exists: true, meta: metav1.ObjectMeta{Name: LeaseName("web"), Namespace: "shop", ResourceVersion: "7", Annotations: map[string]string{AnnotationBeat: enc, annotationClaimedFrom: "A"}}}, "9")
+	l := Stores.ReleaseSnapshot("shop", "web", r, &metav1.ObjectMeta{Name: LeaseName("web"), Namespace: "shop", ResourceVersion: "7", Annotations: map[string]string{Stores.AnnotationBeat: enc, Stores.AnnotationClaimedFrom: "A"}}, "9")
 	b := &Backend{Margin: TakeoverMargin}
 	if v := b.decode(l, servertime.Bounds{Earliest: t0.Add(time.Second), Latest: t0.Add(2 * time.Second)}, "C"); v.state != Free {
 		t.Fatalf("state %s (claim %v), want free", v.state, v.claim)
@@ -217,7 +112,7 @@ func TestStaleBeatIsNoClaim(t *testing.T) {
 }
 
 // TestClaimCountsOnlyAgainstItsRecord: a take's claim names the record it
-// was made against (annotationClaimedOn), and counts as a claim in flight
+// was made against (Stores.AnnotationClaimedOn), and counts as a claim in flight
 // only while that record, at that version, is the newest: a holder whose
 // take is the last write of its beat (its SetRevision wrote nothing) leaves
 // no claim against a later record that carries no lock (stock helm's); a
@@ -244,12 +139,12 @@ func TestClaimCountsOnlyAgainstItsRecord(t *testing.T) {
 		{"claim of an earlier version over another session's record name", "sh.helm.release.v1.web.v4", "8", "sh.helm.release.v1.web.v3@5@Z", Live},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			ann := map[string]string{AnnotationBeat: enc, annotationClaimedFrom: ""}
+			ann := map[string]string{Stores.AnnotationBeat: enc, Stores.AnnotationClaimedFrom: ""}
 			if tc.claimedOn != "" {
-				ann[annotationClaimedOn] = tc.claimedOn
+				ann[Stores.AnnotationClaimedOn] = tc.claimedOn
 			}
 			r := records.Record{Kind: records.KindSecret, Meta: metav1.ObjectMeta{Name: tc.newest, Namespace: "shop", ResourceVersion: tc.newestRV}}
-			l := (&releaseStore{ns: "shop"}).snapshot("web", r, beatObj{exists: true, meta: metav1.ObjectMeta{Name: LeaseName("web"), Namespace: "shop", ResourceVersion: "7", Annotations: ann}}, "9")
+			l := Stores.ReleaseSnapshot("shop", "web", r, &metav1.ObjectMeta{Name: LeaseName("web"), Namespace: "shop", ResourceVersion: "7", Annotations: ann}, "9")
 			if v := b.decode(l, now, "C"); v.state != tc.want {
 				t.Fatalf("state %s (claim %v), want %s", v.state, v.claim, tc.want)
 			}

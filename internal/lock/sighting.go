@@ -127,10 +127,10 @@ func (b *Backend) sightKey(namespace, name string) string {
 	return string(b.kind) + "/" + namespace + "/" + name
 }
 
-// renewalOf is the holder a lock names and its latest renewal: the later
+// RenewalOf is the holder a lock names and its latest renewal: the later
 // of the spec's renewTime and the holder's own record's renewedAt.
-func renewalOf(l *Snapshot) (string, time.Time) {
-	holder := holderOf(&l.Spec)
+func RenewalOf(l *Snapshot) (string, time.Time) {
+	holder := HolderOf(&l.Spec)
 	var renewed time.Time
 	if t := l.Spec.RenewTime; t != nil {
 		renewed = t.Time

@@ -12,6 +12,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/helm-autorecover/helm-autorecover/internal/lock"
+	"github.com/helm-autorecover/helm-autorecover/internal/lock/leasestore"
 	"github.com/helm-autorecover/helm-autorecover/internal/servertime"
 	"github.com/helm-autorecover/helm-autorecover/internal/sqlstore"
 	"github.com/helm-autorecover/helm-autorecover/internal/testenv"
@@ -34,9 +35,9 @@ func sqlStoreOf(t *testing.T) (*sqlstore.Store, bool) {
 // lock rows of the test's sql database.
 func storeBackend(t *testing.T, cs kubernetes.Interface, est *servertime.Estimator, clk clock.Clock) *lock.Backend {
 	if st, ok := sqlStoreOf(t); ok {
-		return lock.NewStoreBackend(cs, est, clk, lock.StoreSQL, st.Locks)
+		return leasestore.NewRowsBackend(cs, est, clk, lock.StoreSQL, st.Locks)
 	}
-	return lock.NewLeaseBackend(cs, est, clk)
+	return leasestore.NewBackend(cs, est, clk)
 }
 
 // lockObjectExists reports whether the release's lock object (the Lease,

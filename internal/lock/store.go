@@ -2,6 +2,7 @@ package lock
 
 import (
 	"context"
+	"strings"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -12,7 +13,7 @@ import (
 
 // Snapshot is one read of a release's lock in one store: what the engine
 // judges and decides from, in typed fields. A store fills it from its own
-// objects and keeps in it (version) what a write conditional on this read
+// objects and keeps in it (Version) what a write conditional on this read
 // needs; the engine never looks there.
 type Snapshot struct {
 	Namespace string
@@ -56,7 +57,10 @@ type Snapshot struct {
 	// lock is virtual: its take wrote nothing).
 	Newest *Newest
 
-	version any
+	// Version is the store's own: what a write conditional on this read
+	// needs (the objects read, their resourceVersions). The engine never
+	// looks at it.
+	Version any
 }
 
 // Claim is a release lock's beat that names another session than the
@@ -139,7 +143,7 @@ type Store interface {
 	Enqueue(ctx context.Context, from *Snapshot, queue []Waiter) (*Snapshot, error)
 	// Release writes the holder's own record rec, marked released; at,
 	// when set, names where the holder's write fence last left its lock
-	// (recordAt), written first without reading.
+	// (RecordAt), written first without reading.
 	Release(ctx context.Context, from *Snapshot, rec Record, at string) (*Snapshot, error)
 	// ForceRelease writes rec, another session's record marked released
 	// by a person (unlock).
@@ -172,4 +176,40 @@ type Store interface {
 	// WatchQueue watches the object the queue of lock name lives on, and
 	// says how to read the queue from one of its events.
 	WatchQueue(ctx context.Context, name string) (watch.Interface, func(runtime.Object) ([]Waiter, bool), error)
+}
+
+// RecordAt names release record name at resourceVersion rv.
+func RecordAt(name, rv string) string { return name + "@" + rv }
+
+// ClaimedOn is the annotationClaimedOn of session's claim against release
+// record name at resourceVersion rv. The session is in it so that a claim
+// written over it by a version that does not know the annotation (and
+// leaves it) is not judged by it.
+func ClaimedOn(session, name, rv string) string { return RecordAt(name, rv) + "@" + session }
+
+// claimAgainstGate tells whether the claim l carries was made against its
+// gate as it stands (see annotationClaimedOn): always for a claim that
+// names no record, or names it for another session (written by an earlier
+// version over this one's).
+func claimAgainstGate(l *Snapshot) bool {
+	if l.Claim == nil || l.Claim.On == "" {
+		return true
+	}
+	at, session, _ := cutLast(l.Claim.On, "@")
+	if session != l.Claim.Record.Session {
+		return true
+	}
+	anchor, gateRV := "", ""
+	if l.Newest != nil {
+		anchor, gateRV = l.Newest.Name, l.Newest.ResourceVersion
+	}
+	return at == RecordAt(anchor, gateRV)
+}
+
+// cutLast cuts s around the last sep.
+func cutLast(s, sep string) (before, after string, found bool) {
+	if i := strings.LastIndex(s, sep); i >= 0 {
+		return s[:i], s[i+len(sep):], true
+	}
+	return s, "", false
 }

@@ -36,7 +36,7 @@ func TestVirtualRenewalRenewsItsBeat(t *testing.T) {
 		if err != nil {
 			t.Fatalf("the beat: %v", err)
 		}
-		r := decodeBeat(s.Annotations[AnnotationBeat], "web", ns)
+		r := decodeBeat(s.Annotations[Stores.AnnotationBeat], "web", ns)
 		if r == nil {
 			t.Fatal("the beat names no holder")
 		}

@@ -13,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/helm-autorecover/helm-autorecover/internal/lock"
+	"github.com/helm-autorecover/helm-autorecover/internal/lock/leasestore"
 )
 
 // The lock backends a client may choose (the CLI's --lock-backend).
@@ -113,7 +114,7 @@ func (c *Conn) Stores(ctx context.Context, ns, choice string) (string, Stores, e
 		return "", Stores{}, fmt.Errorf("lock backend %s: %w", choice, gateErr)
 	}
 	if choice == BackendLease {
-		return choice, Stores{list: []*lock.Backend{gate, c.Backend(lock.NewLeaseBackend(c.client, c.est, c.clock))}}, nil
+		return choice, Stores{list: []*lock.Backend{gate, c.Backend(leasestore.NewBackend(c.client, c.est, c.clock))}}, nil
 	}
 	return choice, Stores{list: []*lock.Backend{gate}}, nil
 }

@@ -13,6 +13,8 @@ import (
 
 	"github.com/helm-autorecover/helm-autorecover/internal/helmx"
 	"github.com/helm-autorecover/helm-autorecover/internal/lock"
+	"github.com/helm-autorecover/helm-autorecover/internal/lock/leasestore"
+	"github.com/helm-autorecover/helm-autorecover/internal/lock/releasestore"
 	"github.com/helm-autorecover/helm-autorecover/internal/records"
 	"github.com/helm-autorecover/helm-autorecover/internal/recovery"
 	"github.com/helm-autorecover/helm-autorecover/internal/servertime"
@@ -178,13 +180,13 @@ func (c *Conn) SQL() *sqlstore.Store { return c.sql }
 // wraps ErrNoRecords when the driver keeps no record (memory).
 func (c *Conn) GateBackend() (*lock.Backend, error) {
 	if c.sql != nil {
-		return c.Backend(lock.NewStoreBackend(c.client, c.est, c.clock, lock.StoreSQL, c.sql.Locks)), nil
+		return c.Backend(leasestore.NewRowsBackend(c.client, c.est, c.clock, lock.StoreSQL, c.sql.Locks)), nil
 	}
 	d, err := records.ParseDriver(c.driver)
 	if err != nil {
 		return nil, err
 	}
-	return c.Backend(lock.NewReleaseBackend(c.client, c.est, c.clock, d)), nil
+	return c.Backend(releasestore.NewBackend(c.client, c.est, c.clock, d)), nil
 }
 
 // Records are helm's release records; the error wraps ErrNoRecords when

@@ -11,6 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/helm-autorecover/helm-autorecover/internal/lock"
+	"github.com/helm-autorecover/helm-autorecover/internal/lock/leasestore"
 )
 
 // Reader reads locks as the lock commands do (locks, list, recover,
@@ -33,7 +34,7 @@ type Reader struct {
 
 // Reader returns a reader of locks for the lock backend chosen.
 func (c *Conn) Reader(backend string) *Reader {
-	r := &Reader{conn: c, backend: backend, lease: c.Backend(lock.NewLeaseBackend(c.client, c.est, c.clock))}
+	r := &Reader{conn: c, backend: backend, lease: c.Backend(leasestore.NewBackend(c.client, c.est, c.clock))}
 	if gate, err := c.GateBackend(); err == nil {
 		r.records = gate
 	}

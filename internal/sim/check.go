@@ -12,6 +12,7 @@ import (
 
 	"github.com/helm-autorecover/helm-autorecover/internal/helmx"
 	"github.com/helm-autorecover/helm-autorecover/internal/lock"
+	"github.com/helm-autorecover/helm-autorecover/internal/lock/releasestore"
 	"github.com/helm-autorecover/helm-autorecover/pkg/autorecover"
 )
 
@@ -894,7 +895,7 @@ func isLease(w Write) bool {
 // isBeat reports whether w wrote the release's beat object.
 func isBeat(w Write) bool {
 	ann, _ := metaOf(w.Object)["annotations"].(map[string]any)
-	_, ok := ann[lock.AnnotationBeat]
+	_, ok := ann[releasestore.AnnotationBeat]
 	return ok && !isRecord(w.Res, w.Name) && !isLease(w)
 }
 

@@ -15,6 +15,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/helm-autorecover/helm-autorecover/internal/lock"
+	"github.com/helm-autorecover/helm-autorecover/internal/lock/releasestore"
 	"github.com/helm-autorecover/helm-autorecover/internal/protocol"
 	"github.com/helm-autorecover/helm-autorecover/pkg/autorecover"
 )
@@ -69,7 +70,7 @@ func TestCheck(t *testing.T) {
 			t.Fatal(err)
 		}
 		w.Res, w.Name = "secrets", lock.LeaseName(Release)
-		w.Object = map[string]any{"metadata": map[string]any{"annotations": map[string]any{lock.AnnotationBeat: string(b)}}}
+		w.Object = map[string]any{"metadata": map[string]any{"annotations": map[string]any{releasestore.AnnotationBeat: string(b)}}}
 		return w
 	}
 	blind := func(w Write) Write { w.Cond = ""; return w }

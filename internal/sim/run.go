@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/helm-autorecover/helm-autorecover/internal/lock"
+	"github.com/helm-autorecover/helm-autorecover/internal/lock/releasestore"
 	"github.com/helm-autorecover/helm-autorecover/pkg/autorecover"
 )
 
@@ -175,8 +176,8 @@ func lockRecords(w Write) []*lock.Record {
 			out = append(out, r)
 		}
 	}
-	if s, _ := ann[lock.AnnotationBeat].(string); s != "" {
-		if r := lock.DecodeBeat(s, Release, w.NS); r != nil {
+	if s, _ := ann[releasestore.AnnotationBeat].(string); s != "" {
+		if r := releasestore.DecodeBeat(s, Release, w.NS); r != nil {
 			out = append(out, r)
 		}
 	}

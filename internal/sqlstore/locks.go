@@ -17,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 
 	"github.com/helm-autorecover/helm-autorecover/internal/lock"
+	"github.com/helm-autorecover/helm-autorecover/internal/lock/leasestore"
 )
 
 // leaseResource names the lock rows in the errors they return, which the
@@ -24,8 +25,8 @@ import (
 var leaseResource = coordinationv1.Resource("leases")
 
 // Locks returns the lock rows of namespace ns ("" for all, to List) as
-// Leases: the store of a lock.NewStoreBackend(..., lock.StoreSQL, ...).
-func (s *Store) Locks(ns string) lock.LeaseAPI { return &locks{s: s, ns: ns} }
+// Leases: the store of a leasestore.NewRowsBackend(..., lock.StoreSQL, ...).
+func (s *Store) Locks(ns string) leasestore.LeaseAPI { return &locks{s: s, ns: ns} }
 
 type locks struct {
 	s  *Store
@@ -214,7 +215,7 @@ func (k *locks) List(ctx context.Context, opts metav1.ListOptions) (*coordinatio
 	return out, nil
 }
 
-// Watch is not offered: the lock polls instead (lock.LeaseAPI).
+// Watch is not offered: the lock polls instead (leasestore.LeaseAPI).
 func (k *locks) Watch(context.Context, metav1.ListOptions) (watch.Interface, error) {
 	return nil, apierrors.NewMethodNotSupported(leaseResource, "watch")
 }

@@ -4,7 +4,7 @@
 //
 //   - a lock row per release (table helm_autorecover_locks_v1), holding the
 //     same Lease object the lease store keeps, written by compare-and-swap
-//     on its version (Locks, a lock.LeaseAPI);
+//     on its version (Locks, a leasestore.LeaseAPI);
 //   - a trigger on releases_v1 that refuses any write (insert, update,
 //     delete) made on a connection that names a lock session
 //     (helm_autorecover.session, put there by WithSession or by Update)

@@ -18,6 +18,7 @@ import (
 
 	"github.com/helm-autorecover/helm-autorecover/internal/helmx"
 	"github.com/helm-autorecover/helm-autorecover/internal/lock"
+	"github.com/helm-autorecover/helm-autorecover/internal/lock/releasestore"
 	"github.com/helm-autorecover/helm-autorecover/internal/testenv"
 )
 
@@ -148,7 +149,7 @@ func queues(t *testing.T, env *testenv.Env, ns, rel string) string {
 		out = newest.Annotations[lock.AnnotationQueue] // an earlier version's queue
 	}
 	if b, err := env.Client.CoreV1().Secrets(ns).Get(ctx, lock.LeaseName(rel), metav1.GetOptions{}); err == nil {
-		out += b.Annotations[lock.AnnotationWaiters] // the beat's
+		out += b.Annotations[releasestore.AnnotationWaiters] // the beat's
 	}
 	if l, _ := lease(t, env, ns, rel); l != nil {
 		out += l.Annotations[lock.AnnotationQueue]

@@ -17,6 +17,7 @@ import (
 	"github.com/helm-autorecover/helm-autorecover/internal/guard"
 	"github.com/helm-autorecover/helm-autorecover/internal/helmx"
 	"github.com/helm-autorecover/helm-autorecover/internal/lock"
+	"github.com/helm-autorecover/helm-autorecover/internal/lock/releasestore"
 	"github.com/helm-autorecover/helm-autorecover/internal/testenv"
 )
 
@@ -215,12 +216,12 @@ func waitersOf(t *testing.T, env *testenv.Env, ns, rel string) []lock.Waiter {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if b, err := env.Client.CoreV1().Secrets(ns).Get(ctx, lock.LeaseName(rel), metav1.GetOptions{}); err == nil && b.Annotations[lock.AnnotationWaiters] != "" {
+	if b, err := env.Client.CoreV1().Secrets(ns).Get(ctx, lock.LeaseName(rel), metav1.GetOptions{}); err == nil && b.Annotations[releasestore.AnnotationWaiters] != "" {
 		var ws []struct {
 			Session string `json:"s"`
 			Preempt bool   `json:"p"`
 		}
-		if err := json.Unmarshal([]byte(b.Annotations[lock.AnnotationWaiters]), &ws); err != nil {
+		if err := json.Unmarshal([]byte(b.Annotations[releasestore.AnnotationWaiters]), &ws); err != nil {
 			t.Fatalf("the queue on the beat of %s/%s: %v", ns, rel, err)
 		}
 		for _, w := range ws {

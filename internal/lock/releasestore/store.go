@@ -1,11 +1,10 @@
-package lock
+package releasestore
 
 import (
 	"context"
 	"errors"
 	"fmt"
 	"maps"
-	"math"
 	"slices"
 	"strings"
 	"sync"
@@ -21,6 +20,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/clock"
 
+	"github.com/helm-autorecover/helm-autorecover/internal/lock"
 	"github.com/helm-autorecover/helm-autorecover/internal/records"
 	"github.com/helm-autorecover/helm-autorecover/internal/servertime"
 )
@@ -46,12 +46,7 @@ const FieldManager = "helm-autorecover-lock"
 // read).
 const annotationUnlabelled = "helm-autorecover.io/unlabelled-records"
 
-// unreadableHolder stands for the holder of a lock record that is not JSON
-// at all: the lock is judged Live (its expiry cannot be told) until someone
-// unlocks it with --force naming this session.
-const unreadableHolder = "unreadable-lock-record"
-
-// NewReleaseBackend returns a backend that keeps each release's lock in the
+// NewBackend returns a backend that keeps each release's lock in the
 // annotation AnnotationRecord (and its waiters in AnnotationQueue) of the
 // release's newest stored revision, a Secret or ConfigMap as driver says.
 //
@@ -72,18 +67,14 @@ const unreadableHolder = "unreadable-lock-record"
 // vanished from the newest record, a newer record without it appeared, or
 // the newest record was deleted and an older one shows an older copy of its
 // record (see part.reread); it never writes its lock back.
-func NewReleaseBackend(client kubernetes.Interface, est *servertime.Estimator, clk clock.Clock, driver records.Driver) *Backend {
+func NewBackend(client kubernetes.Interface, est *servertime.Estimator, clk clock.Clock, driver records.Driver) *lock.Backend {
 	store := records.New(client, driver)
 	bt := beats{client: client, kind: store.Kind(), unlisted: &atomic.Bool{}}
 	seen := &lastReads{}
 	noPatch := &atomic.Bool{}
-	return &Backend{
-		client: client, time: est, clock: clk, Margin: TakeoverMargin, RenewMargin: RenewMargin, kind: StoreRelease,
-		Sightings: NewSightings(),
-		stores: func(ns string) Store {
-			return &releaseStore{records: store, beats: bt, ns: ns, seen: seen, noPatch: noPatch}
-		},
-	}
+	return lock.NewBackend(client, est, clk, lock.StoreRelease, func(ns string) lock.Store {
+		return &releaseStore{records: store, beats: bt, ns: ns, seen: seen, noPatch: noPatch}
+	})
 }
 
 // lastReads keeps, per lock, what a Read that found no record read (the
@@ -139,18 +130,18 @@ type releaseVersion struct {
 	beatObj          beatObj
 }
 
-func (s *releaseStore) version(from *Snapshot) releaseVersion {
-	v, _ := from.version.(releaseVersion)
+func (s *releaseStore) version(from *lock.Snapshot) releaseVersion {
+	v, _ := from.Version.(releaseVersion)
 	return v
 }
 
 // withBeatVersion is snap with its beat now at resourceVersion beatRV (a
 // virtual lock whose holder wrote its beat: see part.Carry).
-func withBeatVersion(snap *Snapshot, beatRV string) *Snapshot {
+func withBeatVersion(snap *lock.Snapshot, beatRV string) *lock.Snapshot {
 	out := *snap
-	v, _ := out.version.(releaseVersion)
+	v, _ := out.Version.(releaseVersion)
 	v.beat, v.beatObj = beatRV, beatObj{}
-	out.version = v
+	out.Version = v
 	return &out
 }
 
@@ -158,7 +149,7 @@ func historySelector(release string) string {
 	return recordLabelOwner + "=" + recordOwnerHelm + "," + recordLabelName + "=" + release
 }
 
-func releaseOf(leaseName string) string { return strings.TrimPrefix(leaseName, LeasePrefix) }
+func releaseOf(leaseName string) string { return strings.TrimPrefix(leaseName, lock.LeasePrefix) }
 
 // read returns the metadata of the release's newest record (false when it
 // has none), the list's resourceVersion, and the beat object.
@@ -189,7 +180,7 @@ func (s *releaseStore) read(ctx context.Context, release string) (records.Record
 		switch {
 		case it.Meta.Labels[recordLabelOwner] == recordOwnerHelm:
 			rs = append(rs, it)
-		case !floored && it.Meta.Name == LeaseName(release) && it.Meta.Labels[LabelManagedBy] == ManagedBy:
+		case !floored && it.Meta.Name == lock.LeaseName(release) && it.Meta.Labels[lock.LabelManagedBy] == lock.ManagedBy:
 			beat = beatObj{meta: it.Meta, exists: true}
 		}
 	}
@@ -202,8 +193,8 @@ func (s *releaseStore) read(ctx context.Context, release string) (records.Record
 		markUnlabelled(&gate, "true")
 	}
 	if !beat.exists && (floored || s.beats.isUnlisted()) {
-		if beat, err = s.beats.get(ctx, s.ns, LeaseName(release)); err != nil {
-			return records.Record{}, false, "", beatObj{}, fmt.Errorf("reading the lock's beat %s of release %q in namespace %q: %w", LeaseName(release), release, s.ns, err)
+		if beat, err = s.beats.get(ctx, s.ns, lock.LeaseName(release)); err != nil {
+			return records.Record{}, false, "", beatObj{}, fmt.Errorf("reading the lock's beat %s of release %q in namespace %q: %w", lock.LeaseName(release), release, s.ns, err)
 		}
 	}
 	return gate, ok, listRV, beat, nil
@@ -225,7 +216,7 @@ func markUnlabelled(r *records.Record, v string) {
 // records and its beat (see read). It carries no owner=helm: helm never
 // lists it.
 func beatLabels(release string) map[string]string {
-	l := leaseLabels(release)
+	l := lock.LockLabels(release)
 	l[recordLabelName] = release
 	return l
 }
@@ -246,28 +237,28 @@ func beatLabels(release string) map[string]string {
 // deleted; on the reader's own clock it is judged by its holder's lease
 // (Silent, see confirm), since a live holder writes its beat back at its
 // next renewal.
-func (s *releaseStore) snapshot(release string, r records.Record, beat beatObj, listRV string) *Snapshot {
-	out := &Snapshot{
+func (s *releaseStore) snapshot(release string, r records.Record, beat beatObj, listRV string) *lock.Snapshot {
+	out := &lock.Snapshot{
 		Namespace: r.Meta.Namespace,
-		Name:      LeaseName(release),
+		Name:      lock.LeaseName(release),
 		Release:   release,
 		Object:    strings.ToLower(r.Kind) + "/" + r.Meta.Name,
-		Newest: &Newest{
+		Newest: &lock.Newest{
 			Name:            r.Meta.Name,
 			Revision:        r.Revision(),
 			Status:          r.Meta.Labels[recordLabelStatus],
 			ResourceVersion: r.Meta.ResourceVersion,
 			Unlabelled:      r.Meta.Annotations[annotationUnlabelled] != "",
 		},
-		Queue:   decodeWaiters(beat.meta.Annotations[AnnotationWaiters]),
-		version: releaseVersion{gate: r.Meta.ResourceVersion, beat: beat.rv(), list: listRV, record: r, beatObj: beat},
+		Queue:   DecodeWaiters(beat.meta.Annotations[AnnotationWaiters]),
+		Version: releaseVersion{gate: r.Meta.ResourceVersion, beat: beat.rv(), list: listRV, record: r, beatObj: beat},
 	}
-	out.Raw, out.HasRecord = r.Meta.Annotations[AnnotationRecord]
-	out.Spec = specOf(out.Raw)
+	out.Raw, out.HasRecord = r.Meta.Annotations[lock.AnnotationRecord]
+	out.Spec = lock.SpecOf(out.Raw)
 	bt := beatRecord(beat)
-	from := beat.meta.Annotations[annotationClaimedFrom]
-	g, gErr := DecodeRecord(out.Raw)
-	newer := errors.Is(gErr, ErrUnsupportedSchema)
+	from := beat.meta.Annotations[AnnotationClaimedFrom]
+	g, gErr := lock.DecodeRecord(out.Raw)
+	newer := errors.Is(gErr, lock.ErrUnsupportedSchema)
 	if out.HasRecord && g != nil && g.Session != "" && (gErr == nil || newer) {
 		out.Newest.GateRenewed = g.RenewedAt
 		own := bt != nil && bt.Session == g.Session
@@ -301,9 +292,9 @@ func (s *releaseStore) snapshot(release string, r records.Record, beat beatObj, 
 		if !newer {
 			if enc, err := g.Encode(); err == nil {
 				out.Raw = enc
-				out.Spec = specOf(enc)
+				out.Spec = lock.SpecOf(enc)
 			}
-		} else if h := holderOf(&out.Spec); h != "" && out.Spec.LeaseDurationSeconds != nil {
+		} else if h := lock.HolderOf(&out.Spec); h != "" && out.Spec.LeaseDurationSeconds != nil {
 			// Judged by the spec alone (its schema is unknown): the spec
 			// says LOCKED TILL as worked out above.
 			secs := time.Duration(*out.Spec.LeaseDurationSeconds) * time.Second
@@ -311,58 +302,22 @@ func (s *releaseStore) snapshot(release string, r records.Record, beat beatObj, 
 		}
 	}
 	if out.HasRecord {
-		out.Record, out.RecordErr = DecodeRecord(out.Raw)
+		out.Record, out.RecordErr = lock.DecodeRecord(out.Raw)
 	}
 	if bt != nil {
 		if enc, err := bt.Encode(); err == nil {
-			if c, err := DecodeRecord(enc); err == nil {
-				out.Claim = &Claim{Record: c, Encoded: enc, From: from, On: beat.meta.Annotations[annotationClaimedOn]}
+			if c, err := lock.DecodeRecord(enc); err == nil {
+				out.Claim = &lock.Claim{Record: c, Encoded: enc, From: from, On: beat.meta.Annotations[AnnotationClaimedOn]}
 			}
 		}
 	}
 	return out
 }
 
-// sessionOfRaw is the session of a gate record read as far as it could be
-// (a newer schema's), "" when none.
-func sessionOfRaw(rec *Record) string {
-	if rec == nil {
-		return ""
-	}
-	return rec.Session
-}
-
-// specOf derives the Lease spec from a stored record. Session, renewedAt,
-// leaseDuration and releasedAt keep their meaning in every schema (they play
-// the part of the Lease spec), so a record of a newer schema is still judged
-// by them; a record that is not JSON at all names an unreadable holder with
-// no expiry, which is judged Live.
-func specOf(s string) coordinationv1.LeaseSpec {
-	if s == "" {
-		return coordinationv1.LeaseSpec{}
-	}
-	rec, _ := DecodeRecord(s) // a newer schema's record is still judged; see above
-	if rec == nil {
-		return coordinationv1.LeaseSpec{HolderIdentity: ptr(unreadableHolder)}
-	}
-	if !rec.ReleasedAt.IsZero() || rec.Session == "" {
-		return coordinationv1.LeaseSpec{HolderIdentity: ptr("")}
-	}
-	spec := coordinationv1.LeaseSpec{HolderIdentity: ptr(rec.Session)}
-	if d := rec.LeaseDuration.Duration; d > 0 && !rec.RenewedAt.IsZero() {
-		spec.LeaseDurationSeconds = ptr(int32(min(math.MaxInt32, math.Ceil(d.Seconds()))))
-		spec.RenewTime = &metav1.MicroTime{Time: rec.RenewedAt}
-	}
-	if !rec.AcquiredAt.IsZero() {
-		spec.AcquireTime = &metav1.MicroTime{Time: rec.AcquiredAt}
-	}
-	return spec
-}
-
 // holding is from with rec as its record and queue as its waiters (when
 // set): the lock as a write that stored nothing leaves it (a virtual lock,
 // whose release has no record yet).
-func holding(from *Snapshot, rec *Record, queue []Waiter, setQueue bool) (*Snapshot, error) {
+func holding(from *lock.Snapshot, rec *lock.Record, queue []lock.Waiter, setQueue bool) (*lock.Snapshot, error) {
 	out := *from
 	if rec != nil {
 		enc, err := rec.Encode()
@@ -370,8 +325,8 @@ func holding(from *Snapshot, rec *Record, queue []Waiter, setQueue bool) (*Snaps
 			return nil, err
 		}
 		out.Raw, out.HasRecord = enc, true
-		out.Record, out.RecordErr = DecodeRecord(enc)
-		applyHolder(&out.Spec, rec)
+		out.Record, out.RecordErr = lock.DecodeRecord(enc)
+		lock.ApplyHolder(&out.Spec, rec)
 	}
 	if setQueue {
 		out.Queue = slices.Clone(queue)
@@ -383,7 +338,7 @@ var leaseResource = coordinationv1.Resource("leases")
 
 // Read reads the lock of the release name names: one metadata list of its
 // objects (see read).
-func (s *releaseStore) Read(ctx context.Context, name string) (*Snapshot, error) {
+func (s *releaseStore) Read(ctx context.Context, name string) (*lock.Snapshot, error) {
 	rel := releaseOf(name)
 	r, ok, listRV, beat, err := s.read(ctx, rel)
 	if err != nil {
@@ -406,7 +361,7 @@ func (s *releaseStore) Read(ctx context.Context, name string) (*Snapshot, error)
 // written (there is no record yet, and so no gate). The snapshot returned
 // is virtual (no Newest), read at the list's resourceVersion, so a watch
 // from it misses nothing.
-func (s *releaseStore) Create(ctx context.Context, name string, rec Record) (*Snapshot, error) {
+func (s *releaseStore) Create(ctx context.Context, name string, rec lock.Record) (*lock.Snapshot, error) {
 	listRV, hit := "", false
 	if s.seen != nil {
 		listRV, hit = s.seen.take(s.ns + "/" + name)
@@ -421,7 +376,7 @@ func (s *releaseStore) Create(ctx context.Context, name string, rec Record) (*Sn
 		}
 		listRV = rv
 	}
-	out := &Snapshot{Namespace: s.ns, Name: name, Release: rec.Release, version: releaseVersion{gate: listRV, list: listRV}}
+	out := &lock.Snapshot{Namespace: s.ns, Name: name, Release: rec.Release, Version: releaseVersion{gate: listRV, list: listRV}}
 	return holding(out, &rec, nil, false)
 }
 
@@ -432,24 +387,24 @@ func (s *releaseStore) Create(ctx context.Context, name string, rec Record) (*Sn
 // would only narrow a window the protocol already tolerates (a beat claimed
 // from a view whose gate write then conflicts is a claim from a stale
 // view).
-func (s *releaseStore) Take(ctx context.Context, from *Snapshot, rec Record, queue []Waiter) (*Snapshot, error) {
+func (s *releaseStore) Take(ctx context.Context, from *lock.Snapshot, rec lock.Record, queue []lock.Waiter) (*lock.Snapshot, error) {
 	return s.write(ctx, from, lockWrite{want: &rec, queue: queue, setQueue: true, take: true})
 }
 
 // Renew writes the holder's renewal, or the revision it names, on the beat.
-func (s *releaseStore) Renew(ctx context.Context, from *Snapshot, rec Record) (*Snapshot, error) {
+func (s *releaseStore) Renew(ctx context.Context, from *lock.Snapshot, rec lock.Record) (*lock.Snapshot, error) {
 	return s.write(ctx, from, lockWrite{want: &rec, holder: true})
 }
 
 // Enqueue writes the waiters' queue on the beat.
-func (s *releaseStore) Enqueue(ctx context.Context, from *Snapshot, queue []Waiter) (*Snapshot, error) {
+func (s *releaseStore) Enqueue(ctx context.Context, from *lock.Snapshot, queue []lock.Waiter) (*lock.Snapshot, error) {
 	return s.write(ctx, from, lockWrite{queue: queue, setQueue: true})
 }
 
 // Release writes the holder's own release on the gate: first where its
 // write fence last left it (at), conditional on that resourceVersion,
 // without reading (releaseWhereWritten); otherwise after reading.
-func (s *releaseStore) Release(ctx context.Context, from *Snapshot, rec Record, at string) (*Snapshot, error) {
+func (s *releaseStore) Release(ctx context.Context, from *lock.Snapshot, rec lock.Record, at string) (*lock.Snapshot, error) {
 	if out, ok, err := s.releaseWhereWritten(ctx, from, rec, at); ok || err != nil {
 		return out, err
 	}
@@ -457,7 +412,7 @@ func (s *releaseStore) Release(ctx context.Context, from *Snapshot, rec Record, 
 }
 
 // ForceRelease marks the beat released, then writes the gate released.
-func (s *releaseStore) ForceRelease(ctx context.Context, from *Snapshot, rec Record) (*Snapshot, error) {
+func (s *releaseStore) ForceRelease(ctx context.Context, from *lock.Snapshot, rec lock.Record) (*lock.Snapshot, error) {
 	return s.write(ctx, from, lockWrite{want: &rec})
 }
 
@@ -465,9 +420,9 @@ func (s *releaseStore) ForceRelease(ctx context.Context, from *Snapshot, rec Rec
 type lockWrite struct {
 	// want is the record to stand; nil leaves the record as from read it
 	// (a queue write).
-	want *Record
+	want *lock.Record
 	// queue replaces the waiters when setQueue is set.
-	queue    []Waiter
+	queue    []lock.Waiter
 	setQueue bool
 	// holder marks the holder's own write (a renewal, a revision, its
 	// release): it goes on from a gate the holder's own writes moved.
@@ -488,7 +443,7 @@ type lockWrite struct {
 //   - the holder's own release: the gate only;
 //   - a renewal or a revision named: the beat only;
 //   - the queue: the beat only.
-func (s *releaseStore) write(ctx context.Context, from *Snapshot, w lockWrite) (*Snapshot, error) {
+func (s *releaseStore) write(ctx context.Context, from *lock.Snapshot, w lockWrite) (*lock.Snapshot, error) {
 	rel := releaseOf(from.Name)
 	v := s.version(from)
 	anchor := ""
@@ -508,7 +463,7 @@ func (s *releaseStore) write(ctx context.Context, from *Snapshot, w lockWrite) (
 	// A take writes from what it read (see Take).
 	cached := w.take && anchor != ""
 	if cached {
-		if _, take := gateWrite(want, annotatedRecord(v.record.Meta.Annotations)); !take {
+		if _, take := gateWrite(want, lock.AnnotatedRecord(v.record.Meta.Annotations)); !take {
 			cached = false
 		}
 	}
@@ -530,7 +485,7 @@ func (s *releaseStore) write(ctx context.Context, from *Snapshot, w lockWrite) (
 	case anchor == "" || beat.rv() != beatRV:
 		return nil, apierrors.NewConflict(leaseResource, from.Name, fmt.Errorf("the lock of release %q is now on %s at resourceVersion %s with beat at %q, not on %s at %s with beat at %q", rel, r.Meta.Name, r.Meta.ResourceVersion, beat.rv(), anchor, gateRV, beatRV))
 	}
-	have := annotatedRecord(r.Meta.Annotations)
+	have := lock.AnnotatedRecord(r.Meta.Annotations)
 	if r.Meta.Name != anchor || r.Meta.ResourceVersion != gateRV {
 		// The gate moved or changed since the caller read it. With the
 		// beat unchanged, a gate that still carries the caller's own
@@ -559,7 +514,7 @@ func (s *releaseStore) write(ctx context.Context, from *Snapshot, w lockWrite) (
 
 	meta := beat.meta.DeepCopy()
 	if !beat.exists {
-		meta = &metav1.ObjectMeta{Name: LeaseName(rel), Namespace: s.ns}
+		meta = &metav1.ObjectMeta{Name: lock.LeaseName(rel), Namespace: s.ns}
 	}
 	if meta.Labels == nil {
 		meta.Labels = map[string]string{}
@@ -571,29 +526,29 @@ func (s *releaseStore) write(ctx context.Context, from *Snapshot, w lockWrite) (
 		meta.Annotations = map[string]string{}
 	}
 	writeBeat := false
-	setBeat := func(rec Record, from *string, on string) error {
-		enc, err := encodeBeat(rec)
+	setBeat := func(rec lock.Record, from *string, on string) error {
+		enc, err := EncodeBeat(rec)
 		if err != nil {
 			return err
 		}
 		meta.Annotations[AnnotationBeat] = enc
 		if from == nil {
-			delete(meta.Annotations, annotationClaimedFrom)
+			delete(meta.Annotations, AnnotationClaimedFrom)
 		} else {
-			meta.Annotations[annotationClaimedFrom] = *from
+			meta.Annotations[AnnotationClaimedFrom] = *from
 		}
 		if on == "" {
-			delete(meta.Annotations, annotationClaimedOn)
+			delete(meta.Annotations, AnnotationClaimedOn)
 		} else {
-			meta.Annotations[annotationClaimedOn] = on
+			meta.Annotations[AnnotationClaimedOn] = on
 		}
 		writeBeat = true
 		return nil
 	}
 	switch {
 	case take:
-		from := sessionOfRaw(have)
-		if err := setBeat(*want, &from, claimedOn(want.Session, r.Meta.Name, gateRV)); err != nil {
+		from := lock.SessionOf(have)
+		if err := setBeat(*want, &from, lock.ClaimedOn(want.Session, r.Meta.Name, gateRV)); err != nil {
 			return nil, err
 		}
 	case gateChange && want.ReleasedBy != "":
@@ -615,7 +570,7 @@ func (s *releaseStore) write(ctx context.Context, from *Snapshot, w lockWrite) (
 		if len(w.queue) == 0 {
 			delete(meta.Annotations, AnnotationWaiters)
 		} else {
-			enc, err := encodeWaiters(w.queue)
+			enc, err := EncodeWaiters(w.queue)
 			if err != nil {
 				return nil, err
 			}
@@ -624,7 +579,7 @@ func (s *releaseStore) write(ctx context.Context, from *Snapshot, w lockWrite) (
 		writeBeat = true
 	}
 	if writeBeat {
-		if err := fenced(ctx); err != nil {
+		if err := lock.Fenced(ctx); err != nil {
 			return nil, err
 		}
 		if beat, err = s.beats.put(ctx, beat, *meta); err != nil {
@@ -657,12 +612,12 @@ func (s *releaseStore) write(ctx context.Context, from *Snapshot, w lockWrite) (
 }
 
 // sameQueue tells whether two queues would be stored alike.
-func sameQueue(a, b []Waiter) bool {
+func sameQueue(a, b []lock.Waiter) bool {
 	if len(a) == 0 || len(b) == 0 {
 		return len(a) == len(b)
 	}
-	ea, errA := encodeQueue(a)
-	eb, errB := encodeQueue(b)
+	ea, errA := lock.EncodeQueue(a)
+	eb, errB := lock.EncodeQueue(b)
 	return errA == nil && errB == nil && ea == eb
 }
 
@@ -673,8 +628,8 @@ func sameQueue(a, b []Waiter) bool {
 // life) or the client cannot make them, by reading the record and updating
 // it whole. A record changed or deleted since rv is a Conflict on the
 // lock: the caller reads again.
-func (s *releaseStore) writeGate(ctx context.Context, rel, name, rv string, want Record) (records.Record, error) {
-	if err := fenced(ctx); err != nil {
+func (s *releaseStore) writeGate(ctx context.Context, rel, name, rv string, want lock.Record) (records.Record, error) {
+	if err := lock.Fenced(ctx); err != nil {
 		return records.Record{}, err
 	}
 	g := gateForm(want)
@@ -683,14 +638,14 @@ func (s *releaseStore) writeGate(ctx context.Context, rel, name, rv string, want
 		return records.Record{}, err
 	}
 	if !s.noPatch.Load() {
-		r, err := s.records.PatchAnnotations(ctx, s.ns, name, rv, map[string]*string{AnnotationRecord: &enc, AnnotationQueue: nil}, FieldManager)
+		r, err := s.records.PatchAnnotations(ctx, s.ns, name, rv, map[string]*string{lock.AnnotationRecord: &enc, lock.AnnotationQueue: nil}, FieldManager)
 		switch {
 		case err == nil:
 			return r, nil
 		case apierrors.IsConflict(err):
-			return records.Record{}, apierrors.NewConflict(leaseResource, LeaseName(rel), fmt.Errorf("the newest record %s of release %q changed", name, rel))
+			return records.Record{}, apierrors.NewConflict(leaseResource, lock.LeaseName(rel), fmt.Errorf("the newest record %s of release %q changed", name, rel))
 		case apierrors.IsNotFound(err):
-			return records.Record{}, apierrors.NewConflict(leaseResource, LeaseName(rel), fmt.Errorf("the newest record %s of release %q was deleted", name, rel))
+			return records.Record{}, apierrors.NewConflict(leaseResource, lock.LeaseName(rel), fmt.Errorf("the newest record %s of release %q was deleted", name, rel))
 		case errors.Is(err, records.ErrNoPatch), apierrors.IsForbidden(err):
 			s.noPatch.Store(true)
 		default:
@@ -700,25 +655,25 @@ func (s *releaseStore) writeGate(ctx context.Context, rel, name, rv string, want
 	full, err := s.records.Get(ctx, s.ns, name)
 	switch {
 	case apierrors.IsNotFound(err):
-		return records.Record{}, apierrors.NewConflict(leaseResource, LeaseName(rel), fmt.Errorf("the newest record %s of release %q was deleted", name, rel))
+		return records.Record{}, apierrors.NewConflict(leaseResource, lock.LeaseName(rel), fmt.Errorf("the newest record %s of release %q was deleted", name, rel))
 	case err != nil:
 		return records.Record{}, err
 	case full.Meta.ResourceVersion != rv:
-		return records.Record{}, apierrors.NewConflict(leaseResource, LeaseName(rel), fmt.Errorf("the newest record %s of release %q changed", name, rel))
+		return records.Record{}, apierrors.NewConflict(leaseResource, lock.LeaseName(rel), fmt.Errorf("the newest record %s of release %q changed", name, rel))
 	}
 	if full.Meta.Annotations == nil {
 		full.Meta.Annotations = map[string]string{}
 	}
-	full.Meta.Annotations[AnnotationRecord] = enc
-	delete(full.Meta.Annotations, AnnotationQueue)
-	if err := fenced(ctx); err != nil {
+	full.Meta.Annotations[lock.AnnotationRecord] = enc
+	delete(full.Meta.Annotations, lock.AnnotationQueue)
+	if err := lock.Fenced(ctx); err != nil {
 		return records.Record{}, err
 	}
 	return s.records.Update(ctx, full, FieldManager)
 }
 
 // releaseWhereWritten writes rec, the holder's own release, onto the
-// record where its last fenced write left the lock (at, recordAt),
+// record where its last fenced write left the lock (at, RecordAt),
 // conditional on the resourceVersion that write returned, without reading
 // the records or the beat: ok reports that it did. Nobody wrote that record
 // since, so it still carries this holder's unreleased lock: a takeover, a
@@ -728,7 +683,7 @@ func (s *releaseStore) writeGate(ctx context.Context, rel, name, rv string, want
 // pending) carries no lock, and this one is left released. Anything else,
 // or a record written since, goes the usual way (ok false, nil error):
 // read, judge, write.
-func (s *releaseStore) releaseWhereWritten(ctx context.Context, from *Snapshot, rec Record, at string) (*Snapshot, bool, error) {
+func (s *releaseStore) releaseWhereWritten(ctx context.Context, from *lock.Snapshot, rec lock.Record, at string) (*lock.Snapshot, bool, error) {
 	if at == "" || rec.ReleasedAt.IsZero() || rec.ReleasedBy != "" {
 		return nil, false, nil
 	}
@@ -748,55 +703,8 @@ func (s *releaseStore) releaseWhereWritten(ctx context.Context, from *Snapshot, 
 	out := s.snapshot(rel, r, beatObj{}, v.list)
 	ov := s.version(out)
 	ov.beat = v.beat
-	out.version = ov
+	out.Version = ov
 	return out, true, nil
-}
-
-// recordAt names release record name at resourceVersion rv.
-func recordAt(name, rv string) string { return name + "@" + rv }
-
-// claimedOn is the annotationClaimedOn of session's claim against release
-// record name at resourceVersion rv. The session is in it so that a claim
-// written over it by a version that does not know the annotation (and
-// leaves it) is not judged by it.
-func claimedOn(session, name, rv string) string { return recordAt(name, rv) + "@" + session }
-
-// claimAgainstGate tells whether the claim l carries was made against its
-// gate as it stands (see annotationClaimedOn): always for a claim that
-// names no record, or names it for another session (written by an earlier
-// version over this one's).
-func claimAgainstGate(l *Snapshot) bool {
-	if l.Claim == nil || l.Claim.On == "" {
-		return true
-	}
-	at, session, _ := cutLast(l.Claim.On, "@")
-	if session != l.Claim.Record.Session {
-		return true
-	}
-	anchor, gateRV := "", ""
-	if l.Newest != nil {
-		anchor, gateRV = l.Newest.Name, l.Newest.ResourceVersion
-	}
-	return at == recordAt(anchor, gateRV)
-}
-
-// cutLast cuts s around the last sep.
-func cutLast(s, sep string) (before, after string, found bool) {
-	if i := strings.LastIndex(s, sep); i >= 0 {
-		return s[:i], s[i+len(sep):], true
-	}
-	return s, "", false
-}
-
-// annotatedRecord is the lock record in annotations as far as it can be
-// read (a newer schema's too, see DecodeRecord), nil when there is none.
-func annotatedRecord(annotations map[string]string) *Record {
-	raw, ok := annotations[AnnotationRecord]
-	if !ok {
-		return nil
-	}
-	rec, _ := DecodeRecord(raw)
-	return rec
 }
 
 // gateWrite says whether writing want over the gate's record have changes
@@ -804,7 +712,7 @@ func annotatedRecord(annotations map[string]string) *Record {
 // take: any write of an unreleased record to the gate is one (of another
 // session's lock, or again of our own released one), and the beat is
 // claimed first, so no beat left from before stands for it.
-func gateWrite(want, have *Record) (gateChange, take bool) {
+func gateWrite(want, have *lock.Record) (gateChange, take bool) {
 	gateChange = want != nil && (have == nil || want.Session != have.Session ||
 		!want.ReleasedAt.Equal(have.ReleasedAt) || want.ReleasedBy != have.ReleasedBy)
 	return gateChange, gateChange && want.ReleasedAt.IsZero()
@@ -820,19 +728,19 @@ func gateWrite(want, have *Record) (gateChange, take bool) {
 // others read stood still, and it wrote past it (the simulation, seed
 // 13466: helm's create of revision 1, retried after a 429, sent 0.9 s
 // after the beat's LOCKED TILL less the renew margin).
-func (s *releaseStore) renewVirtual(ctx context.Context, from *Snapshot, want *Record, beat beatObj) (*Snapshot, error) {
+func (s *releaseStore) renewVirtual(ctx context.Context, from *lock.Snapshot, want *lock.Record, beat beatObj) (*lock.Snapshot, error) {
 	bt := beatRecord(beat)
 	if want == nil || bt == nil || bt.Session != want.Session ||
 		!bt.ReleasedAt.IsZero() || !want.ReleasedAt.IsZero() || !want.RenewedAt.After(bt.RenewedAt) {
 		return holding(from, want, nil, false)
 	}
-	enc, err := encodeBeat(*want)
+	enc, err := EncodeBeat(*want)
 	if err != nil {
 		return nil, err
 	}
 	meta := beat.meta.DeepCopy()
 	meta.Annotations[AnnotationBeat] = enc
-	if err := fenced(ctx); err != nil {
+	if err := lock.Fenced(ctx); err != nil {
 		return nil, err
 	}
 	written, err := s.beats.put(ctx, beat, *meta)
@@ -855,7 +763,7 @@ func (s *releaseStore) renewVirtual(ctx context.Context, from *Snapshot, want *R
 // exists the race is lost (the create that follows fails) and nothing is
 // written: a loser's beat over the winner's would hide the winner's
 // renewals (found by review). It returns the beat's resourceVersion.
-func (s *releaseStore) ensureBeat(ctx context.Context, rec Record) (string, error) {
+func (s *releaseStore) ensureBeat(ctx context.Context, rec lock.Record) (string, error) {
 	for range 3 {
 		// One list returns the records and the beat (see read).
 		_, exists, _, beat, err := s.read(ctx, rec.Release)
@@ -870,7 +778,7 @@ func (s *releaseStore) ensureBeat(ctx context.Context, rec Record) (string, erro
 		}
 		meta := beat.meta.DeepCopy()
 		if !beat.exists {
-			meta = &metav1.ObjectMeta{Name: LeaseName(rec.Release), Namespace: s.ns}
+			meta = &metav1.ObjectMeta{Name: lock.LeaseName(rec.Release), Namespace: s.ns}
 		}
 		if meta.Labels == nil {
 			meta.Labels = map[string]string{}
@@ -881,14 +789,14 @@ func (s *releaseStore) ensureBeat(ctx context.Context, rec Record) (string, erro
 		if meta.Annotations == nil {
 			meta.Annotations = map[string]string{}
 		}
-		enc, err := encodeBeat(rec)
+		enc, err := EncodeBeat(rec)
 		if err != nil {
 			return "", err
 		}
 		meta.Annotations[AnnotationBeat] = enc
-		meta.Annotations[annotationClaimedFrom] = rec.Session // holding (see Update)
-		delete(meta.Annotations, annotationClaimedOn)
-		if err := fenced(ctx); err != nil {
+		meta.Annotations[AnnotationClaimedFrom] = rec.Session // holding (see Update)
+		delete(meta.Annotations, AnnotationClaimedOn)
+		if err := lock.Fenced(ctx); err != nil {
 			return "", err
 		}
 		written, err := s.beats.put(ctx, beat, *meta)
@@ -899,15 +807,15 @@ func (s *releaseStore) ensureBeat(ctx context.Context, rec Record) (string, erro
 			return "", err
 		}
 	}
-	return "", fmt.Errorf("the lock's beat %s of release %q in namespace %q kept changing", LeaseName(rec.Release), rec.Release, s.ns)
+	return "", fmt.Errorf("the lock's beat %s of release %q in namespace %q kept changing", lock.LeaseName(rec.Release), rec.Release, s.ns)
 }
 
 // Announce implements Store: for a virtual lock (the release has no
 // record yet) it writes the beat naming rec (ensureBeat) and returns from
 // with that beat's version, so that a release deleting the beat (the
 // first revision was never written) removes exactly this one.
-func (s *releaseStore) Announce(ctx context.Context, from *Snapshot, rec Record) (*Snapshot, error) {
-	if !from.virtual(StoreRelease) {
+func (s *releaseStore) Announce(ctx context.Context, from *lock.Snapshot, rec lock.Record) (*lock.Snapshot, error) {
+	if from.Newest != nil {
 		return from, nil
 	}
 	beatRV, err := s.ensureBeat(ctx, rec)
@@ -918,12 +826,8 @@ func (s *releaseStore) Announce(ctx context.Context, from *Snapshot, rec Record)
 }
 
 // Renewal implements Store: the beat's holder, renewal and LOCKED TILL,
-// unless it was released. A Lease seen on the watch (a joint lock's other
-// store shares none with this one) is read as the Lease store reads it.
+// unless it was released.
 func (s *releaseStore) Renewal(name string, obj runtime.Object) (string, time.Time, time.Time, bool) {
-	if _, ok := obj.(*coordinationv1.Lease); ok {
-		return leaseRenewal(name, obj)
-	}
 	m, err := meta.Accessor(obj)
 	if err != nil || m.GetName() != name {
 		return "", time.Time{}, time.Time{}, false
@@ -938,7 +842,7 @@ func (s *releaseStore) Renewal(name string, obj runtime.Object) (string, time.Ti
 // Delete removes the lock of a release whose records helm deleted
 // (uninstall) or is about to keep without one: the beat object, then the
 // gate's annotations, each conditional on the resourceVersion from read.
-func (s *releaseStore) Delete(ctx context.Context, from *Snapshot) error {
+func (s *releaseStore) Delete(ctx context.Context, from *lock.Snapshot) error {
 	name := from.Name
 	rel := releaseOf(name)
 	r, ok, _, beat, err := s.read(ctx, rel)
@@ -968,15 +872,15 @@ func (s *releaseStore) Delete(ctx context.Context, from *Snapshot) error {
 	case gateRV != "" && full.Meta.ResourceVersion != gateRV:
 		return apierrors.NewConflict(leaseResource, name, fmt.Errorf("the newest record of release %q changed", rel))
 	}
-	delete(full.Meta.Annotations, AnnotationRecord)
-	delete(full.Meta.Annotations, AnnotationQueue)
+	delete(full.Meta.Annotations, lock.AnnotationRecord)
+	delete(full.Meta.Annotations, lock.AnnotationQueue)
 	_, err = s.records.Update(ctx, full, FieldManager)
 	return err
 }
 
 // List returns the lock of every release whose newest record carries a
 // lock record.
-func (s *releaseStore) List(ctx context.Context) ([]*Snapshot, error) {
+func (s *releaseStore) List(ctx context.Context) ([]*lock.Snapshot, error) {
 	// The lock lives in the records' metadata and the beat objects: the
 	// records' payloads (helm's release data, up to 1 MiB each) are not
 	// read.
@@ -990,22 +894,22 @@ func (s *releaseStore) List(ctx context.Context) ([]*Snapshot, error) {
 	}
 	beatOf := map[string]beatObj{}
 	for _, b := range bs {
-		beatOf[b.meta.Namespace+"/"+b.meta.Labels[LabelRelease]] = b
+		beatOf[b.meta.Namespace+"/"+b.meta.Labels[lock.LabelRelease]] = b
 	}
 	byRelease := map[string][]records.Record{}
 	for _, r := range rs {
 		k := r.Meta.Namespace + "/" + r.Meta.Labels[recordLabelName]
 		byRelease[k] = append(byRelease[k], r)
 	}
-	out := make([]*Snapshot, 0, len(byRelease))
+	out := make([]*lock.Snapshot, 0, len(byRelease))
 	for k, group := range byRelease {
 		r, _ := records.NewestOf(group)
-		if _, ok := r.Meta.Annotations[AnnotationRecord]; !ok {
+		if _, ok := r.Meta.Annotations[lock.AnnotationRecord]; !ok {
 			continue
 		}
 		out = append(out, s.snapshot(r.Meta.Labels[recordLabelName], r, beatOf[k], listRV))
 	}
-	slices.SortFunc(out, func(a, b *Snapshot) int {
+	slices.SortFunc(out, func(a, b *lock.Snapshot) int {
 		return strings.Compare(a.Namespace+"/"+a.Name, b.Namespace+"/"+b.Name)
 	})
 	return out, nil
@@ -1015,7 +919,7 @@ func (s *releaseStore) List(ctx context.Context) ([]*Snapshot, error) {
 // Waiters only need to know that something changed; they read the lock
 // again on every event that can change their decision (see
 // watchView.quiet).
-func (s *releaseStore) Watch(ctx context.Context, from *Snapshot) (watch.Interface, error) {
+func (s *releaseStore) Watch(ctx context.Context, from *lock.Snapshot) (watch.Interface, error) {
 	v := s.version(from)
 	at := v.list
 	if at == "" {
@@ -1034,13 +938,38 @@ func (s *releaseStore) Watch(ctx context.Context, from *Snapshot) (watch.Interfa
 }
 
 // WatchQueue watches the beat, where the queue lives.
-func (s *releaseStore) WatchQueue(ctx context.Context, name string) (watch.Interface, func(runtime.Object) ([]Waiter, bool), error) {
+func (s *releaseStore) WatchQueue(ctx context.Context, name string) (watch.Interface, func(runtime.Object) ([]lock.Waiter, bool), error) {
 	w, err := s.beats.watch(ctx, s.ns, name, "")
-	return w, func(o runtime.Object) ([]Waiter, bool) {
+	return w, func(o runtime.Object) ([]lock.Waiter, bool) {
 		m, err := meta.Accessor(o)
 		if err != nil || m.GetName() != name {
 			return nil, false
 		}
-		return decodeWaiters(m.GetAnnotations()[AnnotationWaiters]), true
+		return DecodeWaiters(m.GetAnnotations()[AnnotationWaiters]), true
 	}, err
+}
+
+// later is the later of a and b.
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
+// NewStore returns the release store of namespace ns (see NewBackend).
+func NewStore(client kubernetes.Interface, driver records.Driver, ns string) lock.Store {
+	store := records.New(client, driver)
+	return &releaseStore{records: store, beats: beats{client: client, kind: store.Kind(), unlisted: &atomic.Bool{}}, ns: ns, seen: &lastReads{}, noPatch: &atomic.Bool{}}
+}
+
+// Snapshot is the lock of release as the release store reads it from its
+// newest record (gate), its beat object (nil when there is none) and the
+// resourceVersion of the list that returned them.
+func Snapshot(ns, release string, gate records.Record, beat *metav1.ObjectMeta, listRV string) *lock.Snapshot {
+	b := beatObj{}
+	if beat != nil {
+		b = beatObj{exists: true, meta: *beat}
+	}
+	return (&releaseStore{ns: ns}).snapshot(release, gate, b, listRV)
 }

@@ -1,4 +1,4 @@
-package lock
+package releasestore
 
 import (
 	"context"
@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/helm-autorecover/helm-autorecover/internal/lock"
 	"github.com/helm-autorecover/helm-autorecover/internal/records"
 )
 
@@ -31,7 +32,7 @@ import (
 // The rules that keep the two objects one lock:
 //
 //   - A client takes the lock by first claiming the beat (its heartbeat
-//     naming it, and annotationClaimedFrom naming the gate's session it
+//     naming it, and AnnotationClaimedFrom naming the gate's session it
 //     judged), conditional on the beat's resourceVersion it judged by, and
 //     then writing the gate, conditional on the gate's. The claim is what
 //     stops the previous holder: its next renewal conflicts, reads the beat
@@ -57,10 +58,10 @@ const (
 	// AnnotationBeat holds, on the beat object, the record of the session
 	// that last claimed or renewed the lock (a trimmed Record).
 	AnnotationBeat = "helm-autorecover.io/beat"
-	// annotationClaimedFrom names, on the beat object, the gate's session
+	// AnnotationClaimedFrom names, on the beat object, the gate's session
 	// its claimant judged Free or Expired ("" when the gate had none).
-	annotationClaimedFrom = "helm-autorecover.io/claimed-from"
-	// annotationClaimedOn names, on the beat object, the release record a
+	AnnotationClaimedFrom = "helm-autorecover.io/claimed-from"
+	// AnnotationClaimedOn names, on the beat object, the release record a
 	// claim was made against and its resourceVersion ("NAME@RV"): the gate
 	// the claimant writes next, conditional on that version. A claim counts
 	// against that gate only: once the record changed (the claimant's gate
@@ -70,7 +71,7 @@ const (
 	// against a later record (stock helm's, carrying no lock). Renewals and
 	// beats of earlier versions carry none: a claim without it counts
 	// against any gate naming the session it claims from.
-	annotationClaimedOn = "helm-autorecover.io/claimed-on"
+	AnnotationClaimedOn = "helm-autorecover.io/claimed-on"
 	// AnnotationWaiters holds, on the beat object, the waiters' queue in a
 	// compact form (see compactWaiter).
 	AnnotationWaiters = "helm-autorecover.io/waiters"
@@ -89,8 +90,8 @@ const (
 // stops renewing then), or, without one, gateHoldWithoutMaxHold after it took the
 // lock. Clients that read Liveness judge the gate by renewedAt +
 // leaseDuration and the beat (see gateEffective).
-func gateForm(rec Record) Record {
-	rec.Liveness = LeaseName(rec.Release)
+func gateForm(rec lock.Record) lock.Record {
+	rec.Liveness = lock.LeaseName(rec.Release)
 	if rec.ReleasedAt.IsZero() {
 		if !rec.MaxHoldUntil.IsZero() {
 			rec.LockedTill = later(rec.MaxHoldUntil, rec.RenewedAt).Add(rec.LeaseDuration.Duration)
@@ -103,12 +104,12 @@ func gateForm(rec Record) Record {
 
 // GateRecord is rec in the form written on a release record (the fence's
 // copies of the lock onto helm's writes use it): see gateForm.
-func GateRecord(rec Record) Record { return gateForm(rec) }
+func GateRecord(rec lock.Record) lock.Record { return gateForm(rec) }
 
 // gateEffective undoes gateForm for a reader that knows the beat: a gate
 // naming a beat expires one lease after its own renewedAt, unless the beat
 // says later.
-func gateEffective(rec *Record) {
+func gateEffective(rec *lock.Record) {
 	if rec == nil || rec.Liveness == "" {
 		return
 	}
@@ -120,21 +121,21 @@ func gateEffective(rec *Record) {
 // and Unix milliseconds (the record's times are whole milliseconds), so a
 // renewal writes a few hundred bytes.
 type beat struct {
-	Session    string    `json:"s"`
-	Operation  Operation `json:"o,omitempty"`
-	Who        string    `json:"w,omitempty"`
-	Revision   int       `json:"r,omitempty"`
-	Lease      int64     `json:"d"`
-	Acquired   int64     `json:"a"`
-	Renewed    int64     `json:"t"`
-	After      int64     `json:"f,omitempty"`
-	Till       int64     `json:"x"`
-	Released   int64     `json:"rel,omitempty"`
-	ReleasedBy string    `json:"by,omitempty"`
+	Session    string         `json:"s"`
+	Operation  lock.Operation `json:"o,omitempty"`
+	Who        string         `json:"w,omitempty"`
+	Revision   int            `json:"r,omitempty"`
+	Lease      int64          `json:"d"`
+	Acquired   int64          `json:"a"`
+	Renewed    int64          `json:"t"`
+	After      int64          `json:"f,omitempty"`
+	Till       int64          `json:"x"`
+	Released   int64          `json:"rel,omitempty"`
+	ReleasedBy string         `json:"by,omitempty"`
 }
 
-// encodeBeat is the beat of rec, as stored in AnnotationBeat.
-func encodeBeat(rec Record) (string, error) {
+// EncodeBeat is the beat of rec, as stored in AnnotationBeat.
+func EncodeBeat(rec lock.Record) (string, error) {
 	b := beat{
 		Session: rec.Session, Operation: rec.Operation, Who: rec.Who, Revision: rec.Revision,
 		Lease: rec.LeaseDuration.Milliseconds(), Acquired: rec.AcquiredAt.UnixMilli(),
@@ -155,14 +156,14 @@ func encodeBeat(rec Record) (string, error) {
 
 // decodeBeat reads a beat back as the record it keeps of release in ns
 // (nil when unreadable).
-func decodeBeat(s, release, ns string) *Record {
+func decodeBeat(s, release, ns string) *lock.Record {
 	var b beat
 	if err := json.Unmarshal([]byte(s), &b); err != nil || b.Session == "" {
 		return nil
 	}
 	ms := func(v int64) time.Time { return time.UnixMilli(v).UTC() }
-	rec := &Record{
-		Schema: SchemaVersion, Session: b.Session, Operation: b.Operation, Release: release, Namespace: ns,
+	rec := &lock.Record{
+		Schema: lock.SchemaVersion, Session: b.Session, Operation: b.Operation, Release: release, Namespace: ns,
 		Revision: b.Revision, Who: b.Who, LeaseDuration: metav1.Duration{Duration: time.Duration(b.Lease) * time.Millisecond},
 		AcquiredAt: ms(b.Acquired), RenewedAt: ms(b.Renewed), LockedTill: ms(b.Till), ReleasedBy: b.ReleasedBy,
 	}
@@ -181,17 +182,17 @@ func decodeBeat(s, release, ns string) *Record {
 // Entries written by versions before the lease was kept have none: they
 // are judged by server time alone (see waiterStopped).
 type compactWaiter struct {
-	Session    string    `json:"s"`
-	Who        string    `json:"w,omitempty"`
-	Operation  Operation `json:"o,omitempty"`
-	EnqueuedAt int64     `json:"e"`
-	Expires    int64     `json:"x"`
-	Lease      int64     `json:"l,omitempty"`
-	Preempt    bool      `json:"p,omitempty"`
-	Holder     string    `json:"ph,omitempty"`
+	Session    string         `json:"s"`
+	Who        string         `json:"w,omitempty"`
+	Operation  lock.Operation `json:"o,omitempty"`
+	EnqueuedAt int64          `json:"e"`
+	Expires    int64          `json:"x"`
+	Lease      int64          `json:"l,omitempty"`
+	Preempt    bool           `json:"p,omitempty"`
+	Holder     string         `json:"ph,omitempty"`
 }
 
-func encodeWaiters(ws []Waiter) (string, error) {
+func EncodeWaiters(ws []lock.Waiter) (string, error) {
 	out := make([]compactWaiter, 0, len(ws))
 	for _, w := range ws {
 		c := compactWaiter{
@@ -211,9 +212,9 @@ func encodeWaiters(ws []Waiter) (string, error) {
 	return string(b), nil
 }
 
-// decodeWaiters reads a compact queue; an unreadable one is empty (see
-// decodeQueue).
-func decodeWaiters(s string) []Waiter {
+// DecodeWaiters reads a compact queue; an unreadable one is empty (see
+// DecodeQueue).
+func DecodeWaiters(s string) []lock.Waiter {
 	if s == "" {
 		return nil
 	}
@@ -221,9 +222,9 @@ func decodeWaiters(s string) []Waiter {
 	if err := json.Unmarshal([]byte(s), &in); err != nil {
 		return nil
 	}
-	out := make([]Waiter, 0, len(in))
+	out := make([]lock.Waiter, 0, len(in))
 	for _, w := range in {
-		x := Waiter{
+		x := lock.Waiter{
 			Session: w.Session, Who: w.Who, Operation: w.Operation,
 			EnqueuedAt: time.UnixMilli(w.EnqueuedAt).UTC(),
 			ExpiresAt:  time.UnixMilli(w.Expires).UTC(),
@@ -292,7 +293,7 @@ func (b beats) get(ctx context.Context, ns, name string) (beatObj, error) {
 
 // list returns the beat objects in ns ("" for all namespaces).
 func (b beats) list(ctx context.Context, ns string) ([]beatObj, error) {
-	opts := metav1.ListOptions{LabelSelector: LabelManagedBy + "=" + ManagedBy}
+	opts := metav1.ListOptions{LabelSelector: lock.LabelManagedBy + "=" + lock.ManagedBy}
 	var out []beatObj
 	if b.kind == records.KindConfigMap {
 		l, err := b.client.CoreV1().ConfigMaps(ns).List(ctx, opts)
@@ -392,7 +393,7 @@ func (b beats) watch(ctx context.Context, ns, name, rv string) (watch.Interface,
 }
 
 // beatRecord decodes the beat on o (nil when none or unreadable).
-func beatRecord(o beatObj) *Record {
+func beatRecord(o beatObj) *lock.Record {
 	if !o.exists {
 		return nil
 	}
@@ -400,7 +401,7 @@ func beatRecord(o beatObj) *Record {
 	if !ok {
 		return nil
 	}
-	return decodeBeat(s, o.meta.Labels[LabelRelease], o.meta.Namespace)
+	return decodeBeat(s, o.meta.Labels[lock.LabelRelease], o.meta.Namespace)
 }
 
 // mergedWatch delivers the events of several watches on one channel, which
@@ -460,4 +461,8 @@ func (m *mergedWatch) Stop() {
 // DecodeBeat reads a beat object's AnnotationBeat back as the record it
 // keeps of release in ns (nil when unreadable): for tools that audit the
 // lock's writes (internal/sim).
-func DecodeBeat(s, release, ns string) *Record { return decodeBeat(s, release, ns) }
+// GateEffective undoes GateRecord for a reader that knows the beat
+// (gateEffective).
+func GateEffective(rec *lock.Record) { gateEffective(rec) }
+
+func DecodeBeat(s, release, ns string) *lock.Record { return decodeBeat(s, release, ns) }

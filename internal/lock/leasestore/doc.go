@@ -1,0 +1,11 @@
+// Package leasestore keeps each release's lock in a coordination.k8s.io/v1
+// Lease of the release's namespace (helm-autorecover.v1.RELEASE): the lock
+// record in the annotation lock.AnnotationRecord, mirrored in the Lease's
+// spec for tools that read Leases alone, and the waiters' queue in
+// lock.AnnotationQueue. Every write is an update conditional on the Lease
+// as read. The sql driver's lock rows (package sqlstore) hold the same
+// Lease objects behind LeaseAPI (NewRowsBackend).
+//
+// It implements lock.Store; the engine (package lock) decides, this
+// package only reads and writes.
+package leasestore
