@@ -11,10 +11,9 @@
 //     into a typed Snapshot and writes it conditionally on one, saying what
 //     it writes (take, renew, enqueue, release). They live in packages of
 //     their own, which import this one: a Lease per release (package
-//     leasestore, also over the sql driver's lock rows, which package
-//     sqlstore keeps as Lease objects), and the release's own records, the
-//     gate on the newest record and the beat object (package
-//     releasestore). The engine never reads a store's objects: a store
+//     leasestore), the release's own records, the gate on the newest
+//     record and the beat object (package releasestore), and a row per
+//     release in helm's sql database (package sqlstore). The engine never reads a store's objects: a store
 //     reads them for it (Store.Change, Renewal, Written).
 //
 // # The Lease

@@ -91,8 +91,8 @@ type Request struct {
 
 // Backend runs the lock protocol (acquire, renew, wait in arrival order,
 // release, inspect) over one store (Store): coordination.k8s.io/v1 Leases
-// (NewLeaseBackend), the release's own records (NewReleaseBackend, see
-// release.go), or the sql driver's lock rows (NewStoreBackend). The
+// (package leasestore), the release's own records (package releasestore),
+// or the sql driver's lock rows (package sqlstore). The
 // protocol, its time rules and its conditional writes are the same for all;
 // each store reads a lock into a Snapshot and writes it conditionally on
 // one.
@@ -365,7 +365,7 @@ type view struct {
 	// Expired in server time and seen for that much less (takeoverIn).
 	uncertain time.Duration
 	// claim is another session's claim in flight on a release lock's beat
-	// (see sidecar.go): the lock is Live, held by it, until it lands on the
+	// (see package releasestore): the lock is Live, held by it, until it lands on the
 	// gate or expires.
 	claim *Record
 }

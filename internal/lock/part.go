@@ -527,7 +527,7 @@ func (h *part) reread(ctx context.Context, cur *Snapshot) (*Snapshot, error) {
 		return nil, h.loseGone(fmt.Errorf("lock on release %q in namespace %q is now held by %s: %w", h.req.Release, h.req.Namespace, by, ErrLost))
 	}
 	if c := claimOf(fresh); c != nil {
-		// The release store's beat (see sidecar.go): a person's release
+		// The release store's beat (see package releasestore): a person's release
 		// marks it before the gate, a takeover claims it before the gate.
 		switch {
 		case c.Session == h.req.Session && !c.ReleasedAt.IsZero():

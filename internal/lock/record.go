@@ -140,7 +140,7 @@ type Record struct {
 	// bound for clients of earlier versions, which judge the record alone
 	// (maxHoldUntil + leaseDuration, or renewedAt + 24h without a maximum
 	// hold); those that know the beat judge it by renewedAt +
-	// leaseDuration and the beat (see sidecar.go).
+	// leaseDuration and the beat (see package releasestore).
 	Liveness string `json:"liveness,omitempty"`
 }
 

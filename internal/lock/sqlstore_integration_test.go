@@ -35,7 +35,7 @@ func sqlStoreOf(t *testing.T) (*sqlstore.Store, bool) {
 // lock rows of the test's sql database.
 func storeBackend(t *testing.T, cs kubernetes.Interface, est *servertime.Estimator, clk clock.Clock) *lock.Backend {
 	if st, ok := sqlStoreOf(t); ok {
-		return leasestore.NewRowsBackend(cs, est, clk, lock.StoreSQL, st.Locks)
+		return lock.NewBackend(cs, est, clk, lock.StoreSQL, st.Locks)
 	}
 	return leasestore.NewBackend(cs, est, clk)
 }
@@ -47,7 +47,7 @@ func lockObjectExists(t *testing.T, env *testenv.Env, ns, release string) bool {
 	ctx := context.Background()
 	var err error
 	if st, ok := sqlStoreOf(t); ok {
-		_, err = st.Locks(ns).Get(ctx, lock.LeaseName(release), metav1.GetOptions{})
+		_, err = st.Locks(ns).Read(ctx, lock.LeaseName(release))
 	} else {
 		_, err = env.Client.CoordinationV1().Leases(ns).Get(ctx, lock.LeaseName(release), metav1.GetOptions{})
 	}

@@ -13,7 +13,6 @@ import (
 
 	"github.com/helm-autorecover/helm-autorecover/internal/helmx"
 	"github.com/helm-autorecover/helm-autorecover/internal/lock"
-	"github.com/helm-autorecover/helm-autorecover/internal/lock/leasestore"
 	"github.com/helm-autorecover/helm-autorecover/internal/lock/releasestore"
 	"github.com/helm-autorecover/helm-autorecover/internal/records"
 	"github.com/helm-autorecover/helm-autorecover/internal/recovery"
@@ -180,7 +179,7 @@ func (c *Conn) SQL() *sqlstore.Store { return c.sql }
 // wraps ErrNoRecords when the driver keeps no record (memory).
 func (c *Conn) GateBackend() (*lock.Backend, error) {
 	if c.sql != nil {
-		return c.Backend(leasestore.NewRowsBackend(c.client, c.est, c.clock, lock.StoreSQL, c.sql.Locks)), nil
+		return c.Backend(lock.NewBackend(c.client, c.est, c.clock, lock.StoreSQL, c.sql.Locks)), nil
 	}
 	d, err := records.ParseDriver(c.driver)
 	if err != nil {

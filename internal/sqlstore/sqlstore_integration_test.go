@@ -11,7 +11,6 @@ import (
 	"helm.sh/helm/v4/pkg/release/common"
 	rspb "helm.sh/helm/v4/pkg/release/v1"
 	"helm.sh/helm/v4/pkg/storage/driver"
-	coordinationv1 "k8s.io/api/coordination/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/clock"
@@ -81,17 +80,23 @@ func release(name, ns string, rev int, status common.Status) *rspb.Release {
 
 func key(name string, rev int) string { return fmt.Sprintf("sh.helm.release.v1.%s.v%d", name, rev) }
 
-// lockRow writes the release's lock row with holder (through the lock rows'
-// own Lease API, as the lock does).
+// lockRow writes the release's lock row naming holder ("": released),
+// through the lock rows' own store, as the lock does.
 func lockRow(t *testing.T, ctx context.Context, s *sqlstore.Store, ns, rel, holder string) {
 	t.Helper()
-	api := s.Locks(ns)
+	st := s.Locks(ns)
 	name := lock.LeaseName(rel)
-	cur, err := api.Get(ctx, name, metav1.GetOptions{})
+	now := time.Now().UTC().Truncate(time.Millisecond)
+	rec := lock.Record{
+		Schema: lock.SchemaVersion, Session: holder, Operation: lock.OpUpgrade, Release: rel, Namespace: ns,
+		LeaseDuration: metav1.Duration{Duration: time.Minute}, AcquiredAt: now, RenewedAt: now, LockedTill: now.Add(time.Minute),
+	}
+	if holder == "" {
+		rec.Session, rec.ReleasedAt = "released", now
+	}
+	cur, err := st.Read(ctx, name)
 	if apierrors.IsNotFound(err) {
-		l := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: map[string]string{lock.LabelRelease: rel}}}
-		l.Spec.HolderIdentity = &holder
-		if _, err := api.Create(ctx, l, metav1.CreateOptions{}); err != nil {
+		if _, err := st.Create(ctx, name, rec); err != nil {
 			t.Fatal(err)
 		}
 		return
@@ -99,70 +104,81 @@ func lockRow(t *testing.T, ctx context.Context, s *sqlstore.Store, ns, rel, hold
 	if err != nil {
 		t.Fatal(err)
 	}
-	cur.Spec.HolderIdentity = &holder
-	if _, err := api.Update(ctx, cur, metav1.UpdateOptions{}); err != nil {
+	if _, err := st.Take(ctx, cur, rec, nil); err != nil {
 		t.Fatal(err)
 	}
 }
 
-// TestLockRowsActAsLeases: the lock rows answer as the API server's Leases
-// do, which is what the lock's compare-and-swap relies on.
-func TestLockRowsActAsLeases(t *testing.T) {
+// TestLockRowsAreConditional: the lock rows answer as the lock's
+// compare-and-swap needs: a create fails with AlreadyExists, a write or a
+// delete made from a stale read with Conflict, one of a deleted row with
+// NotFound, and every write changes the row's version.
+func TestLockRowsAreConditional(t *testing.T) {
 	f := newFixture(t)
 	ctx := context.Background()
-	api := f.store.Locks("shop")
-	l := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "x", Namespace: "shop", Labels: map[string]string{lock.LabelRelease: "web", "a": "b"}}}
-	c1, err := api.Create(ctx, l, metav1.CreateOptions{})
+	st := f.store.Locks("shop")
+	now := time.Now().UTC().Truncate(time.Millisecond)
+	rec := func(session string) lock.Record {
+		return lock.Record{
+			Schema: lock.SchemaVersion, Session: session, Operation: lock.OpUpgrade, Release: "web", Namespace: "shop",
+			LeaseDuration: metav1.Duration{Duration: time.Minute}, AcquiredAt: now, RenewedAt: now, LockedTill: now.Add(time.Minute),
+		}
+	}
+	c1, err := st.Create(ctx, "x", rec("s1"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c1.ResourceVersion == "" || c1.UID == "" {
-		t.Fatalf("created row has version %q and uid %q", c1.ResourceVersion, c1.UID)
+	if lock.HolderOf(&c1.Spec) != "s1" || c1.Record == nil || c1.Record.Session != "s1" || c1.Release != "web" {
+		t.Fatalf("created row = %+v; want s1's record", c1)
 	}
-	if _, err := api.Create(ctx, l, metav1.CreateOptions{}); !apierrors.IsAlreadyExists(err) {
+	if _, err := st.Create(ctx, "x", rec("s2")); !apierrors.IsAlreadyExists(err) {
 		t.Fatalf("second Create = %v, want AlreadyExists", err)
 	}
-	holder := "s1"
-	c1.Spec.HolderIdentity = &holder
-	u1, err := api.Update(ctx, c1, metav1.UpdateOptions{})
+	ws := []lock.Waiter{{Session: "w", EnqueuedAt: now, HeartbeatAt: now, ExpiresAt: now.Add(time.Minute)}}
+	q1, err := st.Enqueue(ctx, c1, ws)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if u1.ResourceVersion == c1.ResourceVersion {
-		t.Fatal("an update kept the version")
+	if _, err := st.Take(ctx, c1, rec("s2"), nil); !apierrors.IsConflict(err) {
+		t.Fatalf("Take from a stale read = %v, want Conflict", err)
 	}
-	if _, err := api.Update(ctx, c1, metav1.UpdateOptions{}); !apierrors.IsConflict(err) {
-		t.Fatalf("Update at a stale version = %v, want Conflict", err)
+	got, err := st.Read(ctx, "x")
+	if err != nil || lock.HolderOf(&got.Spec) != "s1" || len(got.Queue) != 1 || got.Queue[0].Session != "w" {
+		t.Fatalf("Read = %+v, %v; want s1 holding, w queued", got, err)
 	}
-	got, err := api.Get(ctx, "x", metav1.GetOptions{})
-	if err != nil || got.ResourceVersion != u1.ResourceVersion || *got.Spec.HolderIdentity != "s1" || got.Labels["a"] != "b" {
-		t.Fatalf("Get = %+v, %v; want the update's row", got, err)
-	}
-	if _, err := api.Get(ctx, "y", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
-		t.Fatalf("Get of a missing row = %v, want NotFound", err)
-	}
-	if _, err := f.store.Locks("other").Get(ctx, "x", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
-		t.Fatalf("Get in another namespace = %v, want NotFound", err)
-	}
-	list, err := f.store.Locks("").List(ctx, metav1.ListOptions{LabelSelector: "a=b"})
-	if err != nil || len(list.Items) != 1 {
-		t.Fatalf("List a=b = %v, %v; want the one row", list, err)
-	}
-	if list, err := api.List(ctx, metav1.ListOptions{LabelSelector: "a=c"}); err != nil || len(list.Items) != 0 {
-		t.Fatalf("List a=c = %v, %v; want none", list, err)
-	}
-	stale := c1.ResourceVersion
-	if err := api.Delete(ctx, "x", metav1.DeleteOptions{Preconditions: &metav1.Preconditions{ResourceVersion: &stale}}); !apierrors.IsConflict(err) {
-		t.Fatalf("Delete at a stale version = %v, want Conflict", err)
-	}
-	if err := api.Delete(ctx, "x", metav1.DeleteOptions{Preconditions: &metav1.Preconditions{ResourceVersion: &u1.ResourceVersion, UID: &u1.UID}}); err != nil {
+	released := rec("s1")
+	released.ReleasedAt = now.Add(time.Second)
+	r1, err := st.Release(ctx, q1, released, "")
+	if err != nil {
 		t.Fatal(err)
 	}
-	if err := api.Delete(ctx, "x", metav1.DeleteOptions{}); !apierrors.IsNotFound(err) {
+	if lock.HolderOf(&r1.Spec) != "" || len(r1.Queue) != 1 {
+		t.Fatalf("released row = %+v; want no holder, the queue kept", r1)
+	}
+	if _, err := st.Read(ctx, "y"); !apierrors.IsNotFound(err) {
+		t.Fatalf("Read of a missing row = %v, want NotFound", err)
+	}
+	if _, err := f.store.Locks("other").Read(ctx, "x"); !apierrors.IsNotFound(err) {
+		t.Fatalf("Read in another namespace = %v, want NotFound", err)
+	}
+	all, err := f.store.Locks("").List(ctx)
+	if err != nil || len(all) != 1 || all[0].Namespace != "shop" || all[0].Name != "x" {
+		t.Fatalf("List of every namespace = %v, %v; want the one row", all, err)
+	}
+	if none, err := f.store.Locks("other").List(ctx); err != nil || len(none) != 0 {
+		t.Fatalf("List of another namespace = %v, %v; want none", none, err)
+	}
+	if err := st.Delete(ctx, q1); !apierrors.IsConflict(err) {
+		t.Fatalf("Delete from a stale read = %v, want Conflict", err)
+	}
+	if err := st.Delete(ctx, r1); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Delete(ctx, r1); !apierrors.IsNotFound(err) {
 		t.Fatalf("Delete of a deleted row = %v, want NotFound", err)
 	}
-	if _, err := api.Update(ctx, u1, metav1.UpdateOptions{}); !apierrors.IsNotFound(err) {
-		t.Fatalf("Update of a deleted row = %v, want NotFound", err)
+	if _, err := st.Renew(ctx, r1, rec("s1")); !apierrors.IsNotFound(err) {
+		t.Fatalf("Renew of a deleted row = %v, want NotFound", err)
 	}
 }
 
@@ -319,8 +335,8 @@ func TestLockTakenInRows(t *testing.T) {
 		t.Fatalf("a second Acquire = %v, want locked", err)
 	}
 	// The row names the holder, which is what the trigger checks.
-	l, err := f.store.Locks(f.ns).Get(ctx, lock.LeaseName("web"), metav1.GetOptions{})
-	if err != nil || l.Spec.HolderIdentity == nil || *l.Spec.HolderIdentity != first.Session() {
+	l, err := f.store.Locks(f.ns).Read(ctx, lock.LeaseName("web"))
+	if err != nil || lock.HolderOf(&l.Spec) != first.Session() {
 		t.Fatalf("lock row = %+v, %v; want holder %s", l, err, first.Session())
 	}
 	if err := first.Release(ctx); err != nil {

@@ -2,9 +2,9 @@
 // database of helm's sql storage driver (HELM_DRIVER=sql), beside helm's
 // own table of releases (releases_v1):
 //
-//   - a lock row per release (table helm_autorecover_locks_v1), holding the
-//     same Lease object the lease store keeps, written by compare-and-swap
-//     on its version (Locks, a leasestore.LeaseAPI);
+//   - a lock row per release (table helm_autorecover_locks_v1), holding its
+//     lock record, its waiters' queue and the session that holds it,
+//     written by compare-and-swap on its version (Locks, a lock.Store);
 //   - a trigger on releases_v1 that refuses any write (insert, update,
 //     delete) made on a connection that names a lock session
 //     (helm_autorecover.session, put there by WithSession or by Update)

@@ -3,8 +3,7 @@
 // record in the annotation lock.AnnotationRecord, mirrored in the Lease's
 // spec for tools that read Leases alone, and the waiters' queue in
 // lock.AnnotationQueue. Every write is an update conditional on the Lease
-// as read. The sql driver's lock rows (package sqlstore) hold the same
-// Lease objects behind LeaseAPI (NewRowsBackend).
+// as read.
 //
 // It implements lock.Store; the engine (package lock) decides, this
 // package only reads and writes.

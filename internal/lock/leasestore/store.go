@@ -20,15 +20,9 @@ import (
 // NewBackend returns a backend that keeps each release's lock in a
 // coordination.k8s.io/v1 Lease of its namespace (see lock.NewBackend).
 func NewBackend(client kubernetes.Interface, est *servertime.Estimator, clk clock.Clock) *lock.Backend {
-	return NewRowsBackend(client, est, clk, lock.StoreLease, func(ns string) LeaseAPI { return client.CoordinationV1().Leases(ns) })
-}
-
-// NewRowsBackend returns a backend that keeps each release's lock in a
-// Lease object of api, a store that behaves as the API server's Leases do
-// (the sql driver's lock rows, package sqlstore), under the name kind.
-// client serves the API server's clock alone (see lock.NewBackend).
-func NewRowsBackend(client kubernetes.Interface, est *servertime.Estimator, clk clock.Clock, kind lock.StoreKind, api func(ns string) LeaseAPI) *lock.Backend {
-	return lock.NewBackend(client, est, clk, kind, func(ns string) lock.Store { return New(api(ns), ns) })
+	return lock.NewBackend(client, est, clk, lock.StoreLease, func(ns string) lock.Store {
+		return New(client.CoordinationV1().Leases(ns), ns)
+	})
 }
 
 // LeaseAPI is a store of Lease objects that behaves as the API server's
@@ -36,8 +30,7 @@ func NewRowsBackend(client kubernetes.Interface, est *servertime.Estimator, clk 
 // resourceVersion precondition fail with Conflict when the object changed,
 // Get and Update fail with NotFound when it is gone, and every write
 // changes the resourceVersion. Watch may fail: the lock then polls. The
-// coordination.k8s.io/v1 client is one; the sql driver's lock rows
-// (package sqlstore) another.
+// coordination.k8s.io/v1 client is one; a test's wrapper of it another.
 type LeaseAPI interface {
 	Get(ctx context.Context, name string, opts metav1.GetOptions) (*coordinationv1.Lease, error)
 	Create(ctx context.Context, l *coordinationv1.Lease, opts metav1.CreateOptions) (*coordinationv1.Lease, error)

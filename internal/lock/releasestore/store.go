@@ -106,7 +106,7 @@ func (c *lastReads) take(key string) (string, bool) {
 }
 
 // releaseStore keeps each release's lock on its records: the gate on the
-// newest record and the beat object (see sidecar.go), read together into
+// newest record and the beat object (see beat.go), read together into
 // one Snapshot whose version names each object's resourceVersion. A write
 // conditional on a snapshot fails with Conflict when either changed.
 type releaseStore struct {
