@@ -110,7 +110,7 @@ func TestIntegrationCarryWaitsForRenewal(t *testing.T) {
 		t.Fatalf("renewal: %v", err)
 	}
 	if err := receive(t, created); err != nil {
-		t.Fatalf("Fenced create of revision 2: %v", err)
+		t.Fatalf("fenced create of revision 2: %v", err)
 	}
 	on2, _ := lockOn(t, env, ns, 2)
 	rec2, err := lock.DecodeRecord(on2)
@@ -190,5 +190,45 @@ func receive(t *testing.T, c <-chan error) error {
 	case <-time.After(time.Minute):
 		t.Fatal("the hooked write never ran: the renewal wrote no beat")
 		return nil
+	}
+}
+
+// TestIntegrationCarryWritesTheGateForm: what helm's record write carries
+// through part.Carry is the lock in the gate's form: it names its beat,
+// where the holder renews, and its LOCKED TILL is the long bound a reader
+// goes by when the beat says nothing of the holder (its maximum hold plus
+// a lease, or a day without one), never the holder's own, which only its
+// renewals on the beat move. Carried as the holder's own record, the gate
+// would end one lease after the take: a reader that finds the beat silent
+// would take the lock over while the holder still renews and writes.
+func TestIntegrationCarryWritesTheGateForm(t *testing.T) {
+	env := testenv.Get(t)
+	ctx := context.Background()
+	ns := env.Namespace(t)
+	_, h := holdRecordLock(t, env, ns)
+	if err := carryOnto(env, ns, h, 2, "pending-upgrade"); err != nil {
+		t.Fatal(err)
+	}
+	on2, _ := lockOn(t, env, ns, 2)
+	gate, err := lock.DecodeRecord(on2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	held := h.Record()
+	want := held.RenewedAt.Add(24 * time.Hour)
+	if !held.MaxHoldUntil.IsZero() {
+		want = held.MaxHoldUntil
+		if held.RenewedAt.After(want) {
+			want = held.RenewedAt
+		}
+		want = want.Add(held.LeaseDuration.Duration)
+	}
+	if gate.Liveness != lock.LeaseName("web") || !gate.LockedTill.Equal(want) || gate.Session != held.Session {
+		t.Fatalf("revision 2 carries session %s, liveness %q, LOCKED TILL %s; want %s, %q, %s (the holder's own: %s)",
+			gate.Session, gate.Liveness, gate.LockedTill.Format(time.RFC3339Nano), held.Session, lock.LeaseName("web"),
+			want.Format(time.RFC3339Nano), held.LockedTill.Format(time.RFC3339Nano))
+	}
+	if err := h.Release(ctx); err != nil {
+		t.Fatal(err)
 	}
 }

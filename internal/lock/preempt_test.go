@@ -18,7 +18,7 @@ import (
 
 // TestQueueEncodingsCarryPreempt: a waiter's request that the holder stop
 // (Waiter.Preempt) survives both forms of the queue, the Lease's JSON
-// (AnnotationQueue) and the beat's compact form (Stores.AnnotationWaiters, key
+// (AnnotationQueue) and the beat's compact form (the beat's waiters annotation, key
 // "p"), both ways, for every entry; an entry that did not ask carries no
 // key at all, so the queues of waiters that do not preempt are written
 // as before.

@@ -112,7 +112,7 @@ func TestStaleBeatIsNoClaim(t *testing.T) {
 }
 
 // TestClaimCountsOnlyAgainstItsRecord: a take's claim names the record it
-// was made against (Stores.AnnotationClaimedOn), and counts as a claim in flight
+// was made against (the beat's claimed-on annotation), and counts as a claim in flight
 // only while that record, at that version, is the newest: a holder whose
 // take is the last write of its beat (its SetRevision wrote nothing) leaves
 // no claim against a later record that carries no lock (stock helm's); a

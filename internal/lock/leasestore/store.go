@@ -220,6 +220,8 @@ func SetHolder(l *coordinationv1.Lease, rec *lock.Record) error {
 	return nil
 }
 
+// SetQueue writes the waiters' queue ws on Lease l (none: the annotation
+// goes).
 func SetQueue(l *coordinationv1.Lease, ws []lock.Waiter) error {
 	if len(ws) == 0 {
 		delete(l.Annotations, lock.AnnotationQueue)

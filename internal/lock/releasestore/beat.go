@@ -458,11 +458,11 @@ func (m *mergedWatch) Stop() {
 	})
 }
 
-// DecodeBeat reads a beat object's AnnotationBeat back as the record it
-// keeps of release in ns (nil when unreadable): for tools that audit the
-// lock's writes (internal/sim).
 // GateEffective undoes GateRecord for a reader that knows the beat
 // (gateEffective).
 func GateEffective(rec *lock.Record) { gateEffective(rec) }
 
+// DecodeBeat reads a beat object's AnnotationBeat back as the record it
+// keeps of release in ns (nil when unreadable): for tools that audit the
+// lock's writes (internal/sim).
 func DecodeBeat(s, release, ns string) *lock.Record { return decodeBeat(s, release, ns) }
