@@ -547,8 +547,8 @@ func TestDisabledTriggerRecreated(t *testing.T) {
 // the trigger checks, names a session its record does not (a row of the
 // earlier layout, which kept a Lease object; a row edited by hand) is held
 // by that session with no expiry: never judged free from the record alone
-// while the trigger lets that session write. unlock --force of the session
-// clears it.
+// while the trigger lets that session write. The lock's ForceRelease of
+// that session clears it.
 func TestLockRowHolderItsRecordDoesNotName(t *testing.T) {
 	f := newFixture(t)
 	ctx := context.Background()
