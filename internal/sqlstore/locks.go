@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -64,6 +65,16 @@ func (k *locks) snapshot(ns, name, release, holder string, obj rowObject, versio
 	}
 	if s.HasRecord {
 		s.Record, s.RecordErr = lock.DecodeRecord(s.Raw)
+	}
+	if h := lock.HolderOf(&s.Spec); holder != "" && holder != h && h != lock.UnreadableHolder {
+		// The trigger lets the session the holder column names write
+		// helm's rows: the row is held by it, with no expiry, whatever its
+		// record says (a row of an earlier layout, which kept a Lease
+		// object; a row edited by hand). Judged from its record alone it
+		// was free, and taken while that session could still write.
+		s.Spec = coordinationv1.LeaseSpec{HolderIdentity: &holder}
+		s.RecordErr = fmt.Errorf("lock row %q of release %q in namespace %q names session %s as its holder, which its lock record does not (written by an earlier version of helm-autorecover, or edited by hand); if no process of that session works on the release, delete the row (DELETE FROM %s WHERE namespace = '%s' AND name = '%s') and run: helm-autorecover recover %s -n %s --recover-legacy-after=1s",
+			name, release, ns, holder, tableLocks, ns, name, release, ns)
 	}
 	return s
 }

@@ -2,6 +2,7 @@ package sqlstore_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -11,6 +12,7 @@ import (
 	"helm.sh/helm/v4/pkg/release/common"
 	rspb "helm.sh/helm/v4/pkg/release/v1"
 	"helm.sh/helm/v4/pkg/storage/driver"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/clock"
@@ -538,5 +540,84 @@ func TestDisabledTriggerRecreated(t *testing.T) {
 		if !sqlstore.IsRefused(err) {
 			t.Fatalf("after %s and a client's schema check, a write with no lock = %v, want the trigger's refusal", off, err)
 		}
+	}
+}
+
+// TestLockRowHolderItsRecordDoesNotName: a row whose holder column, which
+// the trigger checks, names a session its record does not (a row of the
+// earlier layout, which kept a Lease object; a row edited by hand) is held
+// by that session with no expiry: never judged free from the record alone
+// while the trigger lets that session write. The lock's ForceRelease of
+// that session clears it.
+func TestLockRowHolderItsRecordDoesNotName(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	if err := f.store.EnsureSchema(ctx); err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now().UTC().Truncate(time.Millisecond)
+	live := lock.Record{
+		Schema: lock.SchemaVersion, Session: "old-session", Operation: lock.OpUpgrade, Release: "web", Namespace: f.ns,
+		LeaseDuration: metav1.Duration{Duration: time.Hour}, AcquiredAt: now, RenewedAt: now, LockedTill: now.Add(time.Hour),
+	}
+	enc, err := live.Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The earlier layout: the Lease object the lease store keeps.
+	earlier := coordinationv1.Lease{
+		ObjectMeta: metav1.ObjectMeta{Name: lock.LeaseName("web"), Namespace: f.ns, Labels: lock.LockLabels("web"), Annotations: map[string]string{lock.AnnotationRecord: enc}},
+	}
+	lock.ApplyHolder(&earlier.Spec, &live)
+	leaseJSON, err := json.Marshal(earlier)
+	if err != nil {
+		t.Fatal(err)
+	}
+	released := live
+	released.ReleasedAt = now
+	relEnc, err := released.Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	handEdited, err := json.Marshal(map[string]string{"record": relEnc})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, object := range map[string]string{"earlier layout": string(leaseJSON), "released record, holder set by hand": string(handEdited)} {
+		t.Run(name, func(t *testing.T) {
+			if _, err := f.store.DB().ExecContext(ctx, `DELETE FROM helm_autorecover_locks_v1`); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := f.store.DB().ExecContext(ctx, `INSERT INTO helm_autorecover_locks_v1 (namespace, name, release, holder, version, uid, object)
+				VALUES ($1, $2, 'web', 'old-session', nextval('helm_autorecover_rv_v1'), 'uid-1', $3)`, f.ns, lock.LeaseName("web"), object); err != nil {
+				t.Fatal(err)
+			}
+			l, err := f.store.Locks(f.ns).Read(ctx, lock.LeaseName("web"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if h := lock.HolderOf(&l.Spec); h != "old-session" || l.RecordErr == nil {
+				t.Fatalf("row read as held by %q (record error %v); want old-session, the row named as not agreeing with its record", h, l.RecordErr)
+			}
+			rows, err := f.conn.GateBackend()
+			if err != nil {
+				t.Fatal(err)
+			}
+			req := lock.Request{Release: "web", Namespace: f.ns, Operation: lock.OpUpgrade, LeaseDuration: 30 * time.Second}
+			if held, _, err := rows.TryAcquire(ctx, req); err == nil {
+				_ = held.Release(ctx)
+				t.Fatal("the lock of a row whose holder column names old-session was taken")
+			} else if _, ok := protocol.IsLocked(err); !ok {
+				t.Fatalf("TryAcquire = %v, want locked", err)
+			}
+			if _, err := rows.ForceRelease(ctx, f.ns, "web", "old-session", "test"); err != nil {
+				t.Fatalf("unlock --force of old-session: %v", err)
+			}
+			held, _, err := rows.TryAcquire(ctx, req)
+			if err != nil {
+				t.Fatalf("TryAcquire after unlock --force: %v", err)
+			}
+			_ = held.Release(ctx)
+		})
 	}
 }
