@@ -135,8 +135,8 @@ func (c *lockCmds) runRecover(ctx context.Context, o *recoverOptions, rel string
 		if !st.Exists {
 			return unknownRelease(ns, rel)
 		}
-		return exitError(exitcode.NotFound, "release %q in namespace %q has no stored revision (its Lease %s exists, holder %q): nothing to recover",
-			rel, ns, protocol.LeaseName(rel), st.HolderIdentity)
+		return exitError(exitcode.NotFound, "release %q in namespace %q has no stored revision (its %s exists, holder %q): nothing to recover",
+			rel, ns, inspect.LockObject(st, rel), st.HolderIdentity)
 	}
 	if err := badLock(st, rel, ns); err != nil {
 		return err

@@ -16,6 +16,7 @@ import (
 	"github.com/helm-autorecover/helm-autorecover/internal/exitcode"
 	"github.com/helm-autorecover/helm-autorecover/internal/guard"
 	"github.com/helm-autorecover/helm-autorecover/internal/helmx"
+	"github.com/helm-autorecover/helm-autorecover/internal/inspect"
 	"github.com/helm-autorecover/helm-autorecover/internal/protocol"
 	"github.com/helm-autorecover/helm-autorecover/internal/recovery"
 )
@@ -208,12 +209,12 @@ func (c *lockCmds) checkUnlock(st *protocol.Status, hist []helmx.Summary, o *unl
 		if len(hist) == 0 {
 			return unknownRelease(ns, rel)
 		}
-		msg := fmt.Sprintf("release %q in namespace %q has no lock (no Lease %s): nothing to unlock", rel, ns, protocol.LeaseName(rel))
+		msg := fmt.Sprintf("release %q in namespace %q has no lock (no %s): nothing to unlock", rel, ns, inspect.LockObject(st, rel))
 		return exitError(exitcode.NotFound, "%s%s", msg, legacyPointer(hist, rel, ns))
 	}
 	if len(hist) == 0 {
-		return exitError(exitcode.NotFound, "release %q in namespace %q has no stored revision (its Lease %s exists, holder %q): nothing to recover. If it is gone for good, delete the Lease: kubectl delete lease -n %s %s",
-			rel, ns, protocol.LeaseName(rel), st.HolderIdentity, ns, protocol.LeaseName(rel))
+		return exitError(exitcode.NotFound, "release %q in namespace %q has no stored revision (its %s exists, holder %q): nothing to recover. If it is gone for good, delete it: %s",
+			rel, ns, inspect.LockObject(st, rel), st.HolderIdentity, inspect.DeleteLockObject(st, rel, ns))
 	}
 	if err := badLock(st, rel, ns); err != nil {
 		return err

@@ -99,7 +99,7 @@ func TestUnlockRefusals(t *testing.T) {
 			objs: func(t *testing.T) []runtime.Object {
 				return []runtime.Object{lease(t, record("ghost", "prod", "s-1", lock.OpInstall, 1, at(-time.Hour), at(-time.Hour)))}
 			},
-			want: `release "ghost" in namespace "prod" has no stored revision (its Lease helm-autorecover.v1.ghost exists, holder "s-1"): nothing to recover. If it is gone for good, delete the Lease: kubectl delete lease -n prod helm-autorecover.v1.ghost`,
+			want: `release "ghost" in namespace "prod" has no stored revision (its Lease helm-autorecover.v1.ghost exists, holder "s-1"): nothing to recover. If it is gone for good, delete it: kubectl delete lease -n prod helm-autorecover.v1.ghost`,
 		},
 		{
 			name: "corrupt record", args: []string{"api", "--session", sessAPI}, code: exitcode.BadLock,

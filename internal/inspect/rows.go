@@ -12,6 +12,7 @@ import (
 	"github.com/helm-autorecover/helm-autorecover/internal/protocol"
 	"github.com/helm-autorecover/helm-autorecover/internal/recovery"
 	"github.com/helm-autorecover/helm-autorecover/internal/servertime"
+	"github.com/helm-autorecover/helm-autorecover/internal/sqlstore"
 )
 
 // State is a release's lock as the locks command shows it.
@@ -136,8 +137,49 @@ func BadLockAdvice(st *lock.Status, rel, ns, problem, sep string) string {
 			st.Object, lock.AnnotationRecord, problem, sep, ns, st.Object, ns, st.Object, lock.AnnotationRecord, rel, ns)
 	}
 	name := lock.LeaseName(rel)
+	if st != nil && st.Store == lock.StoreSQL {
+		return fmt.Sprintf("lock row %s (table %s of helm's sql database): %s%s Inspect it with: SELECT * FROM %s WHERE namespace = '%s' AND name = '%s'. If no helm-autorecover process is working on the release, delete it (DELETE FROM %s WHERE namespace = '%s' AND name = '%s') and run: helm-autorecover recover %s -n %s --recover-legacy-after=1s",
+			name, sqlstore.TableLocks, problem, sep, sqlstore.TableLocks, ns, name, sqlstore.TableLocks, ns, name, rel, ns)
+	}
 	return fmt.Sprintf("Lease %s: %s%s Inspect it with: kubectl get lease -n %s %s -o yaml. If no helm-autorecover process is working on the release, delete it (kubectl delete lease -n %s %s) and run: helm-autorecover recover %s -n %s --recover-legacy-after=1s",
 		name, problem, sep, ns, name, ns, name, rel, ns)
+}
+
+// recordWhere says where a lock's record is kept, for a message.
+func recordWhere(st *lock.Status) string {
+	if st.Store == lock.StoreSQL {
+		return "its lock row's record"
+	}
+	return "its lock record (annotation " + lock.AnnotationRecord + ")"
+}
+
+// LockObject names the object the lock of rel is kept on, as st's store
+// keeps it: its Lease, its lock row of helm's sql database, or its beat
+// (with the lock on the release's newest record).
+func LockObject(st *lock.Status, rel string) string {
+	name := lock.LeaseName(rel)
+	switch st.Store {
+	case lock.StoreSQL:
+		return "lock row " + name
+	case lock.StoreRelease:
+		return "beat " + name
+	case lock.StoreLease:
+	}
+	return "Lease " + name
+}
+
+// DeleteLockObject is the command that deletes the object LockObject names,
+// in namespace ns.
+func DeleteLockObject(st *lock.Status, rel, ns string) string {
+	name := lock.LeaseName(rel)
+	switch st.Store {
+	case lock.StoreSQL:
+		return fmt.Sprintf("DELETE FROM %s WHERE namespace = '%s' AND name = '%s'", sqlstore.TableLocks, ns, name)
+	case lock.StoreRelease:
+		return fmt.Sprintf("kubectl delete secret,configmap -n %s %s", ns, name)
+	case lock.StoreLease:
+	}
+	return fmt.Sprintf("kubectl delete lease -n %s %s", ns, name)
 }
 
 // Problem describes what is wrong with a lock, or returns "" when its
@@ -150,7 +192,9 @@ func Problem(st *lock.Status) string {
 	rec := st.Record
 	switch {
 	case st.RecordErr != nil:
-		return fmt.Sprintf("its lock record (annotation %s) cannot be read: %v", lock.AnnotationRecord, st.RecordErr)
+		return fmt.Sprintf("%s cannot be read: %v", recordWhere(st), st.RecordErr)
+	case rec == nil && st.HolderIdentity != "" && st.Store == lock.StoreSQL:
+		return fmt.Sprintf("it is held by session %s but its lock row has no lock record: it was created or edited by hand", st.HolderIdentity)
 	case rec == nil && st.HolderIdentity != "":
 		return fmt.Sprintf("it is held by session %s but carries no lock record (annotation %s): it was created or edited by hand", st.HolderIdentity, lock.AnnotationRecord)
 	case rec == nil:

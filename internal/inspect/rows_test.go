@@ -71,6 +71,16 @@ func TestProblem(t *testing.T) {
 			"its lock record (annotation helm-autorecover.io/lock) cannot be read: decode lock record: unexpected end of JSON input",
 		},
 		{
+			"unreadable sql row", withRec(func(st *lock.Status) {
+				st.Store, st.Record, st.RecordErr = lock.StoreSQL, nil, errors.New("decode lock record: unexpected end of JSON input")
+			}),
+			"its lock row's record cannot be read: decode lock record: unexpected end of JSON input",
+		},
+		{
+			"sql row held without record", withRec(func(st *lock.Status) { st.Store, st.Record = lock.StoreSQL, nil }),
+			"it is held by session s1 but its lock row has no lock record: it was created or edited by hand",
+		},
+		{
 			"held without record", withRec(func(st *lock.Status) { st.Record = nil }),
 			"it is held by session s1 but carries no lock record (annotation helm-autorecover.io/lock): it was created or edited by hand",
 		},
@@ -324,6 +334,53 @@ func TestHolderCellNamesTheAsker(t *testing.T) {
 		e.LockFields(r)
 		if e.Holder != "alice@ci-7 (pid 4242)" || e.PreemptRequestedBy != r.PreemptRequestedBy {
 			t.Errorf("%s: list element holder %q, preempt_requested_by %+v; want the holder alone and the row's request", tc.release, e.Holder, e.PreemptRequestedBy)
+		}
+	}
+}
+
+// TestBadLockAdviceNamesTheStore: the advice for a lock that cannot be
+// trusted names where it is kept and how to clear it there: a Lease with
+// kubectl, a lock row of helm's sql database with SQL (no Lease exists).
+func TestBadLockAdviceNamesTheStore(t *testing.T) {
+	lease := BadLockAdvice(&lock.Status{Store: lock.StoreLease}, "r", "ns", "PROBLEM", ".")
+	row := BadLockAdvice(&lock.Status{Store: lock.StoreSQL}, "r", "ns", "PROBLEM", ".")
+	for _, c := range []struct {
+		got        string
+		want, none []string
+	}{
+		{lease, []string{"Lease helm-autorecover.v1.r: PROBLEM.", "kubectl delete lease -n ns helm-autorecover.v1.r", "helm-autorecover recover r -n ns"}, []string{"DELETE FROM"}},
+		{row, []string{"lock row helm-autorecover.v1.r", "DELETE FROM helm_autorecover_locks_v1 WHERE namespace = 'ns' AND name = 'helm-autorecover.v1.r'", "helm-autorecover recover r -n ns"}, []string{"kubectl", "Lease"}},
+	} {
+		for _, w := range c.want {
+			if !strings.Contains(c.got, w) {
+				t.Errorf("advice %q lacks %q", c.got, w)
+			}
+		}
+		for _, n := range c.none {
+			if strings.Contains(c.got, n) {
+				t.Errorf("advice %q says %q", c.got, n)
+			}
+		}
+	}
+}
+
+// TestLockObjectNamesTheStore: the object a message names, and how to
+// delete it, follow where the lock is kept.
+func TestLockObjectNamesTheStore(t *testing.T) {
+	for _, c := range []struct {
+		store        lock.StoreKind
+		object, gone string
+	}{
+		{lock.StoreLease, "Lease helm-autorecover.v1.r", "kubectl delete lease -n ns helm-autorecover.v1.r"},
+		{lock.StoreRelease, "beat helm-autorecover.v1.r", "kubectl delete secret,configmap -n ns helm-autorecover.v1.r"},
+		{lock.StoreSQL, "lock row helm-autorecover.v1.r", "DELETE FROM helm_autorecover_locks_v1 WHERE namespace = 'ns' AND name = 'helm-autorecover.v1.r'"},
+	} {
+		st := &lock.Status{Store: c.store}
+		if got := LockObject(st, "r"); got != c.object {
+			t.Errorf("%s: LockObject = %q, want %q", c.store, got, c.object)
+		}
+		if got := DeleteLockObject(st, "r", "ns"); got != c.gone {
+			t.Errorf("%s: DeleteLockObject = %q, want %q", c.store, got, c.gone)
 		}
 	}
 }

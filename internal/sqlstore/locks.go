@@ -73,8 +73,8 @@ func (k *locks) snapshot(ns, name, release, holder string, obj rowObject, versio
 		// object; a row edited by hand). Judged from its record alone it
 		// was free, and taken while that session could still write.
 		s.Spec = coordinationv1.LeaseSpec{HolderIdentity: &holder}
-		s.RecordErr = fmt.Errorf("lock row %q of release %q in namespace %q names session %s as its holder, which its lock record does not (written by an earlier version of helm-autorecover, or edited by hand); if no process of that session works on the release, delete the row (DELETE FROM %s WHERE namespace = '%s' AND name = '%s') and run: helm-autorecover recover %s -n %s --recover-legacy-after=1s",
-			name, release, ns, holder, tableLocks, ns, name, release, ns)
+		s.RecordErr = fmt.Errorf("lock row %q of release %q in namespace %q names session %s as its holder, which its lock record does not (written by an earlier build of helm-autorecover, or edited by hand)",
+			name, release, ns, holder)
 	}
 	return s
 }

@@ -13,12 +13,13 @@ import (
 // older clients would misread gets new names.
 const (
 	tableReleases = "releases_v1" // helm's
-	tableLocks    = "helm_autorecover_locks_v1"
-	tableWrites   = "helm_autorecover_writes_v1"
-	seqVersions   = "helm_autorecover_rv_v1"
-	funcFence     = "helm_autorecover_fence_v1"
-	funcWritten   = "helm_autorecover_written_v1"
-	triggerFence  = "helm_autorecover_fence_v1"
+	// TableLocks holds the lock rows (Locks).
+	TableLocks   = "helm_autorecover_locks_v1"
+	tableWrites  = "helm_autorecover_writes_v1"
+	seqVersions  = "helm_autorecover_rv_v1"
+	funcFence    = "helm_autorecover_fence_v1"
+	funcWritten  = "helm_autorecover_written_v1"
+	triggerFence = "helm_autorecover_fence_v1"
 	// triggerWritten notes a write's time at its commit.
 	triggerWritten = "helm_autorecover_written_v1"
 	// settingSession is the connection setting that names the lock session
@@ -43,7 +44,7 @@ type names struct {
 
 func qualified(schema string) names {
 	q := func(n string) string { return pq.QuoteIdentifier(schema) + "." + pq.QuoteIdentifier(n) }
-	return names{releases: q(tableReleases), locks: q(tableLocks), writes: q(tableWrites), seq: q(seqVersions)}
+	return names{releases: q(tableReleases), locks: q(TableLocks), writes: q(tableWrites), seq: q(seqVersions)}
 }
 
 // ddlTables creates the lock rows, the versions they take and the side
@@ -60,7 +61,7 @@ CREATE TABLE IF NOT EXISTS ` + n.locks + ` (
 	object    TEXT NOT NULL,
 	PRIMARY KEY (namespace, name)
 );
-CREATE INDEX IF NOT EXISTS ` + tableLocks + `_release ON ` + n.locks + ` (namespace, release);
+CREATE INDEX IF NOT EXISTS ` + TableLocks + `_release ON ` + n.locks + ` (namespace, release);
 CREATE SEQUENCE IF NOT EXISTS ` + n.seq + `;
 CREATE TABLE IF NOT EXISTS ` + n.writes + ` (
 	"key"      TEXT NOT NULL,

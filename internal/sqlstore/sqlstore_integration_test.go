@@ -136,10 +136,26 @@ func TestLockRowsAreConditional(t *testing.T) {
 	if _, err := st.Create(ctx, "x", rec("s2")); !apierrors.IsAlreadyExists(err) {
 		t.Fatalf("second Create = %v, want AlreadyExists", err)
 	}
+	// The holder column, which the trigger on helm's rows checks, and the
+	// version, which every write changes.
+	column := func(what string) (string, int64) {
+		t.Helper()
+		var holder string
+		var version int64
+		if err := f.store.DB().QueryRowContext(ctx, `SELECT holder, version FROM `+sqlstore.TableLocks+` WHERE namespace = 'shop' AND name = 'x'`).Scan(&holder, &version); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		return holder, version
+	}
+	h0, v0 := column("created")
 	ws := []lock.Waiter{{Session: "w", EnqueuedAt: now, HeartbeatAt: now, ExpiresAt: now.Add(time.Minute)}}
 	q1, err := st.Enqueue(ctx, c1, ws)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if h1, v1 := column("queued"); h0 != "s1" || h1 != "s1" || v1 == v0 || q1.Raw != c1.Raw {
+		t.Fatalf("holder column %q when created, %q once a waiter queued (version %d, then %d), record %s then %s; want s1 both times, a new version, the record kept",
+			h0, h1, v0, v1, c1.Raw, q1.Raw)
 	}
 	if _, err := st.Take(ctx, c1, rec("s2"), nil); !apierrors.IsConflict(err) {
 		t.Fatalf("Take from a stale read = %v, want Conflict", err)
@@ -154,8 +170,8 @@ func TestLockRowsAreConditional(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if lock.HolderOf(&r1.Spec) != "" || len(r1.Queue) != 1 {
-		t.Fatalf("released row = %+v; want no holder, the queue kept", r1)
+	if h, _ := column("released"); lock.HolderOf(&r1.Spec) != "" || len(r1.Queue) != 1 || h != "" {
+		t.Fatalf("released row = %+v, holder column %q; want no holder, the queue kept", r1, h)
 	}
 	if _, err := st.Read(ctx, "y"); !apierrors.IsNotFound(err) {
 		t.Fatalf("Read of a missing row = %v, want NotFound", err)
