@@ -140,7 +140,7 @@ func (c *checker) lock(w Write, part *partLog, rec, lease, beat, holder, exempt 
 	// S3: a take must come after the previous holder's expiry. A Lease
 	// write of its current holder that starts a new tenure (retakes) is a
 	// take too.
-	if holder && (!part.held(w.Client) || lease && part.retakes(w)) && part.startsTenure(w) {
+	if holder && (!part.held(w.Client) || lease && (part.retakes(w) || part.retakesReleased(w))) && part.startsTenure(w) {
 		if prev := part.current(); prev != "" && prev != w.Client {
 			if e := part.expiry[prev]; !part.released[prev] && w.At.Before(e) {
 				c.add("S3", "%s took the %s lock at %s (write #%d) while %s's ran until %s and was not released", w.Client, part.name, c.since(w.At), w.Seq, prev, c.since(e))
@@ -723,6 +723,18 @@ func (p *partLog) retakes(w Write) bool {
 		}
 	}
 	return false
+}
+
+// retakesReleased reports whether w, a conditional write naming its writer
+// as holder of the Lease it released, takes the Lease again: it committed
+// after the release, so it was made from the released Lease (or a later
+// version), which its writer judged free. A joint lock that gave its Lease
+// back to take an earlier part again (lock.acquisition.giveBackFrom) takes
+// the Lease again so, with the same acquiredAt (seeds 177425, 238406,
+// 277079). A blind write after the release is not a take.
+func (p *partLog) retakesReleased(w Write) bool {
+	t := p.cur[w.Client]
+	return t != nil && t.released && !t.gone && strings.HasPrefix(w.Cond, "rv=") && claims(w)
 }
 
 // take starts c's tenure at write seq, committed at at.

@@ -441,6 +441,19 @@ func TestCheck(t *testing.T) {
 				Object: map[string]any{"metadata": map[string]any{"name": Release}},
 			}}),
 		}, []string{"S5"}},
+		// A joint lock that gave its Lease back to take its gate again
+		// takes the Lease again, conditionally, with the same
+		// acquiredAt, and renews it (seeds 177425, 238406, 277079).
+		{"a joint lock taking its Lease again after it gave it back", Outcome{
+			Writes: []Write{
+				write(1, 0, "a", 0, false), write(2, s(0.2), "a", 0, true), write(3, s(0.4), "a", 0, false), write(4, s(0.9), "a", 0, false),
+			},
+		}, nil},
+		{"a holder's blind write of its Lease after it released it", Outcome{
+			Writes: []Write{
+				write(1, 0, "a", 0, false), write(2, s(0.2), "a", 0, true), blind(write(3, s(0.4), "a", 0, false)),
+			},
+		}, []string{"S5"}},
 		// A joint lock that gave its gate back to wait for its Lease
 		// claims the beat again, with the same acquiredAt (seed 978).
 		{"a holder claiming the beat again after it gave the gate back", Outcome{

@@ -204,6 +204,9 @@ var preemptRegressions = []struct {
 	{5041, "S5 (checker): a conditional record write sent before its writer's expiry, held in flight past it by its writer's own system sleep, nobody taking over: the documented paused-process risk"},
 	{69572, "S5 (checker): as 5041"},
 	{10617, "S2: a holder whose first answer a pause held 22 s stamped 23 s of uncertainty, and its dead lock waited two leases (the uncertainty is counted up to a second; a wider stamp stops its holder by renewedAfter, StopTill)"},
+	{277079, "S5 (checker): a joint lock that gave its Lease back to take its gate again (a release installed meanwhile) took the Lease again, conditionally, with the same acquiredAt, and its renewals counted as writes after its release"},
+	{177425, "S5 (checker): as 277079"},
+	{238406, "S5 (checker): as 277079, during an uninstall"},
 	{84184, "S2: a holder stopped at a waiter's request whose settle read failed released naming itself abandoned; its own earlier renewal on the beat took that back in the virtual Lease, and the asker found the revision pending with no lock covering it (a released gate now keeps what its release says)"},
 }
 
