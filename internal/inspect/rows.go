@@ -136,13 +136,19 @@ func BadLockAdvice(st *lock.Status, rel, ns, problem, sep string) string {
 		return fmt.Sprintf("%s (its newest release record, lock annotation %s): %s%s Inspect it with: kubectl get -n %s %s -o yaml. If no helm-autorecover process is working on the release, remove the annotation (kubectl annotate -n %s %s %s-) and run: helm-autorecover recover %s -n %s --recover-legacy-after=1s",
 			st.Object, lock.AnnotationRecord, problem, sep, ns, st.Object, ns, st.Object, lock.AnnotationRecord, rel, ns)
 	}
-	name := lock.LeaseName(rel)
+	// The lock row, or else the Lease (a release-records lock with no
+	// record to name is advised on as one).
+	kept := &lock.Status{Store: lock.StoreLease}
 	if st != nil && st.Store == lock.StoreSQL {
-		return fmt.Sprintf("lock row %s (table %s of helm's sql database): %s%s Inspect it with: SELECT * FROM %s WHERE namespace = '%s' AND name = '%s'. If no helm-autorecover process is working on the release, delete it (DELETE FROM %s WHERE namespace = '%s' AND name = '%s') and run: helm-autorecover recover %s -n %s --recover-legacy-after=1s",
-			name, sqlstore.TableLocks, problem, sep, sqlstore.TableLocks, ns, name, sqlstore.TableLocks, ns, name, rel, ns)
+		kept.Store = lock.StoreSQL
 	}
-	return fmt.Sprintf("Lease %s: %s%s Inspect it with: kubectl get lease -n %s %s -o yaml. If no helm-autorecover process is working on the release, delete it (kubectl delete lease -n %s %s) and run: helm-autorecover recover %s -n %s --recover-legacy-after=1s",
-		name, problem, sep, ns, name, ns, name, rel, ns)
+	where, look := LockObject(kept, rel), fmt.Sprintf("kubectl get lease -n %s %s -o yaml", ns, lock.LeaseName(rel))
+	if kept.Store == lock.StoreSQL {
+		where += " (table " + sqlstore.TableLocks + " of helm's sql database)"
+		look = fmt.Sprintf("SELECT * FROM %s WHERE namespace = '%s' AND name = '%s'", sqlstore.TableLocks, ns, lock.LeaseName(rel))
+	}
+	return fmt.Sprintf("%s: %s%s Inspect it with: %s. If no helm-autorecover process is working on the release, delete it (%s) and run: helm-autorecover recover %s -n %s --recover-legacy-after=1s",
+		where, problem, sep, look, DeleteLockObject(kept, rel, ns), rel, ns)
 }
 
 // recordWhere says where a lock's record is kept, for a message.

@@ -385,9 +385,16 @@ func ApplyHolder(spec *coordinationv1.LeaseSpec, rec *Record) {
 		return
 	}
 	spec.HolderIdentity = ptr(rec.Session)
-	spec.LeaseDurationSeconds = ptr(int32(min(math.MaxInt32, math.Ceil(rec.LeaseDuration.Seconds()))))
+	spec.LeaseDurationSeconds = leaseSeconds(rec.LeaseDuration.Duration)
 	spec.AcquireTime = &metav1.MicroTime{Time: rec.AcquiredAt}
 	spec.RenewTime = &metav1.MicroTime{Time: rec.RenewedAt}
+}
+
+// leaseSeconds is lease d as a Lease spec says it, in whole seconds rounded
+// up: a reader of the spec alone never takes the lock before the holder's
+// renewedAt + d.
+func leaseSeconds(d time.Duration) *int32 {
+	return ptr(int32(min(math.MaxInt32, math.Ceil(d.Seconds()))))
 }
 
 // SpecOf derives the Lease spec from a stored lock record (a release
@@ -409,7 +416,7 @@ func SpecOf(s string) coordinationv1.LeaseSpec {
 	}
 	spec := coordinationv1.LeaseSpec{HolderIdentity: ptr(rec.Session)}
 	if d := rec.LeaseDuration.Duration; d > 0 && !rec.RenewedAt.IsZero() {
-		spec.LeaseDurationSeconds = ptr(int32(min(math.MaxInt32, math.Ceil(d.Seconds()))))
+		spec.LeaseDurationSeconds = leaseSeconds(d)
 		spec.RenewTime = &metav1.MicroTime{Time: rec.RenewedAt}
 	}
 	if !rec.AcquiredAt.IsZero() {
